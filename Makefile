@@ -1,0 +1,29 @@
+# The two set-up commands of the README. Each makes .venv on first use: torch==2.13.0 first (the
+# CPU wheel; an unpinned torch would pull gigabytes of CUDA), then the project with its dev extra.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.faultlab-installed
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m reference_trainer.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_trainer.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) reports/*/ .pytest_cache

@@ -1,0 +1,1 @@
+"""Chaos Toolkit extension for faultlab (empty until the extension issue lands)."""

@@ -1,0 +1,1 @@
+"""pytest plugin for faultlab experiments (empty until the plugin issue lands)."""

@@ -1,0 +1,90 @@
+"""Step watchdog and the determinism switches."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["EXIT_CODES", "Watchdog", "enable_determinism"]
+
+#: Exit codes of the trainer, documented in reference_trainer/README.md.
+EXIT_CODES = {
+    "completed": 0,
+    "error": 1,
+    "usage": 2,
+    "watchdog": 3,
+    "nonfinite_abort": 4,
+    "preempted": 5,
+    "checkpoint_unusable": 6,
+}
+
+
+class Watchdog:
+    """Exit the process when no progress is reported for ``timeout_s``.
+
+    A rank stuck in a collective (its peer is stopped, or the network dropped) would otherwise
+    wait for the process-group timeout — 30 minutes on gloo by default. The watchdog dumps the
+    stack of every thread to stderr (so the log shows where it hung), reports, and exits with
+    ``EXIT_CODES["watchdog"]`` through ``os._exit``: the main thread may be blocked inside C++
+    and cannot be unwound. The torchrun agent then restarts the worker group.
+    """
+
+    def __init__(self, timeout_s: float, on_fire: Callable[[float], None]) -> None:
+        self.timeout_s = timeout_s
+        self._on_fire = on_fire
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="faultlab-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        interval = min(1.0, self.timeout_s / 4)
+        while not self._stop.wait(interval):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout_s:
+                print(f"[watchdog] no progress for {idle:.1f} s (limit {self.timeout_s} s); "
+                      f"stacks of all threads follow", file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                try:
+                    self._on_fire(idle)
+                finally:
+                    sys.stderr.flush()
+                    os._exit(EXIT_CODES["watchdog"])
+
+
+def enable_determinism(device: torch.device) -> None:
+    """Every switch that makes a run bitwise reproducible at a fixed world size."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # torch.use_deterministic_algorithms(True) does exactly this plus setting
+    # torch._inductor.config.deterministic, and importing torch._inductor costs 0.5-1.1 s per
+    # process here: a third of a restarted rank's start-up. This trainer never compiles, so
+    # the inductor flag has nothing to govern; set it only if inductor is already loaded.
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True, warn_only=False)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=False)
+    assert torch.are_deterministic_algorithms_enabled()
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        # Flash / memory-efficient attention backward kernels are not deterministic.
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_math_sdp(True)

@@ -1,0 +1,400 @@
+"""Launch a local elastic job: N torchrun agents ("nodes") on this host, one rendezvous store.
+
+    python -m reference_trainer.launch --nodes 3 --procs-per-node 1 --min-nodes 2 \\
+        --run-dir runs/demo --preset tiny --steps 40 --checkpoint-every 10
+
+Each node is a torchrun agent in its own session with its own workers; the c10d rendezvous
+store runs in a separate process so that no node's death takes the store with it. The elastic
+pitfalls this works around are listed in reference_trainer/README.md. ``LocalJob`` is the same
+thing as a Python object, for tests and for faultlab's local target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from reference_trainer.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from reference_trainer.config import ConfigError, TrainConfig, add_train_args, config_from_args
+from reference_trainer.config import train_argv as _train_argv
+from reference_trainer.rdzv_store import die_with_parent
+
+__all__ = ["LaunchError", "LocalJob", "JobResult", "main", "preflight"]
+
+
+class LaunchError(ValueError):
+    """The job cannot be launched as asked; the message names the flag or path and why."""
+
+
+@dataclass(slots=True)
+class JobResult:
+    returncodes: dict[str, int | None]
+    """Exit code of each node's agent (negative: killed by that signal)."""
+    killed: set[str]
+    """Nodes that were killed on purpose (``kill_node``); their exit codes do not count."""
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        counted = [rc for name, rc in self.returncodes.items() if name not in self.killed]
+        return bool(counted) and all(rc == 0 for rc in counted)
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass(kw_only=True)
+class LocalJob:
+    """A local elastic job. Use as a context manager: leaving it always reaps every process."""
+
+    cfg: TrainConfig
+    nodes: int = 2
+    procs_per_node: int = 1
+    min_nodes: int | None = None
+    max_restarts: int = 3
+    last_call_timeout_s: int = 1
+    """How long the rendezvous waits for more nodes once ``min_nodes`` have joined."""
+    torchrun_defaults: bool = False
+    """Plain torchrun as documented: agent-hosted store, default timeouts (benchmark baseline)."""
+    env: dict[str, str] = field(default_factory=dict)
+    _nodes: list[_Node] = field(default_factory=list, init=False)
+    _store: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _killed: set[str] = field(default_factory=set, init=False)
+    _t0: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.min_nodes is None:
+            self.min_nodes = self.nodes
+        if self.nodes < 1:
+            raise LaunchError(f"--nodes: {self.nodes!r} must be >= 1")
+        if self.procs_per_node < 1:
+            raise LaunchError(f"--procs-per-node: {self.procs_per_node!r} must be >= 1")
+        if not 1 <= self.min_nodes <= self.nodes:
+            raise LaunchError(f"--min-nodes: {self.min_nodes!r} must be between 1 and "
+                              f"--nodes ({self.nodes})")
+        if self.max_restarts < 0:
+            raise LaunchError(f"--max-restarts: {self.max_restarts!r} must be >= 0")
+        if self.last_call_timeout_s < 0:
+            raise LaunchError(f"--rdzv-last-call-s: {self.last_call_timeout_s!r} must be >= 0")
+        if self.cfg.global_batch < self.nodes * self.procs_per_node:
+            raise LaunchError(
+                f"--global-batch: {self.cfg.global_batch!r} is smaller than the world size "
+                f"({self.nodes} nodes x {self.procs_per_node} procs): some rank would get no "
+                f"samples")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalJob:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir
+
+    def start(self) -> LocalJob:
+        preflight(self.cfg)
+        self._t0 = time.monotonic()
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            endpoint, conf = self._start_rendezvous()
+            for i in range(self.nodes):
+                self._nodes.append(self._start_node(i, endpoint, conf, logs))
+        except BaseException:
+            self.stop()
+            raise
+        self._write_launch_json(endpoint)
+        return self
+
+    def _start_rendezvous(self) -> tuple[str, str]:
+        if self.torchrun_defaults:
+            import socket
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            return f"127.0.0.1:{port}", ""
+        port_file = self.run_dir / "logs" / f"rdzv-store-{uuid.uuid4().hex[:8]}.port"
+        self._store = subprocess.Popen(
+            [sys.executable, "-m", "reference_trainer.rdzv_store", "--port-file", str(port_file)],
+            stdout=subprocess.DEVNULL, stderr=open(self.run_dir / "logs" / "rdzv-store.log", "ab"),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            if self._store.poll() is not None:
+                raise LaunchError(f"rendezvous store exited with {self._store.returncode}; see "
+                                  f"{self.run_dir / 'logs' / 'rdzv-store.log'}")
+            if time.monotonic() > deadline:
+                raise LaunchError("rendezvous store did not start within 60 s")
+            time.sleep(0.02)
+        port = int(port_file.read_text())
+        port_file.unlink()
+        # is_host=false: no agent tries to host the store. A short last call: once min_nodes
+        # are in, wait only this long for the rest (torchrun's default is 30 s). A dead node
+        # stays a participant until it misses keep_alive_max_attempt heartbeats: 3 x 1 s here,
+        # 3 x 5 s by default (measured: node-loss resume 16.0 s before, 7.6 s after).
+        conf = (f"is_host=false,last_call_timeout={self.last_call_timeout_s},join_timeout=300,"
+                f"keep_alive_interval=1,keep_alive_max_attempt=3")
+        return f"127.0.0.1:{port}", conf
+
+    def _start_node(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
+        name = f"node{index}"
+        world = self.nodes * self.procs_per_node
+        env = {**os.environ, **self.env,
+               "FAULTLAB_NODE": name, "FAULTLAB_RUN_DIR": str(self.run_dir),
+               "PYTHONUNBUFFERED": "1",
+               "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+        if not self.torchrun_defaults:
+            # torch 2.13: when the node holding group rank 0 dies, survivors disagree on
+            # MASTER_PORT if the rendezvous store is shared with the workers, and hang.
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        agent = "torch.distributed.run" if self.torchrun_defaults else "reference_trainer.agent"
+        cmd = [sys.executable, "-m", agent,
+               "--nnodes", f"{self.min_nodes}:{self.nodes}",
+               "--nproc-per-node", str(self.procs_per_node),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+               "--rdzv-id", f"faultlab-{self.run_dir.name}",
+               "--max-restarts", str(self.max_restarts),
+               "--local-addr", "127.0.0.1"]
+        if conf:
+            cmd += ["--rdzv-conf", conf, "--monitor-interval", "0.1"]
+        cmd += ["-m", "reference_trainer.train", *_train_argv(self.cfg)]
+        log_path = logs / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=die_with_parent)
+        return _Node(name, popen, log_path)
+
+    def _write_launch_json(self, endpoint: str) -> None:
+        info = {
+            "rdzv_endpoint": endpoint,
+            "store_pid": self._store.pid if self._store else None,
+            "nodes": [{"node": n.name, "agent_pid": n.popen.pid, "log": str(n.log_path)}
+                      for n in self._nodes],
+            "procs_per_node": self.procs_per_node, "min_nodes": self.min_nodes,
+            "max_restarts": self.max_restarts, "launcher_pid": os.getpid(),
+            "started_t": time.time(),
+        }
+        path = self.run_dir / "launch.json"
+        path.with_suffix(".tmp").write_text(json.dumps(info, indent=1))
+        os.replace(path.with_suffix(".tmp"), path)
+
+    # -- observing and breaking --------------------------------------------------------------
+
+    def node_names(self) -> list[str]:
+        return [n.name for n in self._nodes]
+
+    def agent_pid(self, node: str) -> int:
+        return self._node(node).popen.pid
+
+    def worker_pids(self, node: str) -> list[int]:
+        """Current worker processes of a node (children of its agent)."""
+        try:
+            kids = psutil.Process(self.agent_pid(node)).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return [p.pid for p in kids if _is_worker(p)]
+
+    def kill_node(self, node: str, sig: int = signal.SIGKILL) -> None:
+        """Kill a node as a machine loss would: its agent and every worker at once."""
+        self._killed.add(node)
+        _signal_tree(self.agent_pid(node), sig)
+
+    def poll(self) -> bool:
+        """True once every agent has exited."""
+        return all(n.popen.poll() is not None for n in self._nodes)
+
+    def wait(self, timeout_s: float | None = None) -> JobResult:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.poll():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job in {self.run_dir} still running after {timeout_s} s")
+            time.sleep(0.05)
+        self._stop_store()
+        return self.result()
+
+    def result(self) -> JobResult:
+        return JobResult(returncodes={n.name: n.popen.returncode for n in self._nodes},
+                         killed=set(self._killed), wall_s=time.monotonic() - self._t0)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Reap everything: agents, workers (stopped ones too) and the store. Idempotent."""
+        procs: list[psutil.Process] = []
+        for n in self._nodes:
+            procs += _tree(n.popen.pid)
+        for p in procs:  # a SIGSTOPped worker must run to act on SIGTERM
+            _send(p, signal.SIGCONT)
+        for n in self._nodes:
+            if n.popen.poll() is None:
+                _send_pid(n.popen.pid, signal.SIGTERM)  # the agent stops its own workers
+        _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for p in alive:
+            _send(p, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+        for n in self._nodes:
+            try:
+                n.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self._stop_store()
+
+    def _stop_store(self) -> None:
+        if self._store is not None and self._store.poll() is None:
+            self._store.terminate()
+            try:
+                self._store.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._store.kill()
+                self._store.wait()
+
+    def _node(self, name: str) -> _Node:
+        for n in self._nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node {name!r}; nodes are {', '.join(self.node_names())}")
+
+
+def _is_worker(p: psutil.Process) -> bool:
+    try:
+        return "reference_trainer.train" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _send(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def _send_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    """Signal a process and all its descendants, snapshotting the tree first."""
+    procs = _tree(pid)
+    for p in procs:
+        _send(p, sig)
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Refuse to launch into a run directory the trainer could not use (no crash loop)."""
+    ckpt = cfg.run_dir / "checkpoints"
+    for path in (cfg.run_dir, ckpt, cfg.run_dir / "events"):
+        if path.exists() and not path.is_dir():
+            raise LaunchError(f"--run-dir: {str(path)!r} exists and is not a directory")
+    try:
+        for sub in ("events", "checkpoints", "logs"):
+            (cfg.run_dir / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LaunchError(f"--run-dir: cannot create {str(cfg.run_dir)!r}: {e.strerror}") from None
+    if not os.access(ckpt, os.R_OK | os.W_OK | os.X_OK):
+        raise LaunchError(f"--run-dir: checkpoint directory {str(ckpt)!r} is not readable and "
+                          f"writable by this user")
+    try:
+        candidates = list_checkpoints(ckpt)
+    except OSError as e:
+        raise LaunchError(f"--run-dir: cannot list {str(ckpt)!r}: {e.strerror}") from None
+    if candidates and cfg.on_no_valid_checkpoint == "fail":
+        reasons = []
+        for _step, path in candidates:
+            try:
+                read_manifest(path)
+                return
+            except CheckpointError as e:
+                reasons.append(str(e))
+        raise LaunchError(
+            f"--run-dir: no usable checkpoint in {str(ckpt)!r} ({'; '.join(reasons)}); pass "
+            f"--on-no-valid-checkpoint scratch to start over, or use a new --run-dir")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from reference_trainer.train import _OneLineParser
+
+    p = _OneLineParser(prog="python -m reference_trainer.launch",
+                       description=__doc__.splitlines()[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("launch")
+    g.add_argument("--run-dir", type=Path, required=True, help="where events, checkpoints and "
+                   "logs go; launching again with the same directory resumes")
+    g.add_argument("--nodes", type=int, default=2, help="torchrun agents to start (default 2)")
+    g.add_argument("--procs-per-node", type=int, default=1, help="workers per node (default 1)")
+    g.add_argument("--min-nodes", type=int, default=None,
+                   help="fewest nodes the job runs on after losing some (default: --nodes)")
+    g.add_argument("--max-restarts", type=int, default=3, help="worker-group restarts allowed")
+    g.add_argument("--rdzv-last-call-s", type=int, default=1, help="after --min-nodes joined, "
+                   "wait this long for the others (torchrun's default: 30)")
+    g.add_argument("--torchrun-defaults", action="store_true",
+                   help="plain torchrun: agent-hosted store, default timeouts (for comparison)")
+    g.add_argument("--timeout-s", type=float, default=None, help="stop the job after this long")
+    add_train_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args, args.run_dir)
+        job = LocalJob(cfg=cfg, nodes=args.nodes, procs_per_node=args.procs_per_node,
+                       min_nodes=args.min_nodes, max_restarts=args.max_restarts,
+                       last_call_timeout_s=args.rdzv_last_call_s,
+                       torchrun_defaults=args.torchrun_defaults)
+        preflight(cfg)
+    except (ConfigError, LaunchError) as e:
+        parser.error(f"argument {e}" if isinstance(e, ConfigError) else str(e))
+        return 2
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"launching {args.nodes} node(s) x {args.procs_per_node} proc(s) in {cfg.run_dir}",
+          flush=True)
+    try:
+        with job:
+            result = job.wait(timeout_s=args.timeout_s)
+    except KeyboardInterrupt:
+        print("interrupted: every process of the job was stopped", file=sys.stderr)
+        return 130
+    except TimeoutError as e:
+        print(f"timeout: {e}; every process of the job was stopped", file=sys.stderr)
+        return 124
+    codes = ", ".join(f"{k}={v}" for k, v in result.returncodes.items())
+    print(f"job {'finished' if result.ok else 'FAILED'} in {result.wall_s:.1f} s ({codes})")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
