@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -55,6 +56,7 @@ class _Node:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    cmd: list[str]
 
 
 @dataclass(kw_only=True)
@@ -181,7 +183,7 @@ class LocalJob:
             popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=die_with_parent)
-        return _Node(name, popen, log_path)
+        return _Node(name, popen, log_path, cmd)
 
     def _write_launch_json(self, endpoint: str) -> None:
         info = {
@@ -198,6 +200,19 @@ class LocalJob:
         os.replace(path.with_suffix(".tmp"), path)
 
     # -- observing and breaking --------------------------------------------------------------
+
+    def describe(self) -> str:
+        """The exact agent command lines, for a person reproducing a failure by hand."""
+        return "\n".join(f"{n.name}: FAULTLAB_NODE={n.name} {shlex.join(n.cmd)}"
+                         for n in self._nodes)
+
+    def log_tail(self, num_lines: int = 50) -> str:
+        """The last lines of every node's log (agent and workers)."""
+        out = []
+        for n in self._nodes:
+            lines = n.log_path.read_text(errors="replace").splitlines()[-num_lines:]
+            out.append(f"--- {n.log_path} (last {len(lines)} lines)\n" + "\n".join(lines))
+        return "\n".join(out)
 
     def node_names(self) -> list[str]:
         return [n.name for n in self._nodes]

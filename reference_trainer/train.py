@@ -252,7 +252,8 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                 scheduler.step()
                 step = progress["step"] = s
                 events.emit("step", step=s, loss=loss, grad_norm=grad_norm, skipped=True,
-                            samples=[sampler.global_ids(s).start, sampler.global_ids(s).stop])
+                            samples=[sampler.global_ids(s).start, sampler.global_ids(s).stop],
+                            local_samples=[ids.start, ids.stop])
                 watchdog.beat()
                 continue
             events.emit("exit", reason="nonfinite_abort", code=EXIT_CODES["nonfinite_abort"],
@@ -268,6 +269,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         ids_global = sampler.global_ids(s)
         events.emit("step", step=s, loss=loss, grad_norm=grad_norm,
                     lr=scheduler.get_last_lr()[0], samples=[ids_global.start, ids_global.stop],
+                    local_samples=[ids.start, ids.stop],
                     step_time_s=round(time.monotonic() - t0, 5))
         watchdog.beat()
         if s % cfg.checkpoint_every == 0 or s == last_step:

@@ -1,0 +1,211 @@
+"""What the reference trainer must show, each against real torchrun jobs on this host.
+
+Every scenario runs the `tiny` preset for 40 steps with a checkpoint every 10, on 2 nodes of
+1 rank unless it says otherwise, and is compared with the fault-free golden run of the same
+topology.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scenarios import (
+    Outcome,
+    Scenario,
+    explain,
+    kill_node_of_rank,
+    kill_rank,
+    latest_start,
+    max_step,
+    run_scenario,
+)
+
+from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
+from reference_trainer.launch import LocalJob
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+GOLDEN = Scenario("golden-2x1")
+GOLDEN_3 = Scenario("golden-3x1", nodes=3)
+GLOBAL_BATCH = 12
+
+# Losing a node changes the world size from 3 to 2: the gradient all-reduce sums in another
+# order (last-bit differences) and every rank's dropout RNG is re-derived for the new layout,
+# so the trajectory is not bitwise the same — only statistically. Measured over 40 steps on
+# this machine: the largest per-step loss difference to the uninterrupted 3-node run was
+# 0.017 nats (losses fall from 6.25 to 2.55 over the 40 steps). The bound leaves room for
+# other seeds and kill points; a resume that loaded wrong state or lost samples lands far
+# outside it (the 2-node and 3-node goldens already differ by 0.11).
+NODE_LOSS_TOLERANCE_NATS = 0.1
+
+
+def test_stop_and_resume_is_bitwise_identical(golden: Any, tmp_path: Path) -> None:
+    g = golden(GOLDEN)
+    first = run_scenario(Scenario("stop-after-20", train={"stop_after": 20}), tmp_path)
+    second = run_scenario(Scenario("resume-to-40"), tmp_path)
+    with explain(first, second):
+        assert first.result.ok and second.result.ok
+        assert {e["reason"] for e in first.of("exit")} == {"stopped"}
+        resumed = [e for e in second.of("start") if e["resumed_from_step"] > 0]
+        assert {e["resumed_from_step"] for e in resumed} == {20}
+        assert second.losses() == g.losses()  # every one of the 40 steps, bit for bit
+        assert second.digest() == g.digest()
+
+
+def test_sigkill_rank_restarts_resumes_and_matches_golden(golden: Any, tmp_path: Path) -> None:
+    g = golden(GOLDEN)
+    o = run_scenario(Scenario("kill-rank-1", fault=kill_rank(1, after_step=13)), tmp_path)
+    with explain(o):
+        assert o.t_fault is not None, "the run ended before the kill"
+        assert o.result.ok
+        after = [e for e in o.events if e["t"] > o.t_fault]
+        loads = [e for e in after if e["kind"] == "checkpoint_loaded"]
+        assert {e["rank"] for e in loads} == {0, 1}
+        assert {e["step"] for e in loads} == {10}  # killed after step 13: last checkpoint is 10
+        assert {e["rng"] for e in loads} == {"restored"}
+        assert o.losses() == g.losses()
+        assert o.digest() == g.digest()
+
+
+def _assert_samples_exactly_once(o: Outcome, steps: int) -> None:
+    committed = o.committed_steps()
+    assert sorted(committed) == list(range(1, steps + 1))
+    consumed = [i for e in committed.values() for i in range(*e["samples"])]
+    assert sorted(consumed) == list(range(steps * GLOBAL_BATCH))  # none twice, none skipped
+    for s, rank0 in committed.items():
+        # The ranks of the incarnation that produced the committed record of this step.
+        world = rank0["world_size"]
+        per_rank: dict[int, list[int]] = {}
+        for e in o.of("step", step=s, world_size=world):
+            per_rank[e["rank"]] = e["local_samples"]
+        assert sorted(per_rank) == list(range(world))
+        local = sorted(i for lo_hi in per_rank.values() for i in range(*lo_hi))
+        assert local == list(range(*rank0["samples"])), f"step {s}: rank slices {per_rank}"
+
+
+@pytest.mark.parametrize("victim_rank", [1, 0], ids=["node-holding-rank1", "node-holding-rank0"])
+def test_node_loss_shrinks_to_two_nodes_and_finishes(golden: Any, tmp_path: Path,
+                                                     victim_rank: int) -> None:
+    g = golden(GOLDEN_3)
+    o = run_scenario(Scenario(f"kill-node-of-rank{victim_rank}", nodes=3, min_nodes=2,
+                              fault=kill_node_of_rank(victim_rank, after_step=13)), tmp_path)
+    with explain(o):
+        assert o.t_fault is not None, "the run ended before the kill"
+        assert o.result.ok, o.result.returncodes
+        assert len(o.result.killed) == 1
+        loads = [e for e in o.of("checkpoint_loaded") if e["t"] > o.t_fault]
+        assert loads and all(e["world_size"] == 2 and e["world_size_saved"] == 3 for e in loads)
+        assert {e["step"] for e in loads} == {10}
+        assert {e["rng"] for e in loads} == {"reseeded"}
+        assert [e["world_size"] for e in o.of("final_digest")] == [2]
+        _assert_samples_exactly_once(o, 40)
+        ours, theirs = o.losses(), g.losses()
+        assert all(ours[s] == theirs[s] for s in range(1, 11))  # before the loss: bitwise
+        worst = max(abs(ours[s] - theirs[s]) for s in ours)
+        assert worst <= NODE_LOSS_TOLERANCE_NATS, f"loss drifted {worst:.4f} nats from golden"
+
+
+def test_flipped_byte_in_newest_checkpoint_is_detected_and_skipped(golden: Any,
+                                                                   tmp_path: Path) -> None:
+    g = golden(GOLDEN)
+    first = run_scenario(Scenario("stop-after-30", train={"stop_after": 30}), tmp_path)
+    newest = tmp_path / "checkpoints" / "step_00000030"
+    shard = sorted(newest.glob("*.distcp"))[0]
+    with open(shard, "r+b") as f:  # one byte in the middle of the tensor data
+        f.seek(shard.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+    second = run_scenario(Scenario("resume-to-40"), tmp_path)
+    with explain(first, second):
+        assert first.result.ok and second.result.ok
+        invalid = second.of("anomaly", what="checkpoint_invalid")
+        assert invalid and all(e["step"] == 30 and "SHA-256" in e["reason"] for e in invalid)
+        loads = [e for e in second.of("checkpoint_loaded") if e["step"] != 30]
+        assert loads and {e["step"] for e in loads} == {20}
+        assert all(any("step_00000030" in r for r in e["fell_back_from"]) for e in loads)
+        assert not [e for e in second.of("checkpoint_loaded") if e["step"] == 30]
+        assert list((tmp_path / "checkpoints" / "corrupt").glob("step_00000030-*"))
+        assert second.digest() == g.digest()
+
+
+def test_kill_during_save_leaves_nothing_that_is_loaded(golden: Any, tmp_path: Path) -> None:
+    g = golden(GOLDEN)
+    seen: dict[str, Any] = {}
+    ckpt = tmp_path / "checkpoints"
+
+    def kill_rank0_mid_save(job: LocalJob, events: list[dict[str, Any]]) -> bool:
+        if max_step(events) < 19:
+            return False
+        pid = latest_start(events, 0)["pid"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the save of step 20 lasts ~0.1 s: poll tightly
+            tmp = list(ckpt.glob(".tmp-step_00000020-*"))
+            if tmp and not (ckpt / "step_00000020").exists():
+                os.kill(pid, signal.SIGKILL)
+                seen["tmp"] = tmp[0].name
+                seen["committed_at_kill"] = [p.name for _s, p in list_checkpoints(ckpt)]
+                return True
+            time.sleep(0.001)
+        raise AssertionError("never saw the save of step 20 in progress")
+
+    o = run_scenario(Scenario("kill-rank0-while-saving", fault=kill_rank0_mid_save), tmp_path)
+    with explain(o):
+        assert seen["committed_at_kill"] == ["step_00000010"]
+        assert o.result.ok
+        loads = [e for e in o.of("checkpoint_loaded") if e["t"] > o.t_fault]
+        assert loads and {e["step"] for e in loads} == {10}
+        assert not list(ckpt.glob(".tmp-*"))  # the torn save was cleaned up by a later commit
+        for _step, path in list_checkpoints(ckpt):
+            assert verify_checkpoint(path) is None
+        assert o.digest() == g.digest()
+
+
+def _nonfinite(policy: str, **extra: Any) -> Scenario:
+    return Scenario(f"nan-{policy}", train={"inject_nonfinite": ((15, 1),),
+                                            "nonfinite_policy": policy}, **extra)
+
+
+def test_nonfinite_loss_rollback_reloads_and_replays(golden: Any, tmp_path: Path) -> None:
+    g = golden(GOLDEN)
+    o = run_scenario(_nonfinite("rollback"), tmp_path)
+    with explain(o):
+        assert o.result.ok
+        anomalies = o.of("anomaly", what="nonfinite_loss")
+        assert {(e["rank"], e["step"], e["action"]) for e in anomalies} == \
+            {(0, 15, "rollback"), (1, 15, "rollback")}  # caught on every rank
+        assert {e["step"] for e in o.of("checkpoint_loaded")} == {10}
+        assert len(o.of("start")) == 2  # rolled back in-process: no restart
+        assert o.losses() == g.losses()
+        assert o.digest() == g.digest()
+
+
+def test_nonfinite_loss_skip_drops_the_batch(golden: Any, tmp_path: Path) -> None:
+    g = golden(GOLDEN)
+    o = run_scenario(_nonfinite("skip"), tmp_path)
+    with explain(o):
+        assert o.result.ok
+        assert {e["action"] for e in o.of("anomaly", what="nonfinite_loss")} == {"skip"}
+        committed = o.committed_steps()
+        assert committed[15].get("skipped") is True
+        assert sorted(committed) == list(range(1, 41))
+        ours, theirs = o.losses(), g.losses()
+        assert all(ours[s] == theirs[s] for s in range(1, 15))
+        assert ours[16] != theirs[16]  # one update fewer from here on
+        assert o.digest() is not None and o.digest() != g.digest()
+
+
+def test_nonfinite_loss_abort_exits_with_its_code(tmp_path: Path) -> None:
+    o = run_scenario(_nonfinite("abort", max_restarts=0), tmp_path)
+    with explain(o):
+        assert not o.result.ok
+        exits = o.of("exit")
+        assert {(e["rank"], e["reason"], e["code"]) for e in exits} == \
+            {(0, "nonfinite_abort", 4), (1, "nonfinite_abort", 4)}
+        assert max_step(o.events) == 14
+        assert o.digest() is None
