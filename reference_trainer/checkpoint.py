@@ -101,10 +101,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _canonical_json(obj: object) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
 def _write_json_atomic(path: Path, obj: object) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
+    with open(tmp, "wb") as f:
+        f.write(_canonical_json(obj))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -116,10 +120,9 @@ def _manifest_checksum(body: dict[str, Any]) -> str:
 
 
 def _data_files(ckpt_dir: Path) -> list[str]:
-    return sorted(
-        str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*")
-        if p.is_file() and p.name != MANIFEST
-    )
+    """Every file of a checkpoint but its top-level manifest, as relative paths."""
+    names = (str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*") if p.is_file())
+    return sorted(n for n in names if n != MANIFEST)
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -144,12 +147,16 @@ def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(raw)
         body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+        # The checksum covers the content; the byte comparison catches a flip that parses to
+        # the same content (whitespace, an escaped character): every byte is accounted for.
         ok = manifest.get("format") == FORMAT and \
-            manifest.get("manifest_sha256") == _manifest_checksum(body)
-    except (ValueError, AttributeError):
+            manifest.get("manifest_sha256") == _manifest_checksum(body) and \
+            raw == _canonical_json(manifest)
+    except (ValueError, AttributeError, UnicodeDecodeError):
         ok = False
     if not ok:
-        raise CheckpointError(f"{ckpt_dir.name}: {MANIFEST} is corrupt (checksum mismatch)")
+        raise CheckpointError(f"{ckpt_dir.name}: {MANIFEST} is corrupt "
+                              "(checksum or canonical-form mismatch)")
     return manifest
 
 
@@ -349,27 +356,37 @@ class CheckpointManager:
         fell_back: list[str] = []
         candidates = list_checkpoints(self.root)
         latest_hint = _read_latest(self.root)
+        invalid: list[tuple[Path, str]] = []
         for step, path in candidates:
             reason = self._agreed_verdict(path)
             self.beat()
             if reason is None:
+                self._set_aside(invalid)
                 return self._load(step, path, model, optimizer, fell_back, latest_hint)
             fell_back.append(reason)
+            invalid.append((path, reason))
             self.emit("anomaly", what="checkpoint_invalid", step=step, path=str(path),
                       reason=reason, action="fall_back")
-            dist.barrier(group=self.pg)  # everybody has stopped reading it
-            if self.rank == 0:
-                self._quarantine(path, reason)
         if not candidates:
             return None
-        message = (f"no valid checkpoint in {self.root}: " + "; ".join(fell_back) +
-                   " (invalid ones were moved to corrupt/)")
+        message = f"no valid checkpoint in {self.root}: " + "; ".join(fell_back)
         if on_none_valid == "scratch":
             self.emit("anomaly", what="no_valid_checkpoint", reason=message,
                       action="start_from_scratch")
+            self._set_aside(invalid)
             return None
+        # Leave them where they are: a restarted rank, or the next launch, must refuse too.
         raise CheckpointError(message + "; refusing to start from scratch "
                               "(--on-no-valid-checkpoint scratch allows it)")
+
+    def _set_aside(self, invalid: list[tuple[Path, str]]) -> None:
+        """Move invalid checkpoints to corrupt/ once every rank has stopped reading them."""
+        if not invalid:
+            return
+        dist.barrier(group=self.pg)
+        if self.rank == 0:
+            for path, reason in invalid:
+                self._quarantine(path, reason)
 
     def _agreed_verdict(self, path: Path) -> str | None:
         reason = verify_checkpoint(path, shard=self.rank, num_shards=self.world_size)

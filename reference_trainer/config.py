@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,7 +146,9 @@ class TrainConfig:
                                               f"--steps ({self.steps})")
         _at_least("--global-batch", self.global_batch, 1)
         _positive("--lr", self.lr)
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError("--seed", f"{self.seed!r} must be between 0 and 2**63 - 1")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:  # false for NaN too
             raise ConfigError("--min-lr-ratio", f"{self.min_lr_ratio!r} must be in [0, 1]")
         _at_least("--warmup-steps", self.warmup_steps, 0)
         _at_least("--weight-decay", self.weight_decay, 0.0)
@@ -176,13 +179,14 @@ class TrainConfig:
 
 
 def _at_least(flag: str, value: float, low: float) -> None:
-    if value < low:
-        raise ConfigError(flag, f"{value!r} must be >= {low}")
+    # `not (value >= low)` also rejects NaN, which compares false with everything.
+    if not (math.isfinite(value) and value >= low):
+        raise ConfigError(flag, f"{value!r} must be a finite number >= {low}")
 
 
 def _positive(flag: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(flag, f"{value!r} must be > 0")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(flag, f"{value!r} must be a finite number > 0")
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

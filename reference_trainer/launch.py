@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from reference_trainer.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
 from reference_trainer.config import ConfigError, TrainConfig, add_train_args, config_from_args
 from reference_trainer.config import train_argv as _train_argv
 from reference_trainer.rdzv_store import die_with_parent
@@ -342,13 +342,14 @@ def preflight(cfg: TrainConfig) -> None:
     except OSError as e:
         raise LaunchError(f"--run-dir: cannot list {str(ckpt)!r}: {e.strerror}") from None
     if candidates and cfg.on_no_valid_checkpoint == "fail":
+        # The same full check the ranks make (newest first, stop at the first valid one): if
+        # it fails here, every restart of every rank would fail the same way.
         reasons = []
         for _step, path in candidates:
-            try:
-                read_manifest(path)
+            reason = verify_checkpoint(path)
+            if reason is None:
                 return
-            except CheckpointError as e:
-                reasons.append(str(e))
+            reasons.append(reason)
         raise LaunchError(
             f"--run-dir: no usable checkpoint in {str(ckpt)!r} ({'; '.join(reasons)}); pass "
             f"--on-no-valid-checkpoint scratch to start over, or use a new --run-dir")

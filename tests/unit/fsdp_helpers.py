@@ -1,0 +1,66 @@
+"""Helpers of the unit tests that need a process group: tiny FSDP2 models and an event recorder.
+
+(A module of its own rather than conftest.py, which tests/integration also has: a test module
+importing "conftest" could get the other one.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+from reference_trainer.config import ModelConfig
+from reference_trainer.model import GPT
+
+#: A model small enough that saving and loading it takes milliseconds.
+TINY_MODEL = ModelConfig(vocab_size=32, seq_len=8, d_model=16, num_layers=2, num_heads=2)
+
+
+def build_fsdp(mesh: DeviceMesh, *, seed: int = 0,
+               cfg: ModelConfig = TINY_MODEL) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The trainer's recipe on one rank: seeded init, ``fully_shard`` per block and at the root."""
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95),
+                                  weight_decay=0.1)
+    return model, optimizer
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, seed: int) -> None:
+    """One optimizer step on a random batch (so that AdamW has state to save)."""
+    cfg: ModelConfig = model.cfg  # type: ignore[assignment]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g)
+    model(x, y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter, unsharded and copied."""
+    return {name: p.detach().full_tensor().clone() for name, p in model.named_parameters()}
+
+
+class Recorder:
+    """Stands in for ``EventLog.emit`` and ``Watchdog.beat``."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.beats = 0
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.events.append({"kind": kind, **fields})
+
+    def beat(self) -> None:
+        self.beats += 1
+
+    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind
+                and all(e.get(k) == v for k, v in match.items())]

@@ -1,0 +1,76 @@
+"""reference_trainer.health: the step watchdog, run in a child process (it ends the process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from reference_trainer.health import EXIT_CODES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_watchdog_fires_dumps_every_stack_and_exits_even_if_on_fire_raises() -> None:
+    proc = _run("""
+        import sys, threading, time
+        from reference_trainer.health import Watchdog
+
+        def on_fire(idle):
+            print(f"ON_FIRE idle={idle:.3f}", file=sys.stderr, flush=True)
+            raise RuntimeError("reporting failed")  # the process must exit all the same
+
+        def parked_helper():
+            time.sleep(60)
+
+        threading.Thread(target=parked_helper, name="helper", daemon=True).start()
+        t0 = time.monotonic()
+        Watchdog(0.3, on_fire).start()
+        time.sleep(20)
+        print("NOT FIRED", time.monotonic() - t0)
+    """)
+    assert proc.returncode == EXIT_CODES["watchdog"] == 3, proc.stderr
+    assert "NOT FIRED" not in proc.stdout
+    err = proc.stderr
+    assert "[watchdog] no progress" in err
+    # faulthandler's dump of every thread: the main thread asleep, and the helper thread.
+    assert "most recent call first" in err
+    assert err.lower().count("thread 0x") >= 3  # main, helper, and the watchdog itself
+    assert "parked_helper" in err
+    # on_fire ran after the dump, with the idle time, and it had passed the limit.
+    fired = [line for line in err.splitlines() if line.startswith("ON_FIRE")]
+    assert len(fired) == 1
+    idle = float(fired[0].split("=")[1])
+    assert 0.3 < idle < 10.0
+    assert err.index("most recent call first") < err.index("ON_FIRE")
+
+
+def test_regular_beats_keep_it_quiet_and_stop_disarms_it() -> None:
+    proc = _run("""
+        import sys, time
+        from reference_trainer.health import Watchdog
+
+        wd = Watchdog(0.5, lambda idle: print("ON_FIRE", file=sys.stderr, flush=True)).start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.5:  # three times the limit, beating every 50 ms
+            wd.beat()
+            time.sleep(0.05)
+        print("BEAT PHASE DONE", flush=True)
+        wd.stop()
+        time.sleep(0.8)  # no beats, but stopped
+        print("SURVIVED", flush=True)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["BEAT", "PHASE", "DONE", "SURVIVED"]
+    assert "ON_FIRE" not in proc.stderr and "[watchdog]" not in proc.stderr
+
+
+def test_exit_codes_are_distinct() -> None:
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES)
+    assert EXIT_CODES["completed"] == 0 and EXIT_CODES["usage"] == 2
