@@ -1,0 +1,88 @@
+"""The contract every fault implements, built-in or third-party.
+
+A fault is a class registered under the entry-point group ``faultlab.faults``; the entry
+point's name is the fault's ``type`` in YAML. Its parameters are a pydantic model (``Params``)
+whose field docstrings/descriptions are what ``faultlab list faults`` prints, and the
+experiment loader validates a fault's ``params:`` against it.
+
+The engine calls ``inject`` once when the trigger fires, then ``undo`` exactly once when the
+fault's duration ends, when the job reacts (``until: reaction``), or when the experiment ends
+for any reason — including an exception or Ctrl-C. ``undo`` must be idempotent and must not
+raise for a process that is already gone.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Fault", "FaultContext", "FaultParams", "Victim"]
+
+
+class FaultParams(BaseModel):
+    """Base of every fault's parameters: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Victim(Protocol):
+    """What a target selector resolved to: one rank, one node, or every rank."""
+
+    kind: str  # "rank" | "node" | "all"
+    value: int | None
+
+
+class FaultContext(Protocol):
+    """What a fault may use of the running experiment (the engine provides it)."""
+
+    def rank_pid(self, rank: int) -> int:
+        """PID of the process currently running ``rank``; raises FaultError if none."""
+
+    def ranks(self) -> list[int]:
+        """Ranks of the current incarnation of the job."""
+
+    def node_names(self) -> list[str]:
+        """Nodes of the job, e.g. ``node0``."""
+
+    def node_of_rank(self, rank: int) -> str:
+        """The node currently holding ``rank``."""
+
+    def node_pids(self, node: str) -> list[int]:
+        """Agent and worker PIDs of ``node`` (only processes of this job)."""
+
+    def kill_node(self, node: str, sig: int) -> list[int]:
+        """Signal a node's agent and every worker at once; returns the PIDs signalled."""
+
+    def assert_owned(self, pid: int) -> None:
+        """Raise FaultError unless ``pid`` belongs to the job faultlab launched."""
+
+
+class Fault(ABC):
+    """One injectable fault. Subclasses set ``type``, ``family``, ``Params`` and ``inject``."""
+
+    type: ClassVar[str]
+    """Name in YAML, snake_case, e.g. ``rank_kill`` (must equal the entry point's name)."""
+    family: ClassVar[str]
+    """process | numeric | collective | network | storage | cloud | ..."""
+    Params: ClassVar[type[FaultParams]] = FaultParams
+    targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
+    """Selector kinds this fault accepts."""
+    reversible: ClassVar[bool] = False
+    """True if ``undo`` reverts the fault (a hang is continued); kills are not reversible."""
+
+    def __init__(self, params: FaultParams) -> None:
+        self.params = params
+
+    @classmethod
+    def summary(cls) -> str:
+        return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    @abstractmethod
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        """Inject the fault; return what was done (pids, signal...) for the journal."""
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """Revert the fault (idempotent); return what was done. Default: nothing to undo."""
+        return {}

@@ -1,0 +1,122 @@
+"""Process faults: kill or freeze a rank or a whole node of the job.
+
+Signals go only to processes of the job faultlab launched (``FaultContext.assert_owned``).
+A hang is SIGSTOP and is always undone with SIGCONT — at the end of ``duration_s``, when the
+job reacts, or when the experiment ends for any reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+
+__all__ = ["NodeHangFault", "NodeKillFault", "RankHangFault", "RankKillFault"]
+
+KillSignal = Literal["KILL", "TERM", "SEGV", "ABRT"]
+
+
+def _signal(name: str) -> signal.Signals:
+    return signal.Signals[f"SIG{name}"]
+
+
+def _send(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _victim_ranks(ctx: FaultContext, victim: Victim) -> list[int]:
+    return ctx.ranks() if victim.kind == "all" else [int(victim.value or 0)]
+
+
+class RankKillFault(Fault):
+    """Kill one rank's process (or every rank's) with a signal, as a crash or OOM kill would."""
+
+    type = "rank_kill"
+    family = "process"
+    targets: ClassVar[tuple[str, ...]] = ("rank", "all")
+
+    class Params(FaultParams):
+        signal: KillSignal = Field("KILL", description="signal to send: KILL, TERM, SEGV or "
+                                                       "ABRT")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        sig = _signal(self.params.signal)  # type: ignore[attr-defined]
+        done = {}
+        for rank in _victim_ranks(ctx, victim):
+            pid = ctx.rank_pid(rank)
+            ctx.assert_owned(pid)
+            if _send(pid, sig):
+                done[rank] = pid
+        return {"signal": sig.name, "pids_by_rank": done}
+
+
+class NodeKillFault(Fault):
+    """Kill a whole node at once — its torchrun agent and every worker — as a machine loss."""
+
+    type = "node_kill"
+    family = "process"
+    targets: ClassVar[tuple[str, ...]] = ("node",)
+
+    class Params(FaultParams):
+        signal: Literal["KILL", "TERM"] = Field("KILL", description="signal sent to the agent "
+                                                                    "and every worker")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        node = ctx.node_names()[int(victim.value or 0)]
+        pids = ctx.kill_node(node, _signal(self.params.signal))  # type: ignore[attr-defined]
+        return {"signal": f"SIG{self.params.signal}", "node": node,  # type: ignore[attr-defined]
+                "pids": pids}
+
+
+class _StopFault(Fault):
+    reversible = True
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._stopped: list[int] = []
+
+    def _stop(self, ctx: FaultContext, pids: list[int]) -> list[int]:
+        for pid in pids:
+            ctx.assert_owned(pid)
+        for pid in pids:
+            # Record before signalling: if faultlab dies right here, undo still knows the pid.
+            self._stopped.append(pid)
+            _send(pid, signal.SIGSTOP)
+        return pids
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        continued = [pid for pid in self._stopped if _send(pid, signal.SIGCONT)]
+        self._stopped = []
+        return {"continued": continued}
+
+
+class RankHangFault(_StopFault):
+    """Freeze a rank's process with SIGSTOP: it holds its sockets but never answers."""
+
+    type = "rank_hang"
+    family = "process"
+    targets: ClassVar[tuple[str, ...]] = ("rank", "all")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        pids = [ctx.rank_pid(r) for r in _victim_ranks(ctx, victim)]
+        return {"signal": "SIGSTOP", "pids": self._stop(ctx, pids)}
+
+
+class NodeHangFault(_StopFault):
+    """Freeze a whole node — agent and workers — with SIGSTOP (a hung host, a long GC pause)."""
+
+    type = "node_hang"
+    family = "process"
+    targets: ClassVar[tuple[str, ...]] = ("node",)
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        node = ctx.node_names()[int(victim.value or 0)]
+        return {"signal": "SIGSTOP", "node": node, "pids": self._stop(ctx, ctx.node_pids(node))}
