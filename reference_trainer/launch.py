@@ -61,9 +61,17 @@ class _Node:
 
 @dataclass(kw_only=True)
 class LocalJob:
-    """A local elastic job. Use as a context manager: leaving it always reaps every process."""
+    """A local elastic job. Use as a context manager: leaving it always reaps every process.
 
-    cfg: TrainConfig
+    Runs the reference trainer (``cfg``) or any other training command (``command`` plus
+    ``run_dir``) under the same agents; a command is started by torchrun without ``python``
+    and finds its run directory in ``FAULTLAB_RUN_DIR``.
+    """
+
+    cfg: TrainConfig | None = None
+    command: list[str] | None = None
+    """A user's trainer, e.g. ``["python", "train.py"]``, instead of the reference trainer."""
+    run_dir_: Path | None = None
     nodes: int = 2
     procs_per_node: int = 1
     min_nodes: int | None = None
@@ -79,6 +87,14 @@ class LocalJob:
     _t0: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
+        if (self.cfg is None) == (self.command is None):
+            raise LaunchError("give exactly one of cfg (the reference trainer) or command")
+        if self.cfg is not None:
+            self.run_dir_ = self.cfg.run_dir
+        elif self.run_dir_ is None:
+            raise LaunchError("a command target needs run_dir_")
+        elif not self.command:
+            raise LaunchError("command: empty; give the trainer's command line")
         if self.min_nodes is None:
             self.min_nodes = self.nodes
         if self.nodes < 1:
@@ -92,7 +108,7 @@ class LocalJob:
             raise LaunchError(f"--max-restarts: {self.max_restarts!r} must be >= 0")
         if self.last_call_timeout_s < 0:
             raise LaunchError(f"--rdzv-last-call-s: {self.last_call_timeout_s!r} must be >= 0")
-        if self.cfg.global_batch < self.nodes * self.procs_per_node:
+        if self.cfg is not None and self.cfg.global_batch < self.nodes * self.procs_per_node:
             raise LaunchError(
                 f"--global-batch: {self.cfg.global_batch!r} is smaller than the world size "
                 f"({self.nodes} nodes x {self.procs_per_node} procs): some rank would get no "
@@ -108,10 +124,12 @@ class LocalJob:
 
     @property
     def run_dir(self) -> Path:
-        return self.cfg.run_dir
+        assert self.run_dir_ is not None
+        return self.run_dir_
 
     def start(self) -> LocalJob:
-        preflight(self.cfg)
+        if self.cfg is not None:
+            preflight(self.cfg)
         self._t0 = time.monotonic()
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -177,7 +195,11 @@ class LocalJob:
                "--local-addr", "127.0.0.1"]
         if conf:
             cmd += ["--rdzv-conf", conf, "--monitor-interval", "0.1"]
-        cmd += ["-m", "reference_trainer.train", *_train_argv(self.cfg)]
+        if self.cfg is not None:
+            cmd += ["-m", "reference_trainer.train", *_train_argv(self.cfg)]
+        else:
+            assert self.command is not None
+            cmd += ["--no-python", *self.command]
         log_path = logs / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -222,16 +244,22 @@ class LocalJob:
 
     def worker_pids(self, node: str) -> list[int]:
         """Current worker processes of a node (children of its agent)."""
-        try:
-            kids = psutil.Process(self.agent_pid(node)).children(recursive=True)
+        try:  # torchrun starts each worker as a direct child of the agent
+            return [p.pid for p in psutil.Process(self.agent_pid(node)).children()]
         except psutil.NoSuchProcess:
             return []
-        return [p.pid for p in kids if _is_worker(p)]
 
-    def kill_node(self, node: str, sig: int = signal.SIGKILL) -> None:
+    def pids(self) -> set[int]:
+        """Every live process of the job: store, agents, workers and their children."""
+        out = {p.pid for n in self._nodes for p in _tree(n.popen.pid)}
+        if self._store is not None and self._store.poll() is None:
+            out.add(self._store.pid)
+        return out
+
+    def kill_node(self, node: str, sig: int = signal.SIGKILL) -> list[int]:
         """Kill a node as a machine loss would: its agent and every worker at once."""
         self._killed.add(node)
-        _signal_tree(self.agent_pid(node), sig)
+        return _signal_tree(self.agent_pid(node), sig)
 
     def poll(self) -> bool:
         """True once every agent has exited."""
@@ -287,13 +315,6 @@ class LocalJob:
         raise KeyError(f"no node {name!r}; nodes are {', '.join(self.node_names())}")
 
 
-def _is_worker(p: psutil.Process) -> bool:
-    try:
-        return "reference_trainer.train" in " ".join(p.cmdline())
-    except psutil.Error:
-        return False
-
-
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -316,11 +337,12 @@ def _send_pid(pid: int, sig: int) -> None:
         pass
 
 
-def _signal_tree(pid: int, sig: int) -> None:
+def _signal_tree(pid: int, sig: int) -> list[int]:
     """Signal a process and all its descendants, snapshotting the tree first."""
     procs = _tree(pid)
     for p in procs:
         _send(p, sig)
+    return [p.pid for p in procs]
 
 
 def preflight(cfg: TrainConfig) -> None:
