@@ -1,1 +1,12 @@
-"""faultlab.observe."""
+"""faultlab.observe: read a job's event stream as it grows and derive the experiment metrics.
+
+``EventStream`` tails ``RUN_DIR/events/*.jsonl`` (the event protocol of DESIGN.md) for the
+engine; ``compute_metrics`` turns the records and the injected faults into ``Metrics`` —
+detection latency, resume and recovery time, lost steps, goodput, sample accounting — with
+every definition spelled out in ``faultlab.observe.metrics``.
+"""
+
+from faultlab.observe.metrics import FaultMetrics, FaultRecord, Metrics, compute_metrics
+from faultlab.observe.stream import EventStream
+
+__all__ = ["EventStream", "FaultMetrics", "FaultRecord", "Metrics", "compute_metrics"]

@@ -1,0 +1,202 @@
+"""Tail a job's event stream: ``RUN_DIR/events/*.jsonl``, one append-only file per process.
+
+The engine polls an :class:`EventStream` every few tens of milliseconds while faults are in
+flight, so a poll costs one directory scan plus one ``stat`` per file, and reads only the bytes
+appended since the previous poll (offsets are kept per file; nothing is ever read twice).
+
+What a reader can see, and what it does about it:
+
+- **New files** appear whenever a rank process (re)starts; every poll scans the directory.
+- **A torn line.** A writer flushes one line at a time, so the last line of a file can be
+  incomplete (being written, or the writer was SIGKILLed mid-line). Bytes after the last
+  newline are kept and retried next poll; they are never parsed early.
+- **A corrupt complete line** (not JSON, not an object, no finite numeric ``t``) is counted in
+  :attr:`EventStream.malformed` and skipped: one bad line must not stop the experiment.
+- **Order.** Files are written concurrently, so the records of one poll are sorted by ``t``,
+  and :attr:`EventStream.events` stays sorted by ``t`` even when a late-flushed line from one
+  file is older than lines already seen from another.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EventStream"]
+
+Record = dict[str, Any]
+
+
+def _t(record: Record) -> float:
+    return record["t"]
+
+
+@dataclass(slots=True)
+class _Tail:
+    """Read position in one events file."""
+
+    offset: int = 0
+    """Bytes consumed so far (complete lines and the kept partial line)."""
+    partial: bytes = b""
+    """Bytes after the last newline: an incomplete line, retried on the next poll."""
+
+
+class EventStream:
+    """Incremental reader of ``run_dir/events/*.jsonl``.
+
+    ``poll()`` returns the records that appeared since the previous poll; ``events`` holds
+    everything read so far. The query helpers (``max_step``, ``latest_start``,
+    ``current_ranks``, ``count``) answer from indexes kept up to date by ``poll`` and never
+    touch the disk: call ``poll()`` first.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        """``run_dir``: the job's run directory, or its ``events`` directory itself (a path
+        whose last part is ``events``). Neither has to exist yet."""
+        path = Path(run_dir)
+        self.events_dir = path if path.name == "events" else path / "events"
+        self.run_dir = self.events_dir.parent
+        self.malformed = 0
+        """Complete lines that could not be parsed into a record with a numeric ``t``."""
+        self._tails: dict[str, _Tail] = {}
+        self._events: list[Record] = []
+        self._by_kind: defaultdict[str, list[Record]] = defaultdict(list)
+        self._starts: list[Record] = []  # sorted by t; a handful per process restart
+        self._latest_start: dict[Any, Record] = {}
+        self._max_step = 0
+
+    # --- reading ----------------------------------------------------------------------------
+
+    @property
+    def events(self) -> list[Record]:
+        """Every record read so far, sorted by ``t``. The live list: do not modify it."""
+        return self._events
+
+    def poll(self) -> list[Record]:
+        """Read what was appended since the last poll; return those new records sorted by t."""
+        new: list[Record] = []
+        try:
+            entries = sorted((e.name, e.path) for e in os.scandir(self.events_dir)
+                             if e.name.endswith(".jsonl"))
+        except (FileNotFoundError, NotADirectoryError):
+            return new  # the job has not created its events directory yet
+        for name, path in entries:
+            tail = self._tails.get(name)
+            if tail is None:
+                tail = self._tails[name] = _Tail()
+            self._read_appended(path, tail, new)
+        if not new:
+            return new
+        new.sort(key=_t)  # stable: equal times keep file order, then line order
+        self._index(new)
+        return new
+
+    def _read_appended(self, path: str, tail: _Tail, out: list[Record]) -> None:
+        try:
+            size = os.stat(path).st_size
+            if size <= tail.offset:
+                return  # nothing new (a file is append-only; a shrunk one is not re-read)
+            with open(path, "rb") as f:
+                f.seek(tail.offset)
+                chunk = f.read(size - tail.offset)
+        except OSError:
+            return  # vanished or unreadable right now: try again next poll
+        tail.offset += len(chunk)
+        data = tail.partial + chunk
+        end = data.rfind(b"\n")
+        if end < 0:
+            tail.partial = data
+            return
+        tail.partial = data[end + 1:]
+        for line in data[:end].split(b"\n"):
+            if not line.strip():
+                continue
+            record = self._parse(line)
+            if record is None:
+                self.malformed += 1
+            else:
+                out.append(record)
+
+    @staticmethod
+    def _parse(line: bytes) -> Record | None:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError
+            return None
+        if not isinstance(record, dict):
+            return None
+        t = record.get("t")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+            return None
+        return record
+
+    def _index(self, new: list[Record]) -> None:
+        if self._events and new[0]["t"] < self._events[-1]["t"]:
+            # A line flushed late by one file is older than lines already read from another.
+            # Timsort merges the two sorted runs in linear time, keeping the list's identity.
+            self._events.extend(new)
+            self._events.sort(key=_t)
+        else:
+            self._events.extend(new)
+        for record in new:
+            kind = record.get("kind")
+            if isinstance(kind, str):
+                self._by_kind[kind].append(record)
+            if kind == "step":
+                step = record.get("step")
+                if isinstance(step, int) and not isinstance(step, bool):
+                    self._max_step = max(self._max_step, step)
+            elif kind == "start":
+                bisect.insort(self._starts, record, key=_t)
+                rank = record.get("rank")
+                latest = self._latest_start.get(rank)
+                if latest is None or record["t"] >= latest["t"]:
+                    self._latest_start[rank] = record
+
+    # --- queries the engine polls -------------------------------------------------------------
+
+    def max_step(self) -> int:
+        """The highest ``step`` any rank reported so far (skipped steps included); 0 if none."""
+        return self._max_step
+
+    def latest_start(self, rank: int) -> Record | None:
+        """The most recent ``start`` record of ``rank`` (by ``t``), or None if it never started."""
+        return self._latest_start.get(rank)
+
+    def current_ranks(self) -> list[int]:
+        """Ranks of the newest incarnation of the job, sorted.
+
+        An incarnation is a run of ``start`` records (in time order) sharing one world size in
+        which no rank starts twice. A new incarnation begins at a start record whose
+        ``world_size`` differs from the current one's, or whose rank already started in the
+        current one (that rank's process restarted, so torchelastic restarted the whole worker
+        group). While a restarted group is still coming up, the answer holds only the ranks
+        that have started so far.
+        """
+        ranks: set[int] = set()
+        world_size: Any = None
+        for record in self._starts:
+            rank = record.get("rank")
+            if not ranks or record.get("world_size") != world_size or rank in ranks:
+                ranks = set()
+                world_size = record.get("world_size")
+            if isinstance(rank, int):
+                ranks.add(rank)
+        return sorted(ranks)
+
+    def count(self, kind: str, **match: Any) -> int:
+        """How many records of ``kind`` have every field of ``match`` equal to the given value.
+
+        ``count("exit", reason="error")``; ``count("step", rank=0)``.
+        """
+        records = self._by_kind.get(kind, ())
+        if not match:
+            return len(records)
+        items = match.items()
+        return sum(1 for r in records if all(k in r and r[k] == v for k, v in items))
