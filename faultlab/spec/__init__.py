@@ -1,1 +1,60 @@
-"""faultlab.spec."""
+"""The experiment schema and its YAML loader: documents validated as a whole, every error
+located (``experiments/x.yaml:14 faults[1].trigger.at_step: expected an integer, got 'ten'``).
+
+    load_experiments(["experiments/suite.yaml"], seed=7)   # suites expanded, all validated
+    describe_schedule(exp)                                   # what a dry run prints
+"""
+
+from faultlab.spec.loader import (
+    experiment_from_dict,
+    load_document,
+    load_experiment,
+    load_experiments,
+    parse_document,
+    parse_experiment,
+)
+from faultlab.spec.model import (
+    EVENT_KINDS,
+    SLA_KINDS,
+    SLAS,
+    AfterEvent,
+    Every,
+    Expect,
+    Experiment,
+    FaultSpec,
+    RunSpec,
+    Selector,
+    Sla,
+    Suite,
+    TargetSpec,
+    Topology,
+    Trigger,
+)
+from faultlab.spec.schedule import arrival_times_s, describe_schedule, resolve_selector
+
+__all__ = [
+    "EVENT_KINDS",
+    "SLAS",
+    "SLA_KINDS",
+    "AfterEvent",
+    "Every",
+    "Expect",
+    "Experiment",
+    "FaultSpec",
+    "RunSpec",
+    "Selector",
+    "Sla",
+    "Suite",
+    "TargetSpec",
+    "Topology",
+    "Trigger",
+    "arrival_times_s",
+    "describe_schedule",
+    "experiment_from_dict",
+    "load_document",
+    "load_experiment",
+    "load_experiments",
+    "parse_document",
+    "parse_experiment",
+    "resolve_selector",
+]

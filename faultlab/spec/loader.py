@@ -1,0 +1,222 @@
+"""Load experiment and suite documents; every mistake in them becomes one located problem.
+
+Whatever the input — a missing file, bytes that are not UTF-8, broken YAML, a list instead
+of a mapping, a wrong type ten levels down — the only exception that leaves this module for a
+user's mistake is ``InvalidExperimentError``, and it lists every problem found, each with its
+file, line and YAML path, sorted by line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from faultlab.errors import InvalidExperimentError, Problem
+from faultlab.spec._base import choices, show
+from faultlab.spec._problems import problems_from
+from faultlab.spec._yaml import YamlDoc, read_yaml
+from faultlab.spec.model import Experiment, Suite
+
+__all__ = [
+    "experiment_from_dict",
+    "load_document",
+    "load_experiment",
+    "load_experiments",
+    "parse_document",
+    "parse_experiment",
+]
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    doc: Experiment | Suite
+    yaml: YamlDoc
+
+
+def parse_document(text: str, file: PathLike | None = None) -> Experiment | Suite:
+    """Validate YAML ``text`` (from ``file``, used only in messages) as an experiment or,
+    if it has a ``suite`` key, a suite."""
+    return _parse(text, _path(file)).doc
+
+
+def parse_experiment(text: str, file: PathLike | None = None, *,
+                     seed: int | None = None) -> Experiment:
+    """Validate YAML ``text`` as one experiment; ``seed`` replaces the document's seed."""
+    parsed = _parse(text, _path(file))
+    return _experiment(parsed, _path(file), seed)
+
+
+def experiment_from_dict(data: Mapping[str, Any], file: PathLike | None = None, *,
+                         seed: int | None = None) -> Experiment:
+    """Validate already-parsed data (e.g. from a pytest marker) with the same messages."""
+    file_ = _path(file)
+    parsed = _validate(YamlDoc(_plain(data)), file_)
+    return _experiment(parsed, file_, seed)
+
+
+def load_document(path: PathLike) -> Experiment | Suite:
+    """Read and validate one file: an experiment, or a suite (its members are not loaded)."""
+    return _load(Path(path)).doc
+
+
+def load_experiment(path: PathLike, *, seed: int | None = None) -> Experiment:
+    """Read and validate one experiment file; a suite file is an error here."""
+    return _experiment(_load(Path(path)), Path(path), seed)
+
+
+def load_experiments(paths: Iterable[PathLike], *,
+                     seed: int | None = None) -> list[tuple[Path, Experiment]]:
+    """Every experiment of ``paths``, suites expanded in order, all validated before any is
+    returned. Raises one ``InvalidExperimentError`` with the problems of every file."""
+    _check_seed(seed, None)
+    out: list[tuple[Path, Experiment]] = []
+    problems: list[Problem] = []
+    for path in paths:
+        _expand(Path(path), (), None, seed, out, problems)
+    if problems:
+        raise InvalidExperimentError(problems)
+    return out
+
+
+# ---------------------------------------------------------------------------- internals
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """Where a suite names a member file: problems reading it are located there."""
+
+    file: Path
+    line: int | None
+    path: str
+    text: str
+
+
+def _expand(path: Path, chain: tuple[tuple[Path, Path], ...], ref: _Ref | None,
+            seed: int | None, out: list[tuple[Path, Experiment]],
+            problems: list[Problem]) -> None:
+    """Append the experiments of ``path``; ``chain`` holds the suites that led here
+    (resolved, as written)."""
+    resolved = _resolved(path)
+    seen = [r for r, _ in chain]
+    if resolved in seen:
+        names = [str(shown) for _, shown in chain[seen.index(resolved):]] + [str(path)]
+        assert ref is not None  # the first file of a chain has no predecessor
+        problems.append(Problem(ref.file, ref.line, ref.path,
+                                f"suite cycle: {' -> '.join(names)}; a suite cannot include "
+                                f"itself, directly or through another suite"))
+        return
+    try:
+        parsed = _load(path, ref)
+    except InvalidExperimentError as e:
+        problems.extend(e.problems)
+        return
+    if isinstance(parsed.doc, Experiment):
+        out.append((path, _with_seed(parsed.doc, seed)))
+        return
+    for i, member in enumerate(parsed.doc.suite):
+        member_ref = _Ref(path, parsed.yaml.line_of(("suite", i)), f"suite[{i}]", member)
+        _expand(path.parent / member, (*chain, (resolved, path)), member_ref, seed, out,
+                problems)
+
+
+def _load(path: Path, ref: _Ref | None = None) -> _Parsed:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if ref is not None:
+            raise InvalidExperimentError([Problem(
+                ref.file, ref.line, ref.path,
+                f"cannot read {ref.text!r} (looked for {str(path)!r}): {reason}; paths in a "
+                f"suite are relative to the suite file")]) from None
+        raise InvalidExperimentError([Problem(path, None, "",
+                                              f"cannot read the file: {reason}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise InvalidExperimentError([Problem(path, line, "", f"not UTF-8 text: byte "
+                                              f"{raw[e.start:e.start + 1]!r} at offset "
+                                              f"{e.start} ({e.reason})")]) from None
+    return _parse(text, path)
+
+
+def _parse(text: str, file: Path | None) -> _Parsed:
+    doc = read_yaml(text, file)
+    if doc.problems and doc.data is None:
+        raise InvalidExperimentError(_sorted(doc.problems))
+    if not doc.lines:  # no YAML node at all: nothing but blanks and comments
+        raise InvalidExperimentError([Problem(file, 1, "", "the document is empty; an "
+                                              "experiment needs at least a name")])
+    return _validate(doc, file)
+
+
+def _validate(doc: YamlDoc, file: Path | None) -> _Parsed:
+    data = doc.data
+    if not isinstance(data, dict):
+        raise InvalidExperimentError(_sorted([*doc.problems, Problem(
+            file, doc.line_of(()), "", f"expected a mapping with keys "
+                                       f"{choices(Experiment.valid_keys())} (or a suite: "
+                                       f"{choices(Suite.valid_keys())}), got {show(data)}")]))
+    root: type[BaseModel] = Suite if "suite" in data else Experiment
+    try:
+        model = root.model_validate(data)
+    except ValidationError as e:
+        raise InvalidExperimentError(_sorted([*doc.problems,
+                                              *problems_from(e, doc, root, file)])) from None
+    if doc.problems:  # duplicate keys: the document is valid only by accident
+        raise InvalidExperimentError(_sorted(doc.problems))
+    return _Parsed(model, doc)  # type: ignore[arg-type]
+
+
+def _experiment(parsed: _Parsed, file: Path | None, seed: int | None) -> Experiment:
+    if isinstance(parsed.doc, Suite):
+        raise InvalidExperimentError([Problem(
+            file, parsed.yaml.line_of(("suite",)), "suite",
+            "this document is a suite (a list of experiment files), not one experiment; "
+            "load it with load_experiments()")])
+    _check_seed(seed, file)
+    return _with_seed(parsed.doc, seed)
+
+
+def _check_seed(seed: object, file: Path | None) -> None:
+    if seed is None:
+        return
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise InvalidExperimentError([Problem(file, None, "seed", f"the seed override "
+                                              f"(--seed) must be an integer in "
+                                              f"[0, 2**63), got {show(seed)}")])
+
+
+def _with_seed(exp: Experiment, seed: int | None) -> Experiment:
+    return exp if seed is None else exp.model_copy(update={"seed": seed})
+
+
+def _sorted(problems: list[Problem]) -> list[Problem]:
+    unique = list(dict.fromkeys(problems))  # a union's members may report the same thing
+    return sorted(unique, key=lambda p: (p.line is None, p.line or 0))
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare as written
+        return path.absolute()
+
+
+def _path(file: PathLike | None) -> Path | None:
+    return None if file is None else Path(file)
+
+
+def _plain(data: Any) -> Any:
+    """A ``Mapping`` that is not a dict (e.g. a MappingProxy) validated as a dict."""
+    if isinstance(data, Mapping) and not isinstance(data, dict):
+        return dict(data)
+    return data
