@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m reference_trainer.demo
+	$(VENV)/bin/faultlab run experiments/rank_kill.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2

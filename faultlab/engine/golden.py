@@ -1,0 +1,125 @@
+"""The golden run: the same experiment without faults, cached so it runs once per code version.
+
+The cache key covers everything that decides the final bits: the target's full config (preset,
+every override, the command for a user's trainer), the seed, the steps, the topology and the
+code version (a hash of the reference trainer's sources, faultlab's version and torch's, or for
+a user's command the git commit and uncommitted diff of the working directory). Entries are
+written atomically under a per-key file lock, so parallel experiments (pytest-xdist) that need
+the same golden run it once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import faultlab
+import reference_trainer
+from faultlab.errors import TargetError
+from faultlab.observe import compute_metrics
+from faultlab.spec import Experiment
+
+__all__ = ["GoldenRun", "code_version", "golden_key", "golden_run"]
+
+
+@dataclass(frozen=True, slots=True)
+class GoldenRun:
+    key: str
+    digest: str | None
+    losses: dict[int, float]
+    wall_s: float
+    run_dir: str
+    cached: bool
+
+
+def code_version(exp: Experiment) -> str:
+    h = hashlib.sha256(f"faultlab {faultlab.__version__} torch {torch.__version__}".encode())
+    if exp.target.command:
+        h.update(_git_state(Path.cwd()).encode())
+    else:
+        src = Path(reference_trainer.__file__).parent
+        for path in sorted(src.glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _git_state(cwd: Path) -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        diff = subprocess.run(["git", "diff", "HEAD"], cwd=cwd, capture_output=True,
+                              timeout=10).stdout
+        return f"{head}:{hashlib.sha256(diff).hexdigest()}"
+    except (OSError, subprocess.SubprocessError):
+        return "no-git"
+
+
+# Trainer settings that change how a run is operated, never one bit of what it computes (the
+# trainer's tests check async saving and the watchdog against the same golden digest).
+NUMERICS_NEUTRAL = frozenset({"async_checkpoint", "keep_checkpoints", "watchdog_s",
+                              "pg_timeout_s", "min_step_time_s"})
+
+
+def golden_key(exp: Experiment) -> str:
+    t = exp.target
+    overrides = {k: v for k, v in (t.overrides or {}).items() if k not in NUMERICS_NEUTRAL}
+    ident = {
+        "target": {"preset": t.preset, "overrides": overrides,
+                   "command": list(t.command or [])},
+        "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
+        "topology": exp.topology.model_dump(mode="json"), "code": code_version(exp),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenRun:
+    """The cached golden result for ``exp``, running it (without faults) if needed."""
+    from faultlab.targets.local import LocalTarget
+
+    key = golden_key(exp)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    entry = cache_dir / f"{key}.json"
+    with open(cache_dir / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if entry.exists():
+            data = json.loads(entry.read_text())
+            return GoldenRun(key=key, digest=data["digest"],
+                             losses={int(k): v for k, v in data["losses"].items()},
+                             wall_s=data["wall_s"], run_dir=data["run_dir"], cached=True)
+        run_dir = cache_dir / key
+        shutil.rmtree(run_dir, ignore_errors=True)
+        target = LocalTarget(exp.model_copy(update={"faults": []}), run_dir)
+        t0 = time.monotonic()
+        try:
+            target.start()
+            while not target.finished():
+                if time.monotonic() - t0 > timeout_s:
+                    raise TargetError(f"the golden run of {exp.name!r} did not finish within "
+                                      f"{timeout_s:.0f} s; logs in {run_dir / 'logs'}")
+                time.sleep(0.1)
+        finally:
+            target.stop()
+        target.stream.poll()
+        metrics = compute_metrics(target.stream.events, [])
+        if not metrics.completes or metrics.final_digest is None:
+            raise TargetError(f"the golden run of {exp.name!r} failed (exit codes "
+                              f"{target.result().returncodes}); logs in {run_dir / 'logs'}")
+        losses = {e["step"]: e["loss"] for e in target.stream.events
+                  if e["kind"] == "step" and e["rank"] == 0}
+        data: dict[str, Any] = {"digest": metrics.final_digest, "losses": losses,
+                                "wall_s": time.monotonic() - t0, "run_dir": str(run_dir)}
+        tmp = entry.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, entry)
+        return GoldenRun(key=key, digest=data["digest"], losses=losses, wall_s=data["wall_s"],
+                         run_dir=str(run_dir), cached=False)

@@ -1,0 +1,77 @@
+"""A guard process that cleans up a job if faultlab itself dies (SIGKILL, OOM, a crash).
+
+The engine starts it in a session of its own and keeps ``--pidfile`` current with every pid of
+the job. When the engine's process disappears without having stopped the guard, the guard
+continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills
+it and its descendants. On a normal exit the engine terminates the guard first.
+
+    python -m faultlab.engine.reaper --parent PID --pidfile FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+
+def _reap(pidfile: Path) -> int:
+    try:
+        pids = json.loads(pidfile.read_text())
+    except (OSError, ValueError):
+        return 0
+    procs: list[psutil.Process] = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            pass
+    for p in procs:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+    psutil.wait_procs(procs, timeout=5)
+    return len(procs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="faultlab.engine.reaper")
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--pidfile", type=Path, required=True)
+    parser.add_argument("--interval-s", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for faultlab is not for us
+    while not stop:
+        if not _alive(args.parent):
+            n = _reap(args.pidfile)
+            print(f"faultlab reaper: engine {args.parent} died; killed {n} process(es) of "
+                  f"the job", file=sys.stderr)
+            return 0
+        time.sleep(args.interval_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Runs one experiment: golden → launch → watch → inject → undo → stop → judge → journal.
+
+The loop polls the job's event stream every ``poll_s``; each fault fires when its trigger is
+due, is recorded with its injection time and what it did, and a reversible fault is undone
+after ``duration_s`` or as soon as the job reacts (``until: reaction``). The experiment ends
+when every node's agent has exited or ``run.timeout_s`` passes.
+
+Clean-up is unconditional: whatever ends the run — success, an SLA failure, an exception,
+Ctrl-C or SIGTERM — every active fault is undone, every process of the job is continued and
+reaped. If faultlab itself is killed, a guard process (``reaper.py``) does the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultlab.engine.golden import GoldenRun, golden_run
+from faultlab.engine.triggers import TriggerState
+from faultlab.engine.view import NullView
+from faultlab.errors import FaultError, FaultlabError
+from faultlab.faults import Fault
+from faultlab.observe import FaultRecord, Metrics, compute_metrics
+from faultlab.report.journal import environment, write_journal
+from faultlab.spec import SLA_KINDS, SLAS, Experiment, resolve_selector
+from faultlab.targets.local import LocalTarget
+
+__all__ = ["RunResult", "SLAResult", "judge", "run_experiment"]
+
+@dataclass(frozen=True, slots=True)
+class SLAResult:
+    name: str
+    bound: Any
+    measured: Any
+    passed: bool
+    note: str = ""
+
+    def describe(self) -> str:
+        kind = SLA_KINDS.get(self.name, "bool")
+        op = {"max": "<=", "min": ">=", "bool": "=="}[kind]
+        measured = "not measured" if self.measured is None else repr(self.measured)
+        return f"{self.name}: measured {measured}, required {op} {self.bound!r}" + \
+            (f" ({self.note})" if self.note else "")
+
+
+@dataclass
+class RunResult:
+    name: str
+    verdict: str
+    slas: list[SLAResult]
+    metrics: Metrics
+    faults: list[FaultRecord]
+    run_folder: Path
+    journal_path: Path
+    timed_out: bool = False
+    interrupted: bool = False
+    error: str | None = None
+    golden: GoldenRun | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def failures(self) -> list[SLAResult]:
+        return [s for s in self.slas if not s.passed]
+
+
+@dataclass
+class _Active:
+    index: int
+    fault: Fault
+    record: FaultRecord
+    deadline: float | None
+    until_reaction: bool
+    known_pids: set[int] = field(default_factory=set)
+
+
+def judge(exp: Experiment, metrics: Metrics, golden: GoldenRun | None, *,
+          timed_out: bool, faults: list[FaultRecord]) -> list[SLAResult]:
+    """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
+    fault was injected at least once (an experiment whose fault never fired proved nothing)."""
+    out = []
+    fired = {f.id.split("#")[0] for f in faults if not f.details.get("error")}
+    for spec in exp.faults:
+        fid = spec.id
+        out.append(SLAResult(f"fault_injected[{fid}]", True, fid in fired, fid in fired,
+                             "" if fid in fired else "the trigger never fired or the "
+                                                     "injection failed"))
+    values = metrics.to_dict()
+    if golden is not None and metrics.final_digest is not None and golden.digest is not None:
+        values["bitwise_equal_to_golden"] = metrics.final_digest == golden.digest
+    for name, bound in exp.expect.items():
+        sla = SLAS[name]
+        measured = values.get(sla.metric)
+        note = ""
+        if name == "bitwise_equal_to_golden" and golden is None:
+            note = "no golden run"
+        if name == "completes" and timed_out:
+            measured, note = False, f"timed out after {exp.run.timeout_s:g} s"
+        if measured is None:
+            note = note or "not measured: the run ended without the events it needs"
+        passed = measured is not None and sla.holds(measured, bound)
+        out.append(SLAResult(name, bound, measured, passed, note))
+    return out
+
+
+def _reacted(events: list[dict[str, Any]], since_t: float, known_pids: set[int]) -> bool:
+    """Did the job show any sign of noticing since ``since_t`` (DESIGN.md's detection)?"""
+    for e in reversed(events):
+        if e["t"] <= since_t:
+            return False
+        kind = e.get("kind")
+        if kind == "anomaly" or kind == "checkpoint_loaded":
+            return True
+        if kind == "exit" and e.get("reason") not in ("completed", "stopped"):
+            return True
+        if kind == "start" and e.get("pid") not in known_pids:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C (so ``finally`` blocks run) while the experiment runs."""
+    if sys.modules["threading"].current_thread() is not sys.modules["threading"].main_thread():
+        yield
+        return
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """No second Ctrl-C/SIGTERM may cut the clean-up short."""
+    if sys.modules["threading"].current_thread() is not sys.modules["threading"].main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def _new_run_folder(report_dir: Path, name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        folder = report_dir / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            continue
+    raise FaultlabError(f"cannot create a run folder under {report_dir}")
+
+
+def run_experiment(exp: Experiment, *, source: Path | None = None,
+                   report_dir: Path = Path("reports"), golden_cache: Path | None = None,
+                   view: NullView | None = None, poll_s: float = 0.05) -> RunResult:
+    """Run ``exp`` and judge it. Raises KeyboardInterrupt after clean-up if interrupted."""
+    view = view or NullView()
+    run_folder = _new_run_folder(report_dir, exp.name)
+    job_dir = run_folder / "job"
+    golden_cache = golden_cache or report_dir / ".golden"
+    records: list[FaultRecord] = []
+    active: list[_Active] = []
+    timed_out = interrupted = False
+    error: str | None = None
+    golden: GoldenRun | None = None
+    started_t = time.time()
+    target: LocalTarget | None = None
+    reaper: subprocess.Popen[bytes] | None = None
+    try:
+        with _interruptible():
+            if exp.expect.bitwise_equal_to_golden is not None:
+                view.note("golden run (same experiment, no faults; cached per code version)")
+                golden = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
+                view.note(f"golden digest {str(golden.digest)[:16]}… "
+                          f"({'cached' if golden.cached else f'{golden.wall_s:.1f} s'})")
+            target = LocalTarget(exp, job_dir)
+            view.start(exp.name, exp.run.steps)
+            target.start()
+            pidfile = run_folder / ".job-pids.json"
+            reaper = _start_reaper(pidfile)
+            t0 = time.monotonic()
+            states = [TriggerState(exp, i) for i in range(len(exp.faults))]
+            last_pids_write = 0.0
+            while True:
+                view.on_events(target.stream.poll())
+                now = time.monotonic()
+                if now - last_pids_write > 0.5:
+                    _write_pids(pidfile, target)
+                    last_pids_write = now
+                for i, state in enumerate(states):
+                    if state.due(target.stream, now - t0):
+                        state.mark_fired()
+                        act = _fire(exp, i, state.fired, target, view)
+                        records.append(act.record)
+                        if act.fault.reversible and not act.record.details.get("error"):
+                            active.append(act)
+                for act in list(active):
+                    if (act.deadline is not None and now >= act.deadline) or (
+                            act.until_reaction and _reacted(target.stream.events,
+                                                            act.record.injected_t,
+                                                            act.known_pids)):
+                        _undo(act, target, records, view)
+                        active.remove(act)
+                if target.finished():
+                    break
+                if now - t0 > exp.run.timeout_s:
+                    timed_out = True
+                    view.note(f"experiment timeout ({exp.run.timeout_s:g} s): stopping the job")
+                    break
+                time.sleep(poll_s)
+    except KeyboardInterrupt:
+        interrupted = True
+        error = "interrupted (Ctrl-C or SIGTERM); every process of the job was stopped"
+    except FaultlabError as e:
+        error = str(e)
+    finally:
+        with _shielded():
+            for act in active:
+                _undo(act, target, records, view)
+            if target is not None:
+                target.continue_all()
+                target.stop()
+            if reaper is not None:
+                reaper.terminate()
+                reaper.wait()
+            view.stop()
+
+    events = []
+    if target is not None:
+        target.stream.poll()
+        events = target.stream.events
+    metrics = compute_metrics(events, records)
+    slas = judge(exp, metrics, golden, timed_out=timed_out or interrupted, faults=records)
+    verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"
+    journal = {
+        "verdict": verdict,
+        "slas": [dataclasses.asdict(s) for s in slas],
+        "metrics": metrics.to_dict(),
+        "faults": [_record_dict(r) for r in records],
+        "experiment": {"name": exp.name, "description": exp.description,
+                       "file": str(source) if source else None, "seed": exp.seed,
+                       "document": exp.model_dump(mode="json")},
+        "golden": dataclasses.asdict(golden) if golden else None,
+        "run": {"started_t": started_t, "ended_t": time.time(),
+                "wall_s": time.time() - started_t, "timed_out": timed_out,
+                "interrupted": interrupted, "error": error, "job_dir": str(job_dir),
+                "exit_codes": target.result().returncodes if target else {},
+                "command": target.describe() if target else None},
+        "environment": environment(),
+    }
+    path = write_journal(run_folder, journal)
+    result = RunResult(name=exp.name, verdict=verdict, slas=slas, metrics=metrics,
+                       faults=records, run_folder=run_folder, journal_path=path,
+                       timed_out=timed_out, interrupted=interrupted, error=error, golden=golden)
+    if interrupted:
+        raise KeyboardInterrupt(result)
+    return result
+
+
+def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: NullView) -> _Active:
+    spec = exp.faults[index]
+    fid = spec.id if nth == 1 else f"{spec.id}#{nth}"
+    kind, value = resolve_selector(exp, index, occurrence=nth - 1)
+    victim = _Victim(kind, value)
+    fault = spec.build()
+    known = {e["pid"] for e in target.stream.events if e.get("kind") == "start"}
+    injected_t = time.time()
+    try:
+        details = fault.inject(target, victim)
+        view.note(f"injected {fid}: {spec.type} on {victim} "
+                  f"{json.dumps(details, default=str)[:80]}")
+    except FaultError as e:
+        details = {"error": str(e)}
+        view.note(f"could not inject {fid}: {e}")
+    deadline = None if spec.duration_s is None else time.monotonic() + spec.duration_s
+    record = FaultRecord(id=fid, type=spec.type, injected_t=injected_t, target=str(victim),
+                         details=details)
+    return _Active(index, fault, record, deadline, spec.until == "reaction", known)
+
+
+def _undo(act: _Active, target: LocalTarget | None, records: list[FaultRecord],
+          view: NullView) -> None:
+    try:
+        details = act.fault.undo(target) if target is not None else {}  # type: ignore[arg-type]
+    except FaultError as e:
+        details = {"undo_error": str(e)}
+    undone = dataclasses.replace(act.record, undone_t=time.time(),
+                                 details={**act.record.details, "undo": details})
+    records[records.index(act.record)] = undone
+    act.record = undone
+    view.note(f"undone {act.record.id} {json.dumps(details, default=str)[:60]}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Victim:
+    kind: str
+    value: int | None
+
+    def __str__(self) -> str:
+        return "all ranks" if self.kind == "all" else f"{self.kind} {self.value}"
+
+
+def _record_dict(r: FaultRecord) -> dict[str, Any]:
+    d = dataclasses.asdict(r)
+    d["error"] = r.details.get("error")
+    return d
+
+
+def _start_reaper(pidfile: Path) -> subprocess.Popen[bytes]:
+    pidfile.write_text("[]")
+    return subprocess.Popen(
+        [sys.executable, "-m", "faultlab.engine.reaper", "--parent", str(os.getpid()),
+         "--pidfile", str(pidfile)], start_new_session=True, stdin=subprocess.DEVNULL)
+
+
+def _write_pids(pidfile: Path, target: LocalTarget) -> None:
+    tmp = pidfile.with_suffix(".tmp")
+    tmp.write_text(json.dumps(sorted(target.job.pids())))
+    os.replace(tmp, pidfile)

@@ -1,0 +1,123 @@
+"""The journal (journal.json, schema-versioned) and the Markdown report rendered from it.
+
+The journal is the single record of a run; report.md (and later report.html) are renderings of
+it, so ``faultlab report RUN_DIR`` can re-render any past run. Top level::
+
+    schema_version  1
+    verdict         "pass" | "fail"
+    slas            [{name, bound, measured, passed, note}]
+    metrics         run-level and per-fault metrics (faultlab.observe)
+    faults          [{id, type, target, injected_t, undone_t, details, error}]
+    experiment      name, description, file, seed, the validated document
+    golden          {key, digest, cached, run_dir} or null
+    run             started_t, ended_t, wall_s, timed_out, interrupted, exit_codes, job_dir
+    environment     faultlab, torch, python, platform, host, cpu_count, git_sha
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SCHEMA_VERSION", "environment", "read_journal", "render_markdown", "write_journal"]
+
+SCHEMA_VERSION = 1
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    import faultlab
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, cwd=Path(faultlab.__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return {
+        "faultlab": faultlab.__version__, "torch": torch.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "host": socket.gethostname(), "cpu_count": os.cpu_count(), "git_sha": sha or None,
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def write_journal(run_folder: Path, journal: dict[str, Any]) -> Path:
+    journal = {"schema_version": SCHEMA_VERSION, **journal}
+    path = run_folder / "journal.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(journal, indent=1, sort_keys=False, default=str))
+    os.replace(tmp, path)
+    (run_folder / "report.md").write_text(render_markdown(journal))
+    return path
+
+
+def read_journal(run_folder: Path) -> dict[str, Any]:
+    path = run_folder / "journal.json"
+    journal: dict[str, Any] = json.loads(path.read_text())
+    version = journal.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {version!r} is not supported (this faultlab "
+                         f"reads {SCHEMA_VERSION})")
+    return journal
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "not measured"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _ts(t: float | None) -> str:
+    return "—" if t is None else time.strftime("%H:%M:%S", time.localtime(t)) + \
+        f".{int((t % 1) * 1000):03d}"
+
+
+def render_markdown(journal: dict[str, Any]) -> str:
+    exp, run = journal["experiment"], journal["run"]
+    lines = [f"# {exp['name']}: {journal['verdict'].upper()}", ""]
+    if exp.get("description"):
+        lines += [exp["description"], ""]
+    lines += [f"- experiment file: `{exp.get('file')}`, seed {exp['seed']}",
+              f"- wall time: {run['wall_s']:.1f} s"
+              + (" (timed out)" if run.get("timed_out") else "")
+              + (" (interrupted)" if run.get("interrupted") else ""),
+              f"- job directory: `{run['job_dir']}`", ""]
+    if run.get("error"):
+        lines += [f"**Error:** {run['error']}", ""]
+    lines += ["## SLAs", "", "| SLA | bound | measured | result |", "| --- | --- | --- | --- |"]
+    for s in journal["slas"]:
+        note = f" ({s['note']})" if s.get("note") else ""
+        lines.append(f"| {s['name']} | {_fmt(s['bound'])} | {_fmt(s['measured'])}{note} | "
+                     f"{'pass' if s['passed'] else '**FAIL**'} |")
+    lines += ["", "## Faults", "", "| id | type | target | injected | undone | details |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for f in journal["faults"]:
+        details = f["error"] if f.get("error") else json.dumps(f.get("details", {}))
+        lines.append(f"| {f['id']} | {f['type']} | {f['target']} | {_ts(f['injected_t'])} | "
+                     f"{_ts(f.get('undone_t'))} | {details} |")
+    m = journal["metrics"]
+    lines += ["", "## Metrics", "", "| metric | value |", "| --- | --- |"]
+    for name, value in m.items():
+        if name != "faults" and not isinstance(value, dict | list):
+            lines.append(f"| {name} | {_fmt(value)} |")
+    if journal.get("golden"):
+        g = journal["golden"]
+        lines += ["", f"Golden run: digest `{g['digest']}` "
+                      f"({'cached' if g['cached'] else 'run now'}, key {g['key']})."]
+    env = journal["environment"]
+    lines += ["", "## Environment", "",
+              f"faultlab {env['faultlab']}, torch {env['torch']}, Python {env['python']}, "
+              f"{env['platform']}, host {env['host']} ({env['cpu_count']} CPUs), "
+              f"git {env.get('git_sha') or 'unknown'}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""The local target: the job's nodes are torchrun agents on this host.
+
+It launches the reference trainer or a user's command through ``reference_trainer.launch``'s
+``LocalJob`` (its own rendezvous store, one agent per node, every process reaped on stop) and
+implements the ``FaultContext`` that faults act through: ranks are mapped to processes from
+the job's own ``start`` events, and nothing outside the job's process tree is ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from faultlab.errors import FaultError, TargetError
+from faultlab.observe import EventStream
+from faultlab.spec import Experiment
+from reference_trainer.config import ConfigError, TrainConfig
+from reference_trainer.launch import JobResult, LaunchError, LocalJob
+
+__all__ = ["LocalTarget", "train_config"]
+
+_DEVICE_FOR_BACKEND = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
+
+
+def train_config(exp: Experiment, run_dir: Path) -> TrainConfig:
+    """The reference trainer's config for an experiment."""
+    t = exp.target
+    kwargs: dict[str, Any] = {
+        "preset": t.preset, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
+        "seed": exp.seed, "device": _DEVICE_FOR_BACKEND[exp.topology.backend],
+        **dict(t.overrides or {}),
+    }
+    try:
+        return TrainConfig(run_dir=run_dir, **kwargs)
+    except ConfigError as e:  # the spec validated overrides; this is a last line of defence
+        raise TargetError(f"target.overrides: {e}") from None
+
+
+class LocalTarget:
+    """One launch of an experiment's job on this host."""
+
+    def __init__(self, exp: Experiment, run_dir: Path) -> None:
+        self.exp = exp
+        self.run_dir = run_dir
+        topo = exp.topology
+        common = dict(nodes=topo.nodes, procs_per_node=topo.procs_per_node,
+                      min_nodes=topo.min_nodes, max_restarts=topo.max_restarts)
+        try:
+            if exp.target.command:
+                self.job = LocalJob(command=list(exp.target.command), run_dir_=run_dir,
+                                    **common)  # type: ignore[arg-type]
+            else:
+                self.job = LocalJob(cfg=train_config(exp, run_dir), **common)  # type: ignore[arg-type]
+        except LaunchError as e:
+            raise TargetError(str(e)) from None
+        self.stream = EventStream(run_dir / "events")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        (self.run_dir / "events").mkdir(parents=True, exist_ok=True)
+        try:
+            self.job.start()
+        except LaunchError as e:
+            raise TargetError(str(e)) from None
+
+    def finished(self) -> bool:
+        return self.job.poll()
+
+    def result(self) -> JobResult:
+        return self.job.result()
+
+    def stop(self) -> None:
+        self.job.stop()
+
+    def describe(self) -> str:
+        return self.job.describe()
+
+    # -- FaultContext ----------------------------------------------------------------------------
+
+    def ranks(self) -> list[int]:
+        return self.stream.current_ranks()
+
+    def rank_pid(self, rank: int) -> int:
+        start = self.stream.latest_start(rank)
+        if start is None:
+            raise FaultError(f"rank {rank} has not started (yet); ranks seen: "
+                             f"{self.ranks() or 'none'}")
+        pid = int(start["pid"])
+        if not psutil.pid_exists(pid):
+            raise FaultError(f"rank {rank}'s process {pid} is gone (the job is restarting?)")
+        return pid
+
+    def node_names(self) -> list[str]:
+        return self.job.node_names()
+
+    def node_of_rank(self, rank: int) -> str:
+        start = self.stream.latest_start(rank)
+        if start is None:
+            raise FaultError(f"rank {rank} has not started (yet)")
+        return str(start["node"])
+
+    def node_pids(self, node: str) -> list[int]:
+        try:
+            agent = psutil.Process(self.job.agent_pid(node))
+            return [agent.pid, *(p.pid for p in agent.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+        except KeyError as e:
+            raise FaultError(str(e)) from None
+
+    def kill_node(self, node: str, sig: int) -> list[int]:
+        return self.job.kill_node(node, sig)
+
+    def assert_owned(self, pid: int) -> None:
+        if pid not in self.job.pids():
+            raise FaultError(f"process {pid} is not part of the job in {self.run_dir}; "
+                             f"faultlab signals only processes it launched")
+
+    def continue_all(self) -> None:
+        """SIGCONT every process of the job (nothing may be left stopped)."""
+        for pid in self.job.pids():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
