@@ -1,0 +1,201 @@
+"""`faultlab run` end to end: the shipped experiments, a violated SLA, interruption and clean-up.
+
+Each test runs the real CLI in a subprocess against real torchrun jobs. Golden runs are cached
+in one folder per test session, shared by the xdist workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENTS = REPO / "experiments"
+
+
+@pytest.fixture(scope="session")
+def golden_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "golden-cache"
+
+
+class Faultlab:
+    """``faultlab`` in a subprocess whose output is collected line by line as it comes."""
+
+    def __init__(self, *args: str | Path) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "faultlab.cli", *map(str, args)], cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"never saw {text!r}; output:\n{self.output}")
+            time.sleep(0.05)
+
+    def wait(self, timeout_s: float = 600) -> int:
+        rc = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=10)
+        return rc
+
+
+def run(*args: str | Path) -> tuple[int, str]:
+    fl = Faultlab(*args)
+    return fl.wait(), fl.output
+
+
+def journal(report_dir: Path) -> dict[str, Any]:
+    [path] = report_dir.glob("*/journal.json")
+    return json.loads(path.read_text())
+
+
+def job_processes(report_dir: Path) -> list[psutil.Process]:
+    """Every live process that belongs to a job under ``report_dir`` (by its run directory)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            env = p.info["environ"] or {}
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if str(report_dir) in env.get("FAULTLAB_RUN_DIR", "") or str(report_dir) in cmd:
+            found.append(p)
+    return found
+
+
+def assert_nothing_left(report_dir: Path) -> None:
+    deadline = time.monotonic() + 15
+    left = job_processes(report_dir)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = job_processes(report_dir)
+    described = [(p.pid, p.status(), " ".join(p.cmdline())[:120]) for p in left
+                 if p.is_running()]
+    assert described == [], "processes of the job are still alive"
+
+
+def sla(j: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in j["slas"] if s["name"] == name)
+
+
+@pytest.mark.parametrize("name", ["rank_kill", "rank_hang", "node_loss_elastic"])
+def test_shipped_experiment_passes(name: str, tmp_path: Path, golden_cache: Path) -> None:
+    rc, out = run("run", EXPERIMENTS / f"{name}.yaml", "--report-dir", tmp_path,
+                  "--golden-cache", golden_cache)
+    assert rc == 0, out
+    j = journal(tmp_path)
+    assert j["schema_version"] == 1 and j["verdict"] == "pass"
+    assert all(s["passed"] for s in j["slas"])
+    [fault] = j["faults"]
+    assert fault["injected_t"] > 0 and fault["error"] is None
+    if name == "rank_hang":
+        assert fault["undone_t"] is not None  # continued once the job reacted
+        assert fault["undone_t"] - fault["injected_t"] < 60
+    report = next(tmp_path.glob("*/report.md")).read_text()
+    assert f"# {name}: PASS" in report
+    assert_nothing_left(tmp_path)
+
+
+def test_hang_with_default_timeouts_is_an_sla_failure_not_a_wait(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    rc, out = run("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
+                  "--report-dir", tmp_path)
+    took_s = time.monotonic() - t0
+    assert rc == 1, out
+    assert took_s < 45 + 60, f"took {took_s:.0f} s for a 45 s experiment timeout"
+    assert "FAIL completes: measured False, required == True (timed out after 45 s)" in out
+    j = journal(tmp_path)
+    assert j["verdict"] == "fail" and j["run"]["timed_out"] is True
+    assert sla(j, "detection_latency_s")["measured"] is None  # nothing ever noticed
+    [fault] = j["faults"]
+    assert fault["undone_t"] is not None  # continued during clean-up
+    assert_nothing_left(tmp_path)
+
+
+VIOLATED = """\
+name: violated_sla
+seed: 0
+target: {trainer: reference, preset: tiny}
+topology: {nodes: 2, procs_per_node: 1}
+run: {steps: 20, checkpoint_every: 5, timeout_s: 240}
+faults:
+  - type: rank_kill
+    target: {rank: 0}
+    trigger: {at_step: 7}
+expect:
+  completes: true
+  resume_time_s: 0.001
+"""
+
+
+def test_violated_sla_exits_1_naming_sla_bound_and_measurement(tmp_path: Path) -> None:
+    exp = tmp_path / "violated.yaml"
+    exp.write_text(VIOLATED)
+    rc, out = run("run", exp, "--report-dir", tmp_path / "reports")
+    assert rc == 1, out
+    j = journal(tmp_path / "reports")
+    measured = sla(j, "resume_time_s")["measured"]
+    assert measured is not None and measured > 0.001
+    assert f"FAIL resume_time_s: measured {measured!r}, required <= 0.001" in out
+    assert sla(j, "completes")["passed"] is True
+
+
+def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path) -> None:
+    exp = tmp_path / "bad.yaml"
+    exp.write_text(VIOLATED.replace("trigger: {at_step: 7}", "trigger: {at_step: ten}"))
+    rc, out = run("run", exp, "--report-dir", tmp_path / "reports")
+    assert rc == 2, out
+    assert f"{exp}:9 faults[0].trigger.at_step" in out and "'ten'" in out
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_run_leaves_no_process_and_none_stopped(sig: int, tmp_path: Path) -> None:
+    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
+                  "--report-dir", tmp_path)
+    fl.wait_for("injected freeze-rank-1")
+    stopped = [p for p in job_processes(tmp_path) if p.status() == psutil.STATUS_STOPPED]
+    assert stopped, "the hang fault should have stopped a rank"
+    fl.proc.send_signal(sig)
+    assert fl.wait(timeout_s=60) == 130, fl.output
+    assert "interrupted" in fl.output
+    assert_nothing_left(tmp_path)
+    j = journal(tmp_path)
+    assert j["run"]["interrupted"] is True and j["verdict"] == "fail"
+    assert j["faults"][0]["undone_t"] is not None
+
+
+def test_killed_faultlab_is_cleaned_up_by_its_guard(tmp_path: Path) -> None:
+    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
+                  "--report-dir", tmp_path)
+    fl.wait_for("injected freeze-rank-1")
+    time.sleep(1.0)  # the guard's pid file is refreshed every 0.5 s
+    fl.proc.kill()  # no clean-up code of faultlab's can run
+    fl.wait(timeout_s=30)
+    assert_nothing_left(tmp_path)
