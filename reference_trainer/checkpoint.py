@@ -38,6 +38,7 @@ import os
 import random
 import re
 import shutil
+import threading
 import time
 import uuid
 from concurrent.futures import Future
@@ -253,7 +254,8 @@ class CheckpointManager:
         self.pg = process_group
         self.emit = emit
         self.beat = beat
-        self._pending: tuple[Future[Any], int, Path, float, float] | None = None
+        self._pending: threading.Thread | None = None
+        self._pending_error: BaseException | None = None
 
     # -- saving ---------------------------------------------------------------------------
 
@@ -261,8 +263,8 @@ class CheckpointManager:
              trainer_state: dict[str, Any], *, force_sync: bool = False) -> None:
         """Write a checkpoint of ``step``. Async unless configured otherwise or ``force_sync``.
 
-        Returns after the training state has been captured; an async save commits later, from
-        ``poll()`` or ``wait()``.
+        Returns after the training state has been captured; an async save is written and
+        committed by a background thread; ``wait()`` joins it.
         """
         self.wait()  # one save in flight at a time
         t0 = time.monotonic()
@@ -281,32 +283,45 @@ class CheckpointManager:
             resp = dcp.async_save(state, storage_writer=writer, process_group=self.pg)
             future = resp.upload_completion if hasattr(resp, "upload_completion") else resp
             stall = time.monotonic() - t0
-            self._pending = (future, step, tmp, t0, stall)
+            # The commit (hashing every file, manifest, rename, pruning) waits for the write
+            # and runs in this thread too: in the training loop it would block the step for
+            # as long as hashing takes, which is most of what async saving is meant to hide.
+            self._pending = threading.Thread(
+                target=self._commit_when_written, args=(future, step, tmp, t0, stall),
+                name=f"checkpoint-commit-{step}", daemon=True)
+            self._pending.start()
             return
         dcp.save(state, storage_writer=writer, process_group=self.pg)
-        stall = time.monotonic() - t0
-        self._commit(step, tmp, t0, stall, is_async=False)
+        self._commit(step, tmp, t0, None, is_async=False)
+        self.beat()
 
     def poll(self) -> None:
-        """Commit a finished async save, if any (cheap; called every step)."""
-        if self._pending is not None and self._pending[0].done():
-            self._finish_pending()
+        """Re-raise a failed background save, once it has ended (cheap; called every step)."""
+        if self._pending is not None and not self._pending.is_alive():
+            self.wait()
 
     def wait(self) -> None:
-        """Block until the save in flight, if any, is committed."""
+        """Block until the save in flight, if any, is committed; re-raise its failure."""
         if self._pending is not None:
-            self._finish_pending()
+            self._pending.join()
+            self._pending = None
+            error, self._pending_error = self._pending_error, None
+            if error is not None:
+                raise CheckpointError(f"background checkpoint save failed: "
+                                      f"{type(error).__name__}: {error}") from error
 
-    def _finish_pending(self) -> None:
-        assert self._pending is not None
-        future, step, tmp, t0, stall = self._pending
-        self._pending = None
-        future.result()  # re-raises a failed background write
-        self._commit(step, tmp, t0, stall, is_async=True)
+    def _commit_when_written(self, future: Future[Any], step: int, tmp: Path, t0: float,
+                             stall_s: float) -> None:
+        try:
+            future.result()
+            self._commit(step, tmp, t0, stall_s, is_async=True)
+        except BaseException as e:  # handed to the training thread by wait()
+            self._pending_error = e
 
-    def _commit(self, step: int, tmp: Path, t0: float, stall_s: float, *,
+    def _commit(self, step: int, tmp: Path, t0: float, stall_s: float | None, *,
                 is_async: bool) -> None:
-        self.beat()
+        """Rank 0 makes the written checkpoint visible. ``stall_s`` None: the whole save
+        blocked training (a synchronous save), so the stall is the full duration."""
         if self.rank != 0:
             return
         files = {}
@@ -325,7 +340,8 @@ class CheckpointManager:
         _write_latest(self.root, final.name)
         seconds = time.monotonic() - t0
         self.emit("checkpoint_saved", step=step, path=str(final), seconds=round(seconds, 4),
-                  stall_s=round(stall_s, 4), bytes=sum(f["size"] for f in files.values()),
+                  stall_s=round(seconds if stall_s is None else stall_s, 4),
+                  bytes=sum(f["size"] for f in files.values()),
                   **{"async": is_async})
         self._prune(keep_tmp=None)
 
