@@ -166,6 +166,39 @@ def test_violated_sla_exits_1_naming_sla_bound_and_measurement(tmp_path: Path) -
     assert sla(j, "completes")["passed"] is True
 
 
+NODE_HANG = """\
+name: node_hang
+seed: 0
+target: {trainer: reference, preset: tiny, overrides: {watchdog_s: 5, pg_timeout_s: 60}}
+topology: {nodes: 2, procs_per_node: 1}
+run: {steps: 40, checkpoint_every: 10, timeout_s: 300}
+faults:
+  - type: node_hang
+    target: {node: 1}
+    trigger: {at_step: 15}
+    until: reaction
+    duration_s: 60
+expect:
+  completes: true
+  bitwise_equal_to_golden: true
+  samples_exactly_once: true
+  detection_latency_s: 7
+"""
+
+
+def test_frozen_node_is_detected_continued_and_the_job_recovers(tmp_path: Path,
+                                                                golden_cache: Path) -> None:
+    exp = tmp_path / "node_hang.yaml"
+    exp.write_text(NODE_HANG)
+    rc, out = run("run", exp, "--report-dir", tmp_path / "reports",
+                  "--golden-cache", golden_cache)
+    assert rc == 0, out
+    [fault] = journal(tmp_path / "reports")["faults"]
+    assert fault["details"]["node"] == "node1" and len(fault["details"]["pids"]) >= 2
+    assert sorted(fault["details"]["undo"]["continued"]) == sorted(fault["details"]["pids"])
+    assert_nothing_left(tmp_path)
+
+
 def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path) -> None:
     exp = tmp_path / "bad.yaml"
     exp.write_text(VIOLATED.replace("trigger: {at_step: 7}", "trigger: {at_step: ten}"))
