@@ -331,7 +331,7 @@ def _record_dict(r: FaultRecord) -> dict[str, Any]:
 def _start_reaper(pidfile: Path) -> subprocess.Popen[bytes]:
     pidfile.write_text("[]")
     return subprocess.Popen(
-        [sys.executable, "-m", "faultlab.engine.reaper", "--parent", str(os.getpid()),
+        [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
          "--pidfile", str(pidfile)], start_new_session=True, stdin=subprocess.DEVNULL)
 
 

@@ -242,7 +242,7 @@ def test_guard_continues_and_kills_the_job_when_its_parent_dies(tmp_path: Path) 
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     pidfile = tmp_path / "pids.json"
     pidfile.write_text(json.dumps([victim.pid]))
-    guard = subprocess.Popen([sys.executable, "-m", "faultlab.engine.reaper", "--parent",
+    guard = subprocess.Popen([sys.executable, "-m", "faultlab.reaper", "--parent",
                               str(parent.pid), "--pidfile", str(pidfile), "--interval-s", "0.1"],
                              stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)

@@ -5,7 +5,7 @@ the job. When the engine's process disappears without having stopped the guard, 
 continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills
 it and its descendants. On a normal exit the engine terminates the guard first.
 
-    python -m faultlab.engine.reaper --parent PID --pidfile FILE
+    python -m faultlab.reaper --parent PID --pidfile FILE
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="faultlab.engine.reaper")
+    parser = argparse.ArgumentParser(prog="faultlab.reaper")
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--pidfile", type=Path, required=True)
     parser.add_argument("--interval-s", type=float, default=0.5)
