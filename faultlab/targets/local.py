@@ -2,22 +2,20 @@
 
 It launches the reference trainer or a user's command through ``reference_trainer.launch``'s
 ``LocalJob`` (its own rendezvous store, one agent per node, every process reaped on stop) and
-implements the ``FaultContext`` that faults act through: ranks are mapped to processes from
-the job's own ``start`` events, and nothing outside the job's process tree is ever signalled.
+implements the ``FaultContext`` that faults act through (``targets.base.JobContext``): ranks are
+mapped to processes from the job's own ``start`` events, and nothing outside the job's process
+tree is ever signalled.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from faultlab.errors import FaultError, TargetError
+from faultlab.errors import TargetError
 from faultlab.observe import EventStream
 from faultlab.spec import Experiment
+from faultlab.targets.base import JobContext
 from reference_trainer.config import ConfigError, TrainConfig
 from reference_trainer.launch import JobResult, LaunchError, LocalJob
 
@@ -40,12 +38,13 @@ def train_config(exp: Experiment, run_dir: Path) -> TrainConfig:
         raise TargetError(f"target.overrides: {e}") from None
 
 
-class LocalTarget:
-    """One launch of an experiment's job on this host."""
+class LocalTarget(JobContext):
+    """One launch of an experiment's job on this host (the engine polls ``stream``)."""
 
     def __init__(self, exp: Experiment, run_dir: Path) -> None:
         self.exp = exp
         self.run_dir = run_dir
+        self.seed = exp.seed
         topo = exp.topology
         common = dict(nodes=topo.nodes, procs_per_node=topo.procs_per_node,
                       min_nodes=topo.min_nodes, max_restarts=topo.max_restarts)
@@ -80,51 +79,17 @@ class LocalTarget:
     def describe(self) -> str:
         return self.job.describe()
 
-    # -- FaultContext ----------------------------------------------------------------------------
+    # -- FaultContext (the rest is JobContext's) ----------------------------------------------
 
-    def ranks(self) -> list[int]:
-        return self.stream.current_ranks()
-
-    def rank_pid(self, rank: int) -> int:
-        start = self.stream.latest_start(rank)
-        if start is None:
-            raise FaultError(f"rank {rank} has not started (yet); ranks seen: "
-                             f"{self.ranks() or 'none'}")
-        pid = int(start["pid"])
-        if not psutil.pid_exists(pid):
-            raise FaultError(f"rank {rank}'s process {pid} is gone (the job is restarting?)")
-        return pid
+    def agent_pids(self) -> dict[str, int]:
+        return {name: self.job.agent_pid(name) for name in self.job.node_names()}
 
     def node_names(self) -> list[str]:
         return self.job.node_names()
 
-    def node_of_rank(self, rank: int) -> str:
-        start = self.stream.latest_start(rank)
-        if start is None:
-            raise FaultError(f"rank {rank} has not started (yet)")
-        return str(start["node"])
-
-    def node_pids(self, node: str) -> list[int]:
-        try:
-            agent = psutil.Process(self.job.agent_pid(node))
-            return [agent.pid, *(p.pid for p in agent.children(recursive=True))]
-        except psutil.NoSuchProcess:
-            return []
-        except KeyError as e:
-            raise FaultError(str(e)) from None
-
     def kill_node(self, node: str, sig: int) -> list[int]:
+        # Through the job, so that the node's exit code is not held against the result.
         return self.job.kill_node(node, sig)
 
-    def assert_owned(self, pid: int) -> None:
-        if pid not in self.job.pids():
-            raise FaultError(f"process {pid} is not part of the job in {self.run_dir}; "
-                             f"faultlab signals only processes it launched")
-
-    def continue_all(self) -> None:
-        """SIGCONT every process of the job (nothing may be left stopped)."""
-        for pid in self.job.pids():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    def pids(self) -> set[int]:
+        return self.job.pids()

@@ -1,0 +1,133 @@
+"""What every target shares: the ``FaultContext`` of a job, built from its agents and events.
+
+A job is known by two things: the pid of each node's torchrun agent (by node name) and its
+event stream. Ranks are mapped to processes from the job's own ``start`` events; a node's
+processes are its agent and the agent's descendants; the job's processes are every node's
+plus whatever else the target owns (the rendezvous store). Nothing outside that set is ever
+signalled: ``assert_owned`` is checked before any signal a fault sends.
+
+``LocalTarget`` (a job faultlab launched) and ``AttachedTarget`` (a job found by its run
+directory) differ only in where the agents and the extra processes come from.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import psutil
+
+from faultlab.errors import FaultError
+from faultlab.observe import EventStream
+
+__all__ = ["JobContext"]
+
+
+class JobContext(ABC):
+    """The ``FaultContext`` protocol for a job given by its agents and its event stream.
+
+    Subclasses provide ``agent_pids`` (and may add ``extra_pids``); queries about ranks answer
+    from ``stream`` as last polled, after ``refresh()`` (a no-op unless a subclass has no
+    engine polling the stream for it).
+    """
+
+    run_dir: Path
+    stream: EventStream
+    seed: int = 0
+    """Seed of every random choice a fault makes here (the experiment's seed)."""
+
+    # -- what a subclass provides -------------------------------------------------------------
+
+    @abstractmethod
+    def agent_pids(self) -> dict[str, int]:
+        """The torchrun agent's pid of every node, by node name, in node order."""
+
+    def extra_pids(self) -> set[int]:
+        """Live processes of the job that are not under an agent (the rendezvous store)."""
+        return set()
+
+    def refresh(self) -> None:
+        """Bring ``stream`` up to date before answering about ranks (default: the caller
+        polls it)."""
+        return None
+
+    # -- FaultContext ---------------------------------------------------------------------------
+
+    def rng(self, key: str) -> random.Random:
+        return random.Random(f"{self.seed}/{key}")
+
+    def ranks(self) -> list[int]:
+        self.refresh()
+        return self.stream.current_ranks()
+
+    def rank_pid(self, rank: int) -> int:
+        self.refresh()
+        start = self.stream.latest_start(rank)
+        if start is None:
+            raise FaultError(f"rank {rank} has not started (yet); ranks seen: "
+                             f"{self.stream.current_ranks() or 'none'}")
+        pid = int(start["pid"])
+        if not psutil.pid_exists(pid):
+            raise FaultError(f"rank {rank}'s process {pid} is gone (the job is restarting?)")
+        return pid
+
+    def node_names(self) -> list[str]:
+        return list(self.agent_pids())
+
+    def node_of_rank(self, rank: int) -> str:
+        self.refresh()
+        start = self.stream.latest_start(rank)
+        if start is None:
+            raise FaultError(f"rank {rank} has not started (yet)")
+        return str(start["node"])
+
+    def node_pids(self, node: str) -> list[int]:
+        return [p.pid for p in _tree(self._agent_pid(node))]
+
+    def kill_node(self, node: str, sig: int) -> list[int]:
+        """Signal a node's agent and every worker at once (tree snapshotted first)."""
+        procs = _tree(self._agent_pid(node))
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        return [p.pid for p in procs]
+
+    def assert_owned(self, pid: int) -> None:
+        if pid not in self.pids():
+            raise FaultError(f"process {pid} is not part of the job in {self.run_dir}; "
+                             f"faultlab signals only processes of that job")
+
+    # -- beyond the protocol -------------------------------------------------------------------
+
+    def pids(self) -> set[int]:
+        """Every live process of the job: agents, their descendants, and ``extra_pids``."""
+        out = {p.pid for pid in self.agent_pids().values() for p in _tree(pid)}
+        return out | self.extra_pids()
+
+    def continue_all(self) -> None:
+        """SIGCONT every process of the job (nothing may be left stopped)."""
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def _agent_pid(self, node: str) -> int:
+        agents = self.agent_pids()
+        if node not in agents:
+            raise FaultError(f"no node {node!r} in the job in {self.run_dir}; nodes are "
+                             f"{', '.join(agents) or 'none'}")
+        return agents[node]
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
