@@ -20,9 +20,10 @@ nothing, never a ``step_*`` directory without a complete manifest.
 
 Why not let DCP pickle the small state: DCP loads non-tensor entries with
 ``torch.load(weights_only=False)``, which executes whatever a tampered file says. Everything
-that is not a tensor is JSON here; and nothing of a checkpoint is parsed — not even DCP's
-pickled ``.metadata`` — before the manifest has vouched for every byte (DCP itself stores no
-content hash, so a flipped bit would otherwise load silently).
+that is not a tensor is JSON here; DCP's own pickled ``.metadata`` is read by an unpickler that
+resolves only DCP's metadata classes; and nothing of a checkpoint is parsed before the manifest
+has vouched for every byte (DCP itself stores no content hash, so a flipped bit would otherwise
+load silently).
 
 On load, candidates are tried newest first; each rank hashes a share of the files and the
 verdict is all-reduced, so every rank picks the same checkpoint. ``latest`` is only reported
@@ -35,6 +36,7 @@ import base64
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -50,6 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 __all__ = [
@@ -187,6 +190,49 @@ def verify_checkpoint(ckpt_dir: Path, *, shard: int = 0, num_shards: int = 1) ->
         if i % num_shards == shard and _sha256(path) != files[name]["sha256"]:
             return f"{ckpt_dir.name}: {name} fails its SHA-256 check"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# DCP's pickled index, read without arbitrary code
+
+
+# Everything DCP 2.13 writes into ``.metadata``; any other global is refused.
+_DCP_METADATA_GLOBALS = {
+    ("torch", "Size"), ("pathlib", "PosixPath"), ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *{("torch.distributed.checkpoint.metadata", n) for n in (
+        "BytesStorageMetadata", "ChunkStorageMetadata", "Metadata", "MetadataIndex",
+        "StorageMeta", "TensorProperties", "TensorStorageMetadata", "_MEM_FORMAT_ENCODING")},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """A pickle reader that resolves only DCP's metadata classes and torch dtypes.
+
+    ``torch.load(weights_only=True)`` cannot read this file (DCP pickles it with protocol 4,
+    which the weights-only unpickler refuses), so the same guarantee — no global outside an
+    allow-list is ever imported or called — is given by ``find_class`` here."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_METADATA_GLOBALS or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's DCP "
+                                     f"metadata")
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """DCP's file reader with its pickled ``.metadata`` read by ``_MetadataUnpickler``
+    (mirrors FileSystemReader.read_metadata of torch 2.13 otherwise)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +465,7 @@ class CheckpointManager:
         trainer_state = json.loads((path / "trainer_state.json").read_text())
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), process_group=self.pg)
+        dcp.load(state, storage_reader=_SafeReader(str(path)), process_group=self.pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
         saved_ws = int(manifest["world_size"])

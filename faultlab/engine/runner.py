@@ -289,6 +289,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: Null
     injected_t = time.time()
     try:
         details = fault.inject(target, victim)
+        injected_t = float(details.pop("at_t", injected_t))
         view.note(f"injected {fid}: {spec.type} on {victim} "
                   f"{json.dumps(details, default=str)[:80]}")
     except FaultError as e:

@@ -13,7 +13,9 @@ raise for a process that is already gone.
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -36,6 +38,12 @@ class Victim(Protocol):
 
 class FaultContext(Protocol):
     """What a fault may use of the running experiment (the engine provides it)."""
+
+    run_dir: Path
+    """The job's run directory: ``events/``, ``checkpoints/``, ``logs/``."""
+
+    def rng(self, key: str) -> random.Random:
+        """A generator seeded by the experiment seed and ``key`` (same run, same draws)."""
 
     def rank_pid(self, rank: int) -> int:
         """PID of the process currently running ``rank``; raises FaultError if none."""
@@ -81,7 +89,11 @@ class Fault(ABC):
 
     @abstractmethod
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        """Inject the fault; return what was done (pids, signal...) for the journal."""
+        """Inject the fault; return what was done (pids, signal...) for the journal.
+
+        A fault that waits for its moment (a torn write waits for a save to start) reports
+        when it actually struck as ``details["at_t"]`` (``time.time()``); the engine records
+        that as the injection time."""
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
         """Revert the fault (idempotent); return what was done. Default: nothing to undo."""

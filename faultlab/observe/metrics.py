@@ -91,6 +91,12 @@ samples_exactly_once
     the step's range and are pairwise disjoint, and when ranks ``0..W-1`` all have one their
     union is the whole range. (A rank without a record or without ``local_samples`` is not
     held against the step: a SIGKILL can lose a rank's last line.)
+corrupt_checkpoint_never_loaded
+    None unless some fault's details list the checkpoint directories it damaged
+    (``details["checkpoints"]``: the storage faults). Otherwise False iff a ``checkpoint_loaded``
+    record names one of those paths after the fault struck and before the job wrote a fresh
+    checkpoint to the same path (a ``checkpoint_saved`` with that path) — a replayed run may
+    legitimately save and later load a new checkpoint under the old name.
 world_sizes
     The world sizes of the ``start`` records in time order, consecutive repeats collapsed
     (e.g. ``[3, 2]`` after a node loss); from all records if there are no start records.
@@ -174,6 +180,7 @@ class Metrics:
     goodput: float | None
     samples_exactly_once: bool | None
     world_sizes: list[int]
+    corrupt_checkpoint_never_loaded: bool | None
     detection_latency_s: float | None
     resume_time_s: float | None
     recovery_time_s: float | None
@@ -353,6 +360,20 @@ def _committed(records: list[Record]) -> dict[int, Record]:
     return {s: r for s, r in sorted(trajectory.items()) if s <= last}
 
 
+def _corrupt_never_loaded(records: list[Record], faults: list[FaultRecord]) -> bool | None:
+    damaged = [(str(path), f.injected_t) for f in faults
+               for path in (f.details.get("checkpoints") or []) if isinstance(path, str)]
+    if not damaged:
+        return None
+    for path, struck_t in damaged:
+        rewritten_t = min((r["t"] for r in records if r.get("kind") == "checkpoint_saved"
+                           and r.get("path") == path and r["t"] > struck_t), default=math.inf)
+        if any(r.get("kind") == "checkpoint_loaded" and r.get("path") == path
+               and struck_t < r["t"] < rewritten_t for r in records):
+            return False
+    return True
+
+
 def _samples_exactly_once(records: list[Record], committed: dict[int, Record]) -> bool | None:
     if not committed:
         return None
@@ -451,6 +472,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         goodput=useful_s / wall_s if wall_s > 0 else None,
         samples_exactly_once=_samples_exactly_once(records, committed),
         world_sizes=_world_sizes(records),
+        corrupt_checkpoint_never_loaded=_corrupt_never_loaded(records, faults),
         detection_latency_s=_worst([f.detection_latency_s for f in per_fault], False),
         resume_time_s=worst("resume_time_s"),
         recovery_time_s=worst("recovery_time_s"),

@@ -482,6 +482,8 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
         description="final digest equals the fault-free golden run's"),
     Sla(key="samples_exactly_once", metric="samples_exactly_once", kind="bool",
         description="every sample was trained on exactly once"),
+    Sla(key="corrupt_checkpoint_never_loaded", metric="corrupt_checkpoint_never_loaded",
+        kind="bool", description="no checkpoint damaged by a storage fault was loaded"),
 ]}
 """Every SLA an experiment may state under ``expect``; add a field to ``Expect`` and an
 entry here to add one."""
@@ -511,6 +513,8 @@ class Expect(SpecModel):
     """Final state bitwise equal (or not) to the fault-free golden run's."""
     samples_exactly_once: bool | None = None
     """Every sample trained on exactly once (or not)."""
+    corrupt_checkpoint_never_loaded: bool | None = None
+    """No checkpoint a storage fault damaged was ever loaded (or, if false, one was)."""
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in ``SLAS`` order."""

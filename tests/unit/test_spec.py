@@ -173,7 +173,9 @@ def test_the_sla_table_covers_every_expect_key() -> None:
 
 
 def test_all_is_the_public_api() -> None:
-    public = {n for n in vars(spec) if not n.startswith("_")} - {
+    # ("@py_builtins" and friends: pytest rewrites the asserts of the whole faultlab
+    # distribution, since it ships a pytest11 plugin.)
+    public = {n for n in vars(spec) if not n.startswith(("_", "@"))} - {
         "loader", "model", "schedule"}
     assert set(spec.__all__) == public
     assert {"load_document", "load_experiments", "parse_experiment", "Experiment", "Suite",
@@ -252,12 +254,13 @@ def test_unknown_keys_suggest_the_closest_valid_key(text: str, expected: tuple) 
 
 
 def test_unknown_fault_type_lists_the_known_ones() -> None:
+    known = ", ".join(sorted(fault_types()))
+    assert "rank_kill" in known and "node_hang" in known
     assert one_problem(doc(KILL.replace("rank_kill", "rank_kil"))) == (
-        5, "faults[0].type", "unknown fault type 'rank_kil'; did you mean 'rank_kill'? known "
-                             "types: node_hang, node_kill, rank_hang, rank_kill")
+        5, "faults[0].type", f"unknown fault type 'rank_kil'; did you mean 'rank_kill'? known "
+                             f"types: {known}")
     assert one_problem(doc(KILL.replace("rank_kill", "gpu_melt")))[2] == (
-        "unknown fault type 'gpu_melt'; known types: node_hang, node_kill, rank_hang, "
-        "rank_kill")
+        f"unknown fault type 'gpu_melt'; known types: {known}")
 
 
 def test_params_are_checked_against_the_faults_own_params() -> None:

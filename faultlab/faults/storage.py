@@ -1,0 +1,252 @@
+"""Storage faults: rot, truncate, zero, delete or tear the job's checkpoints on disk.
+
+They act on ``RUN_DIR/checkpoints`` in the layout the event protocol's ``checkpoint_saved``
+records point at (one directory per checkpoint). Which checkpoint: ``latest`` (the newest
+committed one), a step number, or ``all``. Which files (``region``): ``tensor_data`` (the DCP
+shards, ``*.distcp``), ``metadata`` (everything else but the manifest: DCP's ``.metadata``,
+trainer state, RNG state), ``manifest`` (``MANIFEST.json``) or ``any``. Every random choice —
+file, offset, bit — comes from the experiment seed, so a run corrupts the same bytes again.
+
+A corrupted checkpoint matters only when it is read: pair these faults with one that makes the
+job restart (a ``rank_kill`` a few steps later), as the shipped experiments do. Each fault's
+details list the checkpoint directories it touched (``checkpoints``), which is how the
+``corrupt_checkpoint_never_loaded`` SLA knows what must never be loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from faultlab.errors import FaultError
+from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+
+__all__ = [
+    "CkptBitflipFault",
+    "CkptDeleteShardFault",
+    "CkptStalePointerFault",
+    "CkptTornWriteFault",
+    "CkptTruncateFault",
+    "CkptZeroRangeFault",
+]
+
+Region = Literal["tensor_data", "metadata", "manifest", "any"]
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_MANIFEST = "MANIFEST.json"
+
+
+class _Which(FaultParams):
+    checkpoint: Literal["latest", "all"] | int = Field(
+        "latest", description="which checkpoint: latest, all, or a step number")
+    region: Region = Field("tensor_data", description="which files: tensor_data (DCP shards), "
+                                                      "metadata, manifest or any")
+
+
+def _checkpoints(ctx: FaultContext, which: Literal["latest", "all"] | int) -> list[Path]:
+    root = ctx.run_dir / "checkpoints"
+    found = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
+                   if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+    if which == "latest":
+        chosen = [p for _s, p in found[-1:]]
+    elif which == "all":
+        chosen = [p for _s, p in found]
+    else:
+        chosen = [p for s, p in found if s == which]
+    if not chosen:
+        have = ", ".join(p.name for _s, p in found) or "none"
+        raise FaultError(f"no checkpoint {which!r} in {root} to corrupt (committed: {have}); "
+                         f"trigger the fault after the first checkpoint_saved event")
+    return chosen
+
+
+def _files(ckpt: Path, region: Region) -> list[Path]:
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.stat().st_size > 0)
+    if region == "tensor_data":
+        files = [p for p in files if p.suffix == ".distcp"]
+    elif region == "manifest":
+        files = [p for p in files if p.name == _MANIFEST and p.parent == ckpt]
+    elif region == "metadata":
+        files = [p for p in files if p.suffix != ".distcp" and
+                 not (p.name == _MANIFEST and p.parent == ckpt)]
+    if not files:
+        raise FaultError(f"{ckpt.name} has no non-empty {region} file to corrupt")
+    return files
+
+
+def _rng(ctx: FaultContext, victim: Victim, what: str) -> random.Random:
+    return ctx.rng(f"{what}/{victim.kind}/{victim.value}")
+
+
+def _rel(ctx: FaultContext, path: Path) -> str:
+    return str(path.relative_to(ctx.run_dir))
+
+
+class _StorageFault(Fault):
+    family = "storage"
+    targets: ClassVar[tuple[str, ...]] = ("all",)
+    """``target: all``: the job's checkpoint directory (storage faults hit no process)."""
+
+
+class CkptBitflipFault(_StorageFault):
+    """Flip bits at seeded offsets of checkpoint files (silent corruption on disk)."""
+
+    type = "ckpt_bitflip"
+
+    class Params(_Which):
+        num_bits: int = Field(1, ge=1, le=4096, description="bits to flip, each in a seeded "
+                                                            "file and offset of the region")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        p: Any = self.params
+        rng = _rng(ctx, victim, self.type)
+        ckpts = _checkpoints(ctx, p.checkpoint)
+        flips = []
+        for ckpt in ckpts:
+            files = _files(ckpt, p.region)
+            for _ in range(p.num_bits):
+                path = rng.choice(files)
+                offset, bit = rng.randrange(path.stat().st_size), rng.randrange(8)
+                with open(path, "r+b") as f:
+                    f.seek(offset)
+                    byte = f.read(1)[0]
+                    f.seek(offset)
+                    f.write(bytes([byte ^ (1 << bit)]))
+                    f.flush()
+                    os.fsync(f.fileno())
+                flips.append({"file": _rel(ctx, path), "offset": offset, "bit": bit})
+        return {"checkpoints": [str(c) for c in ckpts], "flips": flips}
+
+
+class CkptTruncateFault(_StorageFault):
+    """Cut one seeded file of the checkpoint short (a write that never finished)."""
+
+    type = "ckpt_truncate"
+
+    class Params(_Which):
+        keep_fraction: float = Field(0.5, ge=0.0, lt=1.0,
+                                     description="fraction of the file's bytes to keep")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        p: Any = self.params
+        rng = _rng(ctx, victim, self.type)
+        ckpts, done = _checkpoints(ctx, p.checkpoint), []
+        for ckpt in ckpts:
+            path = rng.choice(_files(ckpt, p.region))
+            size = path.stat().st_size
+            keep = int(size * p.keep_fraction)
+            os.truncate(path, keep)
+            done.append({"file": _rel(ctx, path), "from_bytes": size, "to_bytes": keep})
+        return {"checkpoints": [str(c) for c in ckpts], "truncated": done}
+
+
+class CkptZeroRangeFault(_StorageFault):
+    """Overwrite a seeded byte range of one file with zeros (a lost block, a bad sector)."""
+
+    type = "ckpt_zero_range"
+
+    class Params(_Which):
+        length_bytes: int = Field(4096, ge=1, description="bytes to zero")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        p: Any = self.params
+        rng = _rng(ctx, victim, self.type)
+        ckpts, done = _checkpoints(ctx, p.checkpoint), []
+        for ckpt in ckpts:
+            path = rng.choice(_files(ckpt, p.region))
+            size = path.stat().st_size
+            length = min(p.length_bytes, size)
+            offset = rng.randrange(size - length + 1)
+            with open(path, "r+b") as f:
+                f.seek(offset)
+                f.write(b"\0" * length)
+                f.flush()
+                os.fsync(f.fileno())
+            done.append({"file": _rel(ctx, path), "offset": offset, "length": length})
+        return {"checkpoints": [str(c) for c in ckpts], "zeroed": done}
+
+
+class CkptDeleteShardFault(_StorageFault):
+    """Delete one seeded shard file (``*.distcp``) of the checkpoint (a lost object)."""
+
+    type = "ckpt_delete_shard"
+
+    class Params(FaultParams):
+        checkpoint: Literal["latest", "all"] | int = Field(
+            "latest", description="which checkpoint: latest, all, or a step number")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        p: Any = self.params
+        rng = _rng(ctx, victim, self.type)
+        ckpts, deleted = _checkpoints(ctx, p.checkpoint), []
+        for ckpt in ckpts:
+            path = rng.choice(_files(ckpt, "tensor_data"))
+            path.unlink()
+            deleted.append(_rel(ctx, path))
+        return {"checkpoints": [str(c) for c in ckpts], "deleted": deleted}
+
+
+class CkptStalePointerFault(_StorageFault):
+    """Leave a partial checkpoint that looks newest, and point ``latest`` at it.
+
+    A copy of the newest checkpoint without its manifest and with its shards cut in half is
+    placed under the next step's name — what a crash between writing and committing leaves in
+    stores that mark "latest" before the data is complete.
+    """
+
+    type = "ckpt_stale_pointer"
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        [newest] = _checkpoints(ctx, "latest")
+        step = int(_STEP_DIR.match(newest.name).group(1))  # type: ignore[union-attr]
+        partial = newest.with_name(f"step_{step + 1:08d}")
+        shutil.copytree(newest, partial)
+        (partial / _MANIFEST).unlink(missing_ok=True)
+        for shard in partial.glob("*.distcp"):
+            os.truncate(shard, shard.stat().st_size // 2)
+        pointer = newest.parent / "latest"
+        tmp = pointer.with_name(".latest.faultlab")
+        tmp.write_text(partial.name + "\n")
+        os.replace(tmp, pointer)
+        return {"checkpoints": [str(partial)], "partial": _rel(ctx, partial),
+                "latest_points_to": partial.name}
+
+
+class CkptTornWriteFault(_StorageFault):
+    """Kill the saving rank in the middle of a checkpoint save (a torn write).
+
+    Fire it a step before a save (e.g. ``at_step: 19`` for the save at step 20): it waits for
+    the save's temporary directory to appear and SIGKILLs rank 0 — the rank that commits —
+    while the files are being written. It blocks the engine for at most ``wait_s``.
+    """
+
+    type = "ckpt_torn_write"
+
+    class Params(FaultParams):
+        wait_s: float = Field(60.0, gt=0, description="how long to wait for a save to start")
+        rank: int = Field(0, ge=0, description="the rank to kill mid-save (0 commits)")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        p: Any = self.params
+        root = ctx.run_dir / "checkpoints"
+        committed = {d.name for d in root.glob("step_*")} if root.is_dir() else set()
+        pid = ctx.rank_pid(p.rank)
+        ctx.assert_owned(pid)
+        deadline = time.monotonic() + p.wait_s
+        while time.monotonic() < deadline:  # a save lasts ~0.1 s for tiny: poll tightly
+            for tmp in root.glob(".tmp-step_*"):
+                final = tmp.name.split("-")[1]  # .tmp-step_00000020-<id> -> step_00000020
+                os.kill(pid, signal.SIGKILL)
+                return {"checkpoints": [str(tmp)], "at_t": time.time(), "killed_pid": pid,
+                        "rank": p.rank, "torn": tmp.name, "step_dir": final,
+                        "committed_before": sorted(committed)}
+            time.sleep(0.001)
+        raise FaultError(f"no checkpoint save started within {p.wait_s:g} s; fire "
+                         f"ckpt_torn_write shortly before a checkpoint step")

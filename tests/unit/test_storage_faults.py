@@ -1,0 +1,193 @@
+"""The storage faults on a real committed checkpoint, and the SLA that no damaged one loads."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from fsdp_helpers import Recorder, build_fsdp, train_step
+from torch.distributed.device_mesh import DeviceMesh
+
+from faultlab.errors import FaultError
+from faultlab.faults.storage import (
+    CkptBitflipFault,
+    CkptDeleteShardFault,
+    CkptStalePointerFault,
+    CkptTornWriteFault,
+    CkptTruncateFault,
+    CkptZeroRangeFault,
+)
+from faultlab.observe import FaultRecord, compute_metrics
+from reference_trainer.checkpoint import CheckpointManager, list_checkpoints, verify_checkpoint
+
+ALL = type("V", (), {"kind": "all", "value": None})()
+
+
+@dataclass
+class Ctx:
+    run_dir: Path
+    seed: int = 0
+    pid: int = 0
+
+    def rng(self, key: str) -> random.Random:
+        return random.Random(f"{self.seed}/{key}")
+
+    def rank_pid(self, rank: int) -> int:
+        return self.pid
+
+    def assert_owned(self, pid: int) -> None:
+        if pid != self.pid:
+            raise FaultError(f"process {pid} is not part of the job")
+
+
+@pytest.fixture(scope="module")
+def template(mesh: DeviceMesh, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("run")
+    root = run_dir / "checkpoints"
+    model, optimizer = build_fsdp(mesh)
+    mgr = CheckpointManager(root, keep=3, async_save=False, rank=0, world_size=1,
+                            process_group=dist.group.WORLD, emit=Recorder().emit,
+                            beat=lambda: None)
+    for step in (10, 20):
+        train_step(model, optimizer, seed=step)
+        mgr.save(step, model, optimizer, {"step": step, "config": {"seed": 0}})
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(template: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "run"
+    shutil.copytree(template, dest)
+    return dest
+
+
+def snapshot(ckpt: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(ckpt)): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+
+
+def bit_differences(a: bytes, b: bytes) -> int:
+    return sum(bin(x ^ y).count("1") for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("region", ["tensor_data", "metadata", "manifest", "any"])
+def test_bitflip_flips_exactly_num_bits_in_the_region_of_the_latest(run_dir: Path,
+                                                                    region: str) -> None:
+    newest, older = run_dir / "checkpoints/step_00000020", run_dir / "checkpoints/step_00000010"
+    before, older_before = snapshot(newest), snapshot(older)
+    fault = CkptBitflipFault(CkptBitflipFault.Params(region=region, num_bits=3))
+    details = fault.inject(Ctx(run_dir), ALL)
+    after = snapshot(newest)
+    flipped = sum(bit_differences(before[k], after[k]) for k in before)
+    assert 1 <= flipped <= 3 and len(details["flips"]) == 3  # two flips may cancel out
+    changed = {k for k in before if before[k] != after[k]}
+    if region == "tensor_data":
+        assert all(k.endswith(".distcp") for k in changed)
+    if region == "manifest":
+        assert changed <= {"MANIFEST.json"}
+    assert snapshot(older) == older_before  # only the latest
+    assert details["checkpoints"] == [str(newest)]
+    if flipped:
+        assert verify_checkpoint(newest) is not None
+
+
+def test_bitflip_offsets_come_from_the_seed(run_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    params = CkptBitflipFault.Params(num_bits=5)
+    a = CkptBitflipFault(params).inject(Ctx(run_dir, seed=7), ALL)["flips"]
+    b = CkptBitflipFault(params).inject(Ctx(other, seed=7), ALL)["flips"]
+    c = CkptBitflipFault(params).inject(Ctx(other, seed=8), ALL)["flips"]
+    assert a == b and a != c
+
+
+def test_all_and_step_select_checkpoints(run_dir: Path) -> None:
+    d = CkptZeroRangeFault(CkptZeroRangeFault.Params(checkpoint="all")).inject(Ctx(run_dir), ALL)
+    assert len(d["checkpoints"]) == 2
+    assert all(verify_checkpoint(Path(c)) is not None for c in d["checkpoints"])
+    with pytest.raises(FaultError, match="no checkpoint 30"):
+        CkptTruncateFault(CkptTruncateFault.Params(checkpoint=30)).inject(Ctx(run_dir), ALL)
+
+
+def test_truncate_delete_and_zero_are_each_detected(run_dir: Path) -> None:
+    newest = run_dir / "checkpoints/step_00000020"
+    for fault in (CkptTruncateFault(CkptTruncateFault.Params()),
+                  CkptDeleteShardFault(CkptDeleteShardFault.Params()),
+                  CkptZeroRangeFault(CkptZeroRangeFault.Params(length_bytes=64))):
+        backup = snapshot(newest)
+        details = fault.inject(Ctx(run_dir), ALL)
+        assert verify_checkpoint(newest) is not None, (fault.type, details)
+        for name, data in backup.items():  # restore for the next one
+            (newest / name).write_bytes(data)
+        assert verify_checkpoint(newest) is None
+
+
+def test_stale_pointer_names_a_partial_checkpoint_that_the_scan_refuses(run_dir: Path) -> None:
+    details = CkptStalePointerFault(CkptStalePointerFault.Params()).inject(Ctx(run_dir), ALL)
+    root = run_dir / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step_00000021" == details["latest_points_to"]
+    [(step, newest), *_] = list_checkpoints(root)
+    assert step == 21 and "no MANIFEST.json" in (verify_checkpoint(newest) or "")
+    assert verify_checkpoint(root / "step_00000020") is None  # the real newest is intact
+
+
+def test_torn_write_kills_the_saving_rank_once_a_save_starts(run_dir: Path) -> None:
+    saver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        ctx = Ctx(run_dir, pid=saver.pid)
+        root = run_dir / "checkpoints"
+        threading.Timer(0.3, lambda: (root / ".tmp-step_00000030-abc").mkdir()).start()
+        t0 = time.time()
+        details = CkptTornWriteFault(CkptTornWriteFault.Params(wait_s=10)).inject(ctx, ALL)
+        assert saver.wait(timeout=10) == -signal.SIGKILL
+        assert details["at_t"] >= t0 + 0.25 and details["step_dir"] == "step_00000030"
+        assert details["checkpoints"] == [str(root / ".tmp-step_00000030-abc")]
+    finally:
+        saver.kill()
+        saver.wait()
+
+
+def test_torn_write_without_a_save_is_a_clear_error(run_dir: Path) -> None:
+    saver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with pytest.raises(FaultError, match="no checkpoint save started within 0.2 s"):
+            CkptTornWriteFault(CkptTornWriteFault.Params(wait_s=0.2)).inject(
+                Ctx(run_dir, pid=saver.pid), ALL)
+        assert saver.poll() is None  # nobody was killed
+    finally:
+        saver.kill()
+        saver.wait()
+
+
+# --- the SLA --------------------------------------------------------------------------------
+
+
+def _ev(kind: str, t: float, **kw: Any) -> dict[str, Any]:
+    return {"kind": kind, "t": t, "rank": 0, "world_size": 1, "pid": 1, "restart": 0,
+            "node": "n", **kw}
+
+
+def test_corrupt_checkpoint_never_loaded_is_measured_from_the_loads() -> None:
+    bad = "/run/checkpoints/step_00000020"
+    flip = FaultRecord(id="f", type="ckpt_bitflip", injected_t=10.0,
+                       details={"checkpoints": [bad]})
+    good_load = [_ev("checkpoint_loaded", 12.0, path="/run/checkpoints/step_00000010")]
+    assert compute_metrics(good_load, [flip]).corrupt_checkpoint_never_loaded is True
+    assert compute_metrics([_ev("checkpoint_loaded", 12.0, path=bad)],
+                           [flip]).corrupt_checkpoint_never_loaded is False
+    # loaded before the damage, or after the job wrote a fresh checkpoint there: not corrupt
+    rewritten = [_ev("checkpoint_saved", 11.0, path=bad), _ev("checkpoint_loaded", 12.0,
+                                                              path=bad)]
+    assert compute_metrics(rewritten, [flip]).corrupt_checkpoint_never_loaded is True
+    assert compute_metrics([_ev("checkpoint_loaded", 9.0, path=bad)],
+                           [flip]).corrupt_checkpoint_never_loaded is True
+    assert compute_metrics(good_load, []).corrupt_checkpoint_never_loaded is None
