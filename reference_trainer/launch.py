@@ -30,7 +30,7 @@ from reference_trainer.config import ConfigError, TrainConfig, add_train_args, c
 from reference_trainer.config import train_argv as _train_argv
 from reference_trainer.rdzv_store import die_with_parent
 
-__all__ = ["LaunchError", "LocalJob", "JobResult", "main", "preflight"]
+__all__ = ["LaunchError", "LocalJob", "JobResult", "main", "preflight", "process_tree"]
 
 
 class LaunchError(ValueError):
@@ -251,7 +251,7 @@ class LocalJob:
 
     def pids(self) -> set[int]:
         """Every live process of the job: store, agents, workers and their children."""
-        out = {p.pid for n in self._nodes for p in _tree(n.popen.pid)}
+        out = {p.pid for n in self._nodes for p in process_tree(n.popen.pid)}
         if self._store is not None and self._store.poll() is None:
             out.add(self._store.pid)
         return out
@@ -282,7 +282,7 @@ class LocalJob:
         """Reap everything: agents, workers (stopped ones too) and the store. Idempotent."""
         procs: list[psutil.Process] = []
         for n in self._nodes:
-            procs += _tree(n.popen.pid)
+            procs += process_tree(n.popen.pid)
         for p in procs:  # a SIGSTOPped worker must run to act on SIGTERM
             _send(p, signal.SIGCONT)
         for n in self._nodes:
@@ -315,7 +315,8 @@ class LocalJob:
         raise KeyError(f"no node {name!r}; nodes are {', '.join(self.node_names())}")
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (empty if it is gone)."""
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -339,7 +340,7 @@ def _send_pid(pid: int, sig: int) -> None:
 
 def _signal_tree(pid: int, sig: int) -> list[int]:
     """Signal a process and all its descendants, snapshotting the tree first."""
-    procs = _tree(pid)
+    procs = process_tree(pid)
     for p in procs:
         _send(p, sig)
     return [p.pid for p in procs]

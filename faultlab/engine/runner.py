@@ -35,7 +35,7 @@ from faultlab.report.journal import environment, write_journal
 from faultlab.spec import SLA_KINDS, SLAS, Experiment, resolve_selector
 from faultlab.targets.local import LocalTarget
 
-__all__ = ["RunResult", "SLAResult", "judge", "run_experiment"]
+__all__ = ["RunResult", "SLAResult", "judge", "new_run_folder", "run_experiment"]
 
 @dataclass(frozen=True, slots=True)
 class SLAResult:
@@ -160,7 +160,8 @@ def _shielded() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _new_run_folder(report_dir: Path, name: str) -> Path:
+def new_run_folder(report_dir: Path, name: str) -> Path:
+    """A fresh ``REPORT_DIR/<name>-<timestamp>[-N]`` folder (never one that exists)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         folder = report_dir / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
@@ -177,7 +178,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                    view: NullView | None = None, poll_s: float = 0.05) -> RunResult:
     """Run ``exp`` and judge it. Raises KeyboardInterrupt after clean-up if interrupted."""
     view = view or NullView()
-    run_folder = _new_run_folder(report_dir, exp.name)
+    run_folder = new_run_folder(report_dir, exp.name)
     job_dir = run_folder / "job"
     golden_cache = golden_cache or report_dir / ".golden"
     records: list[FaultRecord] = []

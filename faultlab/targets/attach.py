@@ -25,7 +25,8 @@ import psutil
 
 from faultlab.errors import TargetError
 from faultlab.observe import EventStream
-from faultlab.targets.base import JobContext, _tree
+from faultlab.targets.base import JobContext
+from reference_trainer.launch import process_tree
 
 __all__ = ["AttachedTarget", "read_launch_info"]
 
@@ -80,12 +81,12 @@ class AttachedTarget(JobContext):
         out: set[int] = set()
         for pid in self.agent_pids().values():
             if self._live_agent(pid):
-                out.update(p.pid for p in _tree(pid))
+                out.update(p.pid for p in process_tree(pid))
         return out | self.extra_pids()
 
     def node_pids(self, node: str) -> list[int]:
         pid = self._agent_pid(node)
-        return [p.pid for p in _tree(pid)] if self._live_agent(pid) else []
+        return [p.pid for p in process_tree(pid)] if self._live_agent(pid) else []
 
     def kill_node(self, node: str, sig: int) -> list[int]:
         pid = self._agent_pid(node)

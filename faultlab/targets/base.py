@@ -22,6 +22,7 @@ import psutil
 
 from faultlab.errors import FaultError
 from faultlab.observe import EventStream
+from reference_trainer.launch import process_tree
 
 __all__ = ["JobContext"]
 
@@ -85,11 +86,11 @@ class JobContext(ABC):
         return str(start["node"])
 
     def node_pids(self, node: str) -> list[int]:
-        return [p.pid for p in _tree(self._agent_pid(node))]
+        return [p.pid for p in process_tree(self._agent_pid(node))]
 
     def kill_node(self, node: str, sig: int) -> list[int]:
         """Signal a node's agent and every worker at once (tree snapshotted first)."""
-        procs = _tree(self._agent_pid(node))
+        procs = process_tree(self._agent_pid(node))
         for p in procs:
             try:
                 p.send_signal(sig)
@@ -106,7 +107,7 @@ class JobContext(ABC):
 
     def pids(self) -> set[int]:
         """Every live process of the job: agents, their descendants, and ``extra_pids``."""
-        out = {p.pid for pid in self.agent_pids().values() for p in _tree(pid)}
+        out = {p.pid for pid in self.agent_pids().values() for p in process_tree(pid)}
         return out | self.extra_pids()
 
     def continue_all(self) -> None:
@@ -123,11 +124,3 @@ class JobContext(ABC):
             raise FaultError(f"no node {node!r} in the job in {self.run_dir}; nodes are "
                              f"{', '.join(agents) or 'none'}")
         return agents[node]
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []

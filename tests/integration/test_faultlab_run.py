@@ -19,6 +19,8 @@ from typing import Any
 import psutil
 import pytest
 
+from faultlab.testing import assert_no_job_processes, job_processes
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,31 +77,6 @@ def journal(report_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def job_processes(report_dir: Path) -> list[psutil.Process]:
-    """Every live process that belongs to a job under ``report_dir`` (by its run directory)."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline", "environ"]):
-        try:
-            env = p.info["environ"] or {}
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if str(report_dir) in env.get("FAULTLAB_RUN_DIR", "") or str(report_dir) in cmd:
-            found.append(p)
-    return found
-
-
-def assert_nothing_left(report_dir: Path) -> None:
-    deadline = time.monotonic() + 15
-    left = job_processes(report_dir)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = job_processes(report_dir)
-    described = [(p.pid, p.status(), " ".join(p.cmdline())[:120]) for p in left
-                 if p.is_running()]
-    assert described == [], "processes of the job are still alive"
-
-
 def sla(j: dict[str, Any], name: str) -> dict[str, Any]:
     return next(s for s in j["slas"] if s["name"] == name)
 
@@ -119,7 +96,7 @@ def test_shipped_experiment_passes(name: str, tmp_path: Path, golden_cache: Path
         assert fault["undone_t"] - fault["injected_t"] < 60
     report = next(tmp_path.glob("*/report.md")).read_text()
     assert f"# {name}: PASS" in report
-    assert_nothing_left(tmp_path)
+    assert_no_job_processes(tmp_path)
 
 
 def test_hang_with_default_timeouts_is_an_sla_failure_not_a_wait(tmp_path: Path) -> None:
@@ -135,7 +112,7 @@ def test_hang_with_default_timeouts_is_an_sla_failure_not_a_wait(tmp_path: Path)
     assert sla(j, "detection_latency_s")["measured"] is None  # nothing ever noticed
     [fault] = j["faults"]
     assert fault["undone_t"] is not None  # continued during clean-up
-    assert_nothing_left(tmp_path)
+    assert_no_job_processes(tmp_path)
 
 
 VIOLATED = """\
@@ -196,7 +173,7 @@ def test_frozen_node_is_detected_continued_and_the_job_recovers(tmp_path: Path,
     [fault] = journal(tmp_path / "reports")["faults"]
     assert fault["details"]["node"] == "node1" and len(fault["details"]["pids"]) >= 2
     assert sorted(fault["details"]["undo"]["continued"]) == sorted(fault["details"]["pids"])
-    assert_nothing_left(tmp_path)
+    assert_no_job_processes(tmp_path)
 
 
 def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path) -> None:
@@ -218,7 +195,7 @@ def test_interrupted_run_leaves_no_process_and_none_stopped(sig: int, tmp_path: 
     fl.proc.send_signal(sig)
     assert fl.wait(timeout_s=60) == 130, fl.output
     assert "interrupted" in fl.output
-    assert_nothing_left(tmp_path)
+    assert_no_job_processes(tmp_path)
     j = journal(tmp_path)
     assert j["run"]["interrupted"] is True and j["verdict"] == "fail"
     assert j["faults"][0]["undone_t"] is not None
@@ -231,4 +208,4 @@ def test_killed_faultlab_is_cleaned_up_by_its_guard(tmp_path: Path) -> None:
     time.sleep(1.0)  # the guard's pid file is refreshed every 0.5 s
     fl.proc.kill()  # no clean-up code of faultlab's can run
     fl.wait(timeout_s=30)
-    assert_nothing_left(tmp_path)
+    assert_no_job_processes(tmp_path)

@@ -1,0 +1,50 @@
+"""Helpers for users' own tests of their training stack (and for faultlab's).
+
+    from faultlab.testing import assert_no_job_processes
+
+    def test_my_experiment(tmp_path):
+        ...  # run an experiment with report_dir=tmp_path
+        assert_no_job_processes(tmp_path)   # nothing of the job survived, nothing is frozen
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+
+__all__ = ["assert_no_job_processes", "job_processes"]
+
+
+def job_processes(folder: Path) -> list[psutil.Process]:
+    """Live processes of any job whose run directory lies under ``folder``: the ranks and
+    agents (by ``FAULTLAB_RUN_DIR``) and anything else whose command line names the folder
+    (the rendezvous store, faultlab's guard)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            env = p.info["environ"] or {}
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if str(folder) in env.get("FAULTLAB_RUN_DIR", "") or str(folder) in cmd:
+            found.append(p)
+    return found
+
+
+def assert_no_job_processes(folder: Path, timeout_s: float = 15.0) -> None:
+    """Fail unless, within ``timeout_s``, no process of a job under ``folder`` is alive
+    (processes that are exiting get that long to go)."""
+    deadline = time.monotonic() + timeout_s
+    left = job_processes(folder)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = job_processes(folder)
+    described = []
+    for p in left:
+        try:
+            described.append((p.pid, p.status(), " ".join(p.cmdline())[:120]))
+        except psutil.Error:
+            continue
+    assert described == [], f"processes of the job under {folder} are still alive"

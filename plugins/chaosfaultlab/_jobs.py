@@ -1,0 +1,179 @@
+"""Jobs this ``chaos`` process launched, and how any job is addressed by its run directory.
+
+A job launched here (``start_training``, or the run-context control) is a ``LocalTarget``
+kept in a process-wide registry, so that every activity of the experiment acts on the same
+object and the control can stop it. Any other run directory is a job that was already running
+(``AttachedTarget``): faults act on it, but it is never stopped by this extension.
+
+A launched job is guarded like the engine guards its own: a reaper process
+(``faultlab.engine.reaper``) holds the job's pids and, should this process die without
+stopping the job (SIGKILL, OOM), continues every stopped process and kills the job. An
+``atexit`` hook stops whatever is still running when the interpreter exits normally.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chaosfaultlab._state import STATE_DIR
+from faultlab.errors import TargetError
+from faultlab.spec import Experiment
+from faultlab.targets.attach import AttachedTarget
+from faultlab.targets.base import JobContext
+
+if TYPE_CHECKING:  # the local target imports torch (through the launcher): only when launching
+    from faultlab.targets.local import LocalTarget
+
+__all__ = ["CONFIG_KEY", "EXPERIMENT_FILE", "Launched", "job_context", "job_running", "launch",
+           "launched", "resolve_run_dir", "stop", "stop_all", "wait_until"]
+
+CONFIG_KEY = "faultlab_run_dir"
+"""The ``configuration`` key the run-context control sets to the job's run directory."""
+EXPERIMENT_FILE = "experiment.json"
+"""The faultlab experiment a launched job was built from (for its golden run)."""
+
+
+@dataclass
+class Launched:
+    target: LocalTarget
+    exp: Experiment
+    reaper: subprocess.Popen[bytes]
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    pid_writer: threading.Thread | None = None
+
+
+_LAUNCHED: dict[Path, Launched] = {}
+_LOCK = threading.Lock()
+
+
+def resolve_run_dir(run_dir: str | os.PathLike[str] | None,
+                    configuration: dict[str, Any] | None = None) -> Path:
+    """The run directory an activity acts on: its ``run_dir`` argument, else the one the
+    run-context control put in the configuration."""
+    value = run_dir if run_dir not in (None, "") else (configuration or {}).get(CONFIG_KEY)
+    if value in (None, ""):
+        raise TargetError("run_dir: missing; pass the job's run directory (run_dir: "
+                          "\"${faultlab_run_dir}\" once the chaosfaultlab.control run context "
+                          "has started the job, or the directory of a job already running)")
+    if not isinstance(value, str | os.PathLike):
+        raise TargetError(f"run_dir: expected a path, got {value!r}")
+    text = os.fspath(value)
+    if "${" in text:
+        raise TargetError(f"run_dir: {text!r} was not substituted: no run context set "
+                          f"{CONFIG_KEY!r} (add the chaosfaultlab.control control, or pass "
+                          f"the run directory of a running job)")
+    path = Path(text).resolve()
+    if not path.is_dir():
+        raise TargetError(f"run_dir: {text!r} is not a directory")
+    return path
+
+
+def launched(run_dir: Path) -> Launched | None:
+    with _LOCK:
+        return _LAUNCHED.get(run_dir.resolve())
+
+
+def job_context(run_dir: Path) -> JobContext:
+    """The FaultContext of the job in ``run_dir`` (launched here, or attached to)."""
+    own = launched(run_dir)
+    if own is not None:
+        own.target.stream.poll()  # nobody else polls it in a chaos process
+        return own.target
+    return AttachedTarget(run_dir)
+
+
+def job_running(run_dir: Path) -> bool:
+    own = launched(run_dir)
+    if own is not None:
+        return not own.target.finished()
+    try:
+        return AttachedTarget(run_dir).running()
+    except TargetError:
+        return False
+
+
+def launch(exp: Experiment, run_dir: Path) -> Launched:
+    """Start ``exp``'s job (faults and SLAs are not used) in ``run_dir``, guarded."""
+    from faultlab.targets.local import LocalTarget
+
+    run_dir = run_dir.resolve()
+    state = run_dir / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    (state / EXPERIMENT_FILE).write_text(json.dumps(exp.model_dump(mode="json"), indent=1))
+    target = LocalTarget(exp, run_dir)
+    pidfile = state / "job-pids.json"
+    pidfile.write_text("[]")
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "faultlab.engine.reaper", "--parent", str(os.getpid()),
+         "--pidfile", str(pidfile)], start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        target.start()
+    except BaseException:
+        target.stop()
+        reaper.terminate()
+        reaper.wait()
+        raise
+    own = Launched(target, exp, reaper)
+    own.pid_writer = threading.Thread(target=_write_pids, args=(own, pidfile), daemon=True,
+                                      name=f"faultlab-pids-{run_dir.name}")
+    own.pid_writer.start()
+    with _LOCK:
+        _LAUNCHED[run_dir] = own
+    return own
+
+
+def stop(run_dir: Path) -> dict[str, Any]:
+    """Continue and reap every process of a job launched here; idempotent."""
+    with _LOCK:
+        own = _LAUNCHED.pop(run_dir.resolve(), None)
+    if own is None:
+        return {"stopped": False}
+    own.stop_event.set()
+    own.target.continue_all()
+    own.target.stop()
+    own.reaper.terminate()
+    own.reaper.wait()
+    if own.pid_writer is not None:
+        own.pid_writer.join(timeout=5)
+    return {"stopped": True, "exit_codes": own.target.result().returncodes}
+
+
+def _write_pids(own: Launched, pidfile: Path) -> None:
+    # The guard needs the current pids: workers change on every restart.
+    tmp = pidfile.with_suffix(".tmp")
+    while not own.stop_event.wait(0.5):
+        try:
+            tmp.write_text(json.dumps(sorted(own.target.pids())))
+            os.replace(tmp, pidfile)
+        except OSError:
+            pass  # a failed write must not kill the guard's feed; the next one may succeed
+
+
+def stop_all() -> None:
+    with _LOCK:
+        dirs = list(_LAUNCHED)
+    for run_dir in dirs:
+        stop(run_dir)
+
+
+def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.2) -> bool:
+    """Poll ``predicate()`` until it is true or ``timeout_s`` passed; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+atexit.register(stop_all)

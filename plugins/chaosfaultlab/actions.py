@@ -1,0 +1,378 @@
+"""Chaos Toolkit actions: launch a training job, inject faultlab faults into it, undo them.
+
+Every fault goes through :func:`inject_fault`, which takes any registered faultlab fault type
+(``faultlab list faults``) with its ``params`` exactly as in a faultlab experiment; the other
+fault actions are named shortcuts for the built-in process faults. Each injection is journaled
+in ``RUN_DIR/faultlab-actions/faults.jsonl`` (see ``chaosfaultlab._state``) before and after it
+happens, so :func:`undo_faults` — the rollback — can undo it from this process or from a later
+``chaos`` process that only knows the run directory.
+
+``run_dir`` is the job's run directory: one launched by :func:`start_training` or by the
+``chaosfaultlab.control`` run context (which sets ``${faultlab_run_dir}`` in the
+configuration; ``run_dir`` may then be left out), or that of a job already running, which is
+attached to through its ``launch.json`` and event stream.
+
+Not here yet, on purpose: shortcuts for the fault families faultlab does not ship yet (NaN
+injection, collective delay/partition, checkpoint corruption, spot notices). Once a plugin
+registers such a fault type, ``inject_fault`` injects it by name.
+
+(No ``from __future__ import annotations`` here: Chaos Toolkit's discovery reads the real
+annotation objects to report argument types.)
+"""
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from signal import SIGCONT
+from typing import Any
+
+from pydantic import ValidationError
+
+from chaosfaultlab import _jobs
+from chaosfaultlab._state import ActionLog, InjectionState
+from faultlab.engine.runner import new_run_folder
+from faultlab.errors import FaultError, FaultlabError, InvalidExperimentError, TargetError
+from faultlab.faults import Fault, fault_types
+from faultlab.spec import Experiment, experiment_from_dict, load_experiment
+from faultlab.targets.base import JobContext
+
+__all__ = [
+    "continue_all",
+    "hang_node",
+    "hang_rank",
+    "inject_fault",
+    "kill_node",
+    "kill_rank",
+    "start_training",
+    "stop_training",
+    "undo_faults",
+]
+
+TARGET_FORMS = '{"rank": N}, {"node": N} (index or name, e.g. "node1") or "all"'
+
+
+@dataclass(frozen=True, slots=True)
+class _Victim:
+    kind: str
+    value: int | None
+
+    def __str__(self) -> str:
+        return "all ranks" if self.kind == "all" else f"{self.kind} {self.value}"
+
+
+@dataclass
+class _Live:
+    fault: Fault
+    ctx: JobContext
+
+
+# Reversible faults injected by this process, with the object that knows how to undo them.
+_LIVE: dict[tuple[Path, str], _Live] = {}
+_UNDO_LOCK = threading.RLock()
+
+
+# --- validation -------------------------------------------------------------------------------
+
+def _fault_class(fault_type: Any) -> type[Fault]:
+    types = fault_types()
+    if not isinstance(fault_type, str) or fault_type not in types:
+        raise FaultError(f"fault_type: {fault_type!r} is not an installed faultlab fault type; "
+                         f"installed: {', '.join(types)} (see `faultlab list faults`)")
+    return types[fault_type]
+
+
+def _params(cls: type[Fault], params: Any) -> Any:
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise FaultError(f"params: expected a mapping of {cls.type}'s parameters, got "
+                         f"{params!r}")
+    try:
+        return cls.Params.model_validate(params)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"params.{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})"
+            for err in e.errors())
+        valid = ", ".join(cls.Params.model_fields) or "none"
+        raise FaultError(f"{cls.type}: {problems}; its parameters are: {valid}") from None
+
+
+def _target(cls: type[Fault], target: Any) -> tuple[str, int | str | None]:
+    """(kind, value) of a target argument; a node may be given by name (resolved later)."""
+    if target == "all":
+        kind, value = "all", None
+    elif isinstance(target, dict) and len(target) == 1:
+        [(kind, value)] = target.items()
+        if kind not in ("rank", "node"):
+            raise FaultError(f"target: unknown key {kind!r}; expected {TARGET_FORMS}")
+        by_name = kind == "node" and isinstance(value, str) and re.fullmatch(r"node\d+", value)
+        if not by_name and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise FaultError(f"target: {kind} must be an integer >= 0"
+                             f"{' or a node name' if kind == 'node' else ''}, got {value!r}")
+    else:
+        raise FaultError(f"target: expected {TARGET_FORMS}, got {target!r}")
+    if kind not in cls.targets:
+        forms = " or ".join(f'{{"{k}": N}}' if k != "all" else '"all"' for k in cls.targets)
+        raise FaultError(f"target: {cls.type} cannot hit {kind!r}; it takes {forms}")
+    return kind, value
+
+
+def _number(name: str, value: Any, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise FaultError(f"{name}: expected a number >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+# --- injecting --------------------------------------------------------------------------------
+
+def inject_fault(fault_type: str, target: dict | str, params: dict | None = None,
+                 run_dir: str | None = None, after_step: int = 0, duration_s: float | None = None,
+                 timeout_s: float = 120.0, configuration: dict | None = None) -> dict:
+    """Inject any installed faultlab fault into the job in ``run_dir``; return what was done.
+
+    ``fault_type``: a faultlab fault type (``rank_kill``, ``node_kill``, ``rank_hang``,
+    ``node_hang`` or a plugin's). ``target``: ``{"rank": N}``, ``{"node": N}`` (index or name)
+    or ``"all"``, as the fault type allows. ``params``: the fault's parameters, validated as in
+    a faultlab experiment. ``after_step``: first wait (up to ``timeout_s``) until the job has
+    completed this step. ``duration_s``: undo a reversible fault after this long (otherwise a
+    rollback or the run context's end undoes it).
+
+    Returns ``{id, type, target, injected_t, details}``; the injection is journaled in
+    ``RUN_DIR/faultlab-actions/faults.jsonl`` for rollbacks and for ``recovered_within``.
+    """
+    cls = _fault_class(fault_type)
+    fault_params = _params(cls, params)
+    kind, value = _target(cls, target)
+    if isinstance(after_step, bool) or not isinstance(after_step, int) or after_step < 0:
+        raise FaultError(f"after_step: expected an integer >= 0, got {after_step!r}")
+    timeout_s = _number("timeout_s", timeout_s)
+    if duration_s is not None:
+        duration_s = _number("duration_s", duration_s)
+        if not cls.reversible:
+            raise FaultError(f"duration_s: {cls.type} cannot be undone, so it takes no "
+                             f"duration; leave duration_s out")
+    path = _jobs.resolve_run_dir(run_dir, configuration)
+    ctx = _jobs.job_context(path)
+    _wait_for_job(ctx, path, kind, value, after_step, timeout_s)
+    if kind == "node" and isinstance(value, str):
+        names = ctx.node_names()
+        if value not in names:
+            raise FaultError(f"target: no node {value!r} in the job; nodes are "
+                             f"{', '.join(names)}")
+        value = names.index(value)
+    elif kind == "node" and not int(value or 0) < len(ctx.node_names()):  # type: ignore[arg-type]
+        raise FaultError(f"target: node {value} does not exist; the job has "
+                         f"{len(ctx.node_names())} nodes (0..{len(ctx.node_names()) - 1})")
+    victim = _Victim(kind, value)  # type: ignore[arg-type]
+    fault = cls(fault_params)
+    log = ActionLog(path)
+    fid = log.begin(cls.type, str(victim), cls.reversible, time.time())
+    injected_t = time.time()
+    try:
+        details = fault.inject(ctx, victim)
+    except FaultlabError as e:
+        log.injected(fid, cls.type, str(victim), cls.reversible, injected_t,
+                     {"error": str(e)})
+        raise FaultError(f"{fid} ({cls.type} on {victim}) could not be injected: {e}") from None
+    log.injected(fid, cls.type, str(victim), cls.reversible, injected_t, details)
+    if cls.reversible:
+        with _UNDO_LOCK:
+            _LIVE[(path, fid)] = _Live(fault, ctx)
+        if duration_s is not None:
+            timer = threading.Timer(duration_s, _undo_by_id, args=(path, fid))
+            timer.daemon = True
+            timer.start()
+    return {"id": fid, "type": cls.type, "target": str(victim), "injected_t": injected_t,
+            "details": details}
+
+
+def _wait_for_job(ctx: JobContext, run_dir: Path, kind: str, value: Any, after_step: int,
+                  timeout_s: float) -> None:
+    """Until the job reached ``after_step`` and the victim rank runs; FaultError if not."""
+
+    def ready() -> bool:
+        ctx.stream.poll()
+        if ctx.stream.max_step() < after_step or not ctx.stream.current_ranks():
+            return False
+        return kind != "rank" or ctx.stream.latest_start(value) is not None
+
+    if _jobs.wait_until(lambda: ready() or not _jobs.job_running(run_dir), timeout_s) \
+            and ready():
+        return
+    state = "has ended" if not _jobs.job_running(run_dir) else f"still runs after {timeout_s:g} s"
+    raise FaultError(f"the job in {run_dir} {state} at step {ctx.stream.max_step()} with ranks "
+                     f"{ctx.stream.current_ranks() or 'none'}; the fault needed step >= "
+                     f"{after_step}{f' and rank {value} started' if kind == 'rank' else ''}")
+
+
+def kill_rank(rank: int, run_dir: str | None = None, signal: str = "KILL", after_step: int = 0,
+              timeout_s: float = 120.0, configuration: dict | None = None) -> dict:
+    """Kill one rank's process with ``signal`` (KILL, TERM, SEGV or ABRT): a crash or OOM kill.
+
+    Not reversible: the job has to recover by itself."""
+    return inject_fault("rank_kill", {"rank": rank}, {"signal": signal}, run_dir,
+                        after_step=after_step, timeout_s=timeout_s, configuration=configuration)
+
+
+def kill_node(node: int | str, run_dir: str | None = None, signal: str = "KILL",
+              after_step: int = 0, timeout_s: float = 120.0,
+              configuration: dict | None = None) -> dict:
+    """Kill a whole node at once (its torchrun agent and every worker): a machine loss.
+
+    ``node``: index or name (``node1``). Not reversible."""
+    return inject_fault("node_kill", {"node": node}, {"signal": signal}, run_dir,
+                        after_step=after_step, timeout_s=timeout_s, configuration=configuration)
+
+
+def hang_rank(rank: int, run_dir: str | None = None, duration_s: float | None = None,
+              after_step: int = 0, timeout_s: float = 120.0,
+              configuration: dict | None = None) -> dict:
+    """Freeze one rank's process with SIGSTOP; continued after ``duration_s``, by the
+    ``undo_faults`` rollback, or when the run context ends."""
+    return inject_fault("rank_hang", {"rank": rank}, None, run_dir, after_step=after_step,
+                        duration_s=duration_s, timeout_s=timeout_s, configuration=configuration)
+
+
+def hang_node(node: int | str, run_dir: str | None = None, duration_s: float | None = None,
+              after_step: int = 0, timeout_s: float = 120.0,
+              configuration: dict | None = None) -> dict:
+    """Freeze a whole node (agent and workers) with SIGSTOP; undone like ``hang_rank``."""
+    return inject_fault("node_hang", {"node": node}, None, run_dir, after_step=after_step,
+                        duration_s=duration_s, timeout_s=timeout_s, configuration=configuration)
+
+
+# --- undoing (rollbacks) ----------------------------------------------------------------------
+
+def undo_faults(run_dir: str | None = None, configuration: dict | None = None) -> dict:
+    """Rollback: undo every reversible fault still active in the job (hangs are continued).
+
+    Works from a later ``chaos`` process too: the journal in ``RUN_DIR/faultlab-actions``
+    names the processes that were stopped. Returns ``{undone: [ids], errors: {id: why}}``."""
+    path = _jobs.resolve_run_dir(run_dir, configuration)
+    undone, errors = [], {}
+    for state in ActionLog(path).active():
+        details = _undo_by_id(path, state.id)
+        if details is None:
+            continue
+        if "undo_error" in details:
+            errors[state.id] = details["undo_error"]
+        else:
+            undone.append(state.id)
+    return {"undone": undone, "errors": errors}
+
+
+def continue_all(run_dir: str | None = None, configuration: dict | None = None) -> list:
+    """Rollback of last resort: SIGCONT every process of the job; returns their pids."""
+    path = _jobs.resolve_run_dir(run_dir, configuration)
+    ctx = _jobs.job_context(path)
+    pids = sorted(ctx.pids())
+    ctx.continue_all()
+    return pids
+
+
+def _undo_by_id(run_dir: Path, fid: str) -> dict | None:
+    """Undo one journaled fault if it is still active; None if it was not."""
+    log = ActionLog(run_dir)
+    with _UNDO_LOCK:
+        state = next((f for f in log.active() if f.id == fid), None)
+        if state is None:
+            return None
+        live = _LIVE.pop((run_dir, fid), None)
+        try:
+            details = live.fault.undo(live.ctx) if live else _undo_from_journal(run_dir, state)
+        except FaultlabError as e:
+            details = {"undo_error": str(e)}
+        log.undone(fid, time.time(), details)
+        return details
+
+
+def _undo_from_journal(run_dir: Path, state: InjectionState) -> dict:
+    """Undo a fault injected by another process: only what the journal says can be undone."""
+    cls = fault_types().get(state.type)
+    if cls is None or cls.family != "process":
+        raise FaultError(f"{state.id} ({state.type}) was injected by another process and "
+                         f"only that process could undo it; restart the job to clear it")
+    ctx = _jobs.job_context(run_dir)
+    pids = state.details.get("pids")
+    if not isinstance(pids, list):  # the injector died before journaling its pids
+        ctx.continue_all()
+        return {"continued": "every process of the job"}
+    owned = ctx.pids()
+    continued = []
+    for pid in pids:
+        if pid in owned:  # never signal a pid that has since left the job (or was reused)
+            try:
+                os.kill(pid, SIGCONT)
+                continued.append(pid)
+            except ProcessLookupError:
+                pass
+    return {"continued": continued}
+
+
+# --- the job ----------------------------------------------------------------------------------
+
+def start_training(experiment_file: str | None = None, preset: str | None = None,
+                   steps: int | None = None, nodes: int | None = None,
+                   procs_per_node: int | None = None, min_nodes: int | None = None,
+                   checkpoint_every: int | None = None, seed: int | None = None,
+                   overrides: dict | None = None, run_dir: str | None = None,
+                   report_dir: str = "reports/chaos", name: str = "chaos") -> str:
+    """Launch a training job on this host and return its run directory.
+
+    Either ``experiment_file`` (a faultlab experiment: its target, topology, steps and seed are
+    used; its faults and SLAs are not — the Chaos Toolkit experiment's method and hypothesis
+    play those parts) or the job's shape: ``preset`` (default ``tiny``), ``steps`` (30),
+    ``nodes`` (2), ``procs_per_node`` (1), ``min_nodes``, ``checkpoint_every`` (10), ``seed``
+    (0) and trainer ``overrides``. The run directory is ``run_dir`` if given, else a new
+    ``<report_dir>/<name>-<timestamp>``. The job lives as long as this ``chaos`` process, or
+    until ``stop_training`` / the run context's end.
+    """
+    exp = _build_experiment(experiment_file, preset=preset, steps=steps, nodes=nodes,
+                           procs_per_node=procs_per_node, min_nodes=min_nodes,
+                           checkpoint_every=checkpoint_every, seed=seed, overrides=overrides,
+                           name=name)
+    path = Path(run_dir) if run_dir else new_run_folder(Path(report_dir), exp.name)
+    if (path / "launch.json").exists() and _jobs.job_running(path):
+        raise TargetError(f"run_dir: a job is already running in {str(path)!r}; attach to it "
+                          f"by passing it as run_dir to the actions, or choose another one")
+    return str(_jobs.launch(exp, path).target.run_dir)
+
+
+def stop_training(run_dir: str | None = None, configuration: dict | None = None) -> dict:
+    """Stop and reap a job this ``chaos`` process launched (stopped processes are continued
+    first). A job that was attached to is never stopped: that is not ours to end."""
+    path = _jobs.resolve_run_dir(run_dir, configuration)
+    if _jobs.launched(path) is None:
+        raise TargetError(f"run_dir: the job in {str(path)!r} was not launched by this chaos "
+                          f"process; chaosfaultlab stops only jobs it launched")
+    return _jobs.stop(path)
+
+
+def _build_experiment(experiment_file: str | None, *, name: str = "chaos",
+                     **shape: Any) -> Experiment:
+    """The faultlab experiment a job is launched from (file, or shape with defaults)."""
+    given = {k: v for k, v in shape.items() if v is not None}
+    try:
+        if experiment_file:
+            if given:
+                raise TargetError(f"experiment_file: {experiment_file!r} defines the job; "
+                                  f"leave out {', '.join(sorted(given))} (or the file)")
+            return load_experiment(experiment_file)
+        data: dict[str, Any] = {
+            "name": name, "seed": given.get("seed", 0),
+            "target": {"trainer": "reference", "preset": given.get("preset", "tiny"),
+                       "overrides": given.get("overrides") or {}},
+            "topology": {"nodes": given.get("nodes", 2),
+                         "procs_per_node": given.get("procs_per_node", 1),
+                         "min_nodes": given.get("min_nodes")},
+            "run": {"steps": given.get("steps", 30),
+                    "checkpoint_every": given.get("checkpoint_every", 10)},
+        }
+        return experiment_from_dict(data)
+    except InvalidExperimentError as e:
+        raise TargetError(f"the training job is invalid: {e}") from None
+    except OSError as e:
+        raise TargetError(f"experiment_file: cannot read {experiment_file!r}: {e}") from None
