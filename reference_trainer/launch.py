@@ -85,6 +85,8 @@ class LocalJob:
     _store: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _killed: set[str] = field(default_factory=set, init=False)
     _t0: float = field(default=0.0, init=False)
+    _rdzv_id: str = field(default_factory=lambda: f"faultlab-{uuid.uuid4().hex[:12]}",
+                          init=False)
 
     def __post_init__(self) -> None:
         if (self.cfg is None) == (self.command is None):
@@ -190,7 +192,7 @@ class LocalJob:
                "--nnodes", f"{self.min_nodes}:{self.nodes}",
                "--nproc-per-node", str(self.procs_per_node),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-               "--rdzv-id", f"faultlab-{self.run_dir.name}",
+               "--rdzv-id", self._rdzv_id,
                "--max-restarts", str(self.max_restarts),
                "--local-addr", "127.0.0.1"]
         if conf:
@@ -209,7 +211,7 @@ class LocalJob:
 
     def _write_launch_json(self, endpoint: str) -> None:
         info = {
-            "rdzv_endpoint": endpoint,
+            "rdzv_endpoint": endpoint, "rdzv_id": self._rdzv_id,
             "store_pid": self._store.pid if self._store else None,
             "nodes": [{"node": n.name, "agent_pid": n.popen.pid, "log": str(n.log_path)}
                       for n in self._nodes],

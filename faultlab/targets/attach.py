@@ -66,7 +66,8 @@ class AttachedTarget(JobContext):
         self.info = read_launch_info(self.run_dir)
         self.stream = EventStream(self.run_dir)
         self._started_t = float(self.info.get("started_t") or 0.0)
-        self._rdzv_id = f"faultlab-{self.run_dir.name}"
+        # launch.json names the rendezvous id (older launches derived it from the folder name)
+        self._rdzv_id = str(self.info.get("rdzv_id") or f"faultlab-{self.run_dir.name}")
 
     def refresh(self) -> None:
         self.stream.poll()  # no engine polls for us: read what the job wrote since last time
