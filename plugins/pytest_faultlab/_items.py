@@ -1,0 +1,200 @@
+"""Experiment YAML files as pytest items, and the text an SLA failure shows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from faultlab.errors import InvalidExperimentError
+from pytest_faultlab._messages import INVALID_EXPERIMENT, JOURNAL, RUN_ERROR, SLA_FAILED
+from pytest_faultlab._options import Settings
+
+__all__ = ["ExperimentFailed", "ExperimentFile", "ExperimentItem", "looks_like_experiment",
+           "record_properties", "sla_table", "settings_key"]
+
+settings_key = pytest.StashKey[Settings]()
+
+
+def looks_like_experiment(path: Path) -> bool:
+    """Cheap check for YAML found under ``faultlab_experiments``: a mapping with ``name`` and
+    ``faults`` or ``suite``. YAML that does not parse is collected (it fails, located):
+    it lies where experiments are kept, so it is most likely a broken one."""
+    try:
+        data = yaml.safe_load(path.read_bytes())
+    except (OSError, yaml.YAMLError):
+        return True
+    return isinstance(data, dict) and "name" in data and ("faults" in data or "suite" in data)
+
+
+class ExperimentFailed(Exception):
+    """An experiment ran and an SLA failed (or the run broke); carries the ``RunResult``."""
+
+    def __init__(self, result: Any, notes: list[str]) -> None:
+        self.result = result
+        self.notes = notes
+        super().__init__(sla_table(result))
+
+
+class ExperimentFile(pytest.File):
+    """One experiment document: an item per experiment (a suite's members, in order)."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        from faultlab.spec import load_experiments
+
+        settings = self.config.stash[settings_key]
+        shown = _shown(self.path, self.config.invocation_params.dir)
+        try:
+            experiments = load_experiments([shown], seed=settings.seed)
+        except InvalidExperimentError as e:
+            yield ExperimentItem.from_parent(self, name=_name_of(self.path), experiment=None,
+                                             source=shown, problem=e)
+            return
+        seen: dict[str, int] = {}
+        for source, exp in experiments:
+            seen[exp.name] = seen.get(exp.name, 0) + 1
+            name = exp.name if seen[exp.name] == 1 else f"{exp.name}[{seen[exp.name]}]"
+            yield ExperimentItem.from_parent(self, name=name, experiment=exp, source=source,
+                                             problem=None)
+
+
+class ExperimentItem(pytest.Item):
+    """Runs one experiment; passes when every SLA holds."""
+
+    def __init__(self, *, experiment: Any, source: Path,
+                 problem: InvalidExperimentError | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.experiment = experiment
+        self.source = source
+        self.problem = problem
+        if experiment is not None and self.config.pluginmanager.hasplugin("timeout"):
+            # The repo-wide timeout (e.g. 120 s) is for unit tests; an experiment bounds
+            # itself with run.timeout_s (twice when a golden run may be needed first).
+            runs = 2 if experiment.expect.bitwise_equal_to_golden is not None else 1
+            self.add_marker(pytest.mark.timeout(runs * experiment.run.timeout_s + 120))
+
+    def runtest(self) -> None:
+        if self.problem is not None:
+            raise self.problem
+        from faultlab.engine import run_experiment
+
+        settings = self.config.stash[settings_key]
+        view = NotesView()
+        result = run_experiment(self.experiment, source=self.source,
+                                report_dir=settings.report_dir,
+                                golden_cache=settings.golden_cache, view=view)
+        record_properties(self.user_properties, result)
+        if not result.passed:
+            raise ExperimentFailed(result, view.notes)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | Any:
+        if isinstance(excinfo.value, InvalidExperimentError):
+            return invalid_text(excinfo.value)
+        if isinstance(excinfo.value, ExperimentFailed):
+            notes = "\n".join(f"  {n}" for n in excinfo.value.notes)
+            return str(excinfo.value) + (f"\nwhat happened:\n{notes}" if notes else "")
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"faultlab experiment {self.name}"
+
+
+class NotesView:
+    """Keeps the engine's notes (fault injected, undone, timeout) for a failure message."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def start(self, name: str, total_steps: int) -> None: ...
+    def on_events(self, records: list[dict[str, Any]]) -> None: ...
+    def stop(self) -> None: ...
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def invalid_text(error: InvalidExperimentError) -> str:
+    lines = [INVALID_EXPERIMENT.format(count=len(error.problems))]
+    lines += [f"  {p}" for p in error.problems]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "not measured"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def sla_table(result: Any) -> str:
+    """The SLA table as plain text: name, bound, measured, result, note; then the journal."""
+    from faultlab.spec import SLA_KINDS
+
+    failed = len(result.failures())
+    head = SLA_FAILED.format(name=result.name, failed=failed, total=len(result.slas)) \
+        if not result.passed else f"{result.name}: PASS"
+    rows = [("SLA", "bound", "measured", "result", "note")]
+    for s in result.slas:
+        op = {"max": "<= ", "min": ">= "}.get(SLA_KINDS.get(s.name, "bool"), "")
+        rows.append((s.name, op + str(s.bound), _fmt(s.measured),
+                     "pass" if s.passed else "FAIL", s.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [head]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True))
+                     + ("  " + r[4] if r[4] else "").rstrip())
+    if result.error:
+        lines.append(RUN_ERROR.format(error=result.error))
+    lines.append(JOURNAL.format(path=result.journal_path))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def record_properties(props: list[tuple[str, object]], result: Any) -> None:
+    """What JUnit XML carries: the verdict, every metric and every SLA's measurement."""
+    props.append(("faultlab.verdict", result.verdict))
+    props.append(("faultlab.journal", str(result.journal_path)))
+    for key, value in result.metrics.to_dict().items():
+        if key == "faults":
+            continue
+        props.append((f"faultlab.{key}", _prop(value)))
+    for fm in result.metrics.faults:
+        for key, value in dataclasses.asdict(fm).items():
+            if key != "fault_id":
+                props.append((f"faultlab.fault.{fm.fault_id}.{key}", _prop(value)))
+    for s in result.slas:
+        props.append((f"faultlab.sla.{s.name}.bound", _prop(s.bound)))
+        props.append((f"faultlab.sla.{s.name}.measured", _prop(s.measured)))
+        props.append((f"faultlab.sla.{s.name}.result", "pass" if s.passed else "fail"))
+
+
+def _prop(value: Any) -> object:
+    if value is None:
+        return "not measured"
+    if isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _shown(path: Path, cwd: Path) -> Path:
+    """The path as a person would type it: relative to the current folder when inside it
+    (messages then read ``experiments/x.yaml:14 ...``, as from ``faultlab validate``)."""
+    try:
+        return path.relative_to(cwd)
+    except ValueError:
+        return path
+
+
+def _name_of(path: Path) -> str:
+    """The experiment's name for an item whose document is invalid (its stem otherwise)."""
+    try:
+        data = yaml.safe_load(path.read_bytes())
+    except (OSError, yaml.YAMLError):
+        return path.stem
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name.strip() else path.stem

@@ -1,0 +1,27 @@
+"""Every user-visible message of the plugin, in one place so tests import them instead of
+retyping them. ``{placeholders}`` are filled with ``str.format``."""
+
+from __future__ import annotations
+
+BAD_INTEGER = "{setting} from {source} is not an integer in [0, 2**63); use e.g. 0 or 1234"
+BAD_DIRECTORY = "{setting} from {source} is not a directory ({path}); point it at a folder"
+MISSING_PATH = ("{setting} from {source}: no such file or directory: {path}; list experiment "
+                "files or folders that exist")
+INVALID_EXPERIMENT = "invalid experiment ({count} problem(s)); nothing was run or injected:"
+SLA_FAILED = "{name}: FAIL ({failed} of {total} SLA(s) failed)"
+RUN_ERROR = "the run broke: {error}"
+JOURNAL = "journal: {path}"
+NO_MARKER = ("the faultlab_result fixture needs a @pytest.mark.faultlab_experiment(...) marker "
+             "on {nodeid} (an experiment dict, a YAML path or an Experiment)")
+MARKER_WITHOUT_FIXTURE = ("{nodeid} has @pytest.mark.faultlab_experiment but does not ask for "
+                          "the faultlab_result fixture, so its experiment would never run; add "
+                          "a faultlab_result argument")
+BAD_MARKER = ("@pytest.mark.faultlab_experiment on {nodeid} takes one experiment (a dict, a "
+              "YAML path or an Experiment), got {value}")
+BAD_EXPERIMENT_ARG = ("faultlab.run() takes an experiment dict, a YAML path or an Experiment, "
+                      "got {value}")
+SUITE_IN_RUN = ("{path} is a suite of {count} experiments; faultlab.run() runs one experiment "
+                "(collect the suite as test items with `pytest {path}` instead)")
+MARKER_HELP = ("faultlab_experiment(experiment, *, seed=None): run this faultlab experiment "
+               "(a dict, a YAML path relative to the test file, or an Experiment) and pass its "
+               "RunResult to the test's faultlab_result argument")

@@ -1,0 +1,170 @@
+"""faultlab's pytest plugin (entry point ``pytest11``, name ``faultlab``).
+
+Experiments as test items::
+
+    pytest experiments/rank_kill.yaml                 # a YAML file given on the command line
+    pytest --faultlab-experiments experiments -n 2    # every experiment under these paths
+    pytest experiments/suite.yaml                     # a suite: one item per member
+
+An item is named after its experiment and passes when every SLA holds. A failing item shows
+the SLA table (SLA, bound, measured, result, note), what the engine did and the journal path,
+without a traceback; an invalid document is one failing item listing its located problems
+(``x.yaml:14 faults[0].trigger.at_step: ...``), nothing is run. YAML is collected only when
+given on the command line, or when it lies under a ``faultlab_experiments`` path and looks like
+an experiment (a mapping with ``name`` and ``faults`` or ``suite``), so a plain ``pytest``
+never starts collecting other YAML. JUnit XML (``--junitxml``) carries ``faultlab.verdict``,
+``faultlab.journal``, every metric as ``faultlab.<metric>`` (``faultlab.resume_time_s``, ...),
+per fault ``faultlab.fault.<id>.<metric>``, and per SLA ``faultlab.sla.<name>.bound``,
+``.measured`` and ``.result``.
+
+Settings, each a flag and an ini key (the flag wins; ini paths are relative to the ini file,
+flag paths to the current folder; a bad value stops pytest and says where it came from):
+
+    --faultlab-report-dir DIR     faultlab_report_dir     run folders (default <rootdir>/reports)
+    --faultlab-golden-cache DIR   faultlab_golden_cache   golden runs (default REPORT_DIR/.golden)
+    --faultlab-seed N             faultlab_seed           overrides every experiment's seed
+    --faultlab-experiments PATH.. faultlab_experiments    files/folders collected as items
+
+Paths of the flag are always collected; those of the ini key only when pytest was given no
+paths (a plain ``pytest`` runs ``testpaths`` and the experiments).
+
+From Python, the ``faultlab`` fixture (see ``FaultlabRunner``)::
+
+    def test_kill(faultlab):
+        result = faultlab.run("rank_kill.yaml", seed=3)     # or a dict, or an Experiment
+        assert result.metrics.lost_steps <= 5
+        journal = json.loads(result.journal_path.read_text())
+        faultlab.assert_passed(result)                      # fails with the SLA table
+
+and experiments declared next to a test with the marker, whose ``RunResult`` arrives as
+``faultlab_result`` (the marker without that argument is an error: it would run nothing)::
+
+    @pytest.mark.faultlab_experiment({"name": "kill", ..., "expect": {"completes": True}})
+    def test_kill(faultlab_result):
+        assert faultlab_result.passed, faultlab_result.failures()
+
+xdist: ``-n 2`` is safe. Each item gets its own run folder (``<name>-<timestamp>[-N]``,
+created atomically), its own rendezvous store on a free port, its own torchrun master port and
+job folder; golden runs are shared through a per-key file lock. ``python -m
+pytest_faultlab.soak --rounds 10`` runs the shipped suite under ``-n 2`` N times in a row and
+prints a summary (collisions included).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_faultlab._fixture import FaultlabRunner
+from pytest_faultlab._items import (
+    ExperimentFailed,
+    ExperimentFile,
+    ExperimentItem,
+    looks_like_experiment,
+    settings_key,
+    sla_table,
+)
+from pytest_faultlab._messages import (
+    BAD_DIRECTORY,
+    BAD_EXPERIMENT_ARG,
+    BAD_INTEGER,
+    BAD_MARKER,
+    INVALID_EXPERIMENT,
+    JOURNAL,
+    MARKER_HELP,
+    MARKER_WITHOUT_FIXTURE,
+    MISSING_PATH,
+    NO_MARKER,
+    RUN_ERROR,
+    SLA_FAILED,
+    SUITE_IN_RUN,
+)
+from pytest_faultlab._options import OPTIONS, Settings, add_options, read_settings
+
+__all__ = [
+    "BAD_DIRECTORY",
+    "BAD_EXPERIMENT_ARG",
+    "BAD_INTEGER",
+    "BAD_MARKER",
+    "INVALID_EXPERIMENT",
+    "JOURNAL",
+    "MARKER_WITHOUT_FIXTURE",
+    "MISSING_PATH",
+    "NO_MARKER",
+    "OPTIONS",
+    "RUN_ERROR",
+    "SLA_FAILED",
+    "SUITE_IN_RUN",
+    "ExperimentFailed",
+    "ExperimentFile",
+    "ExperimentItem",
+    "FaultlabRunner",
+    "Settings",
+    "faultlab",
+    "faultlab_result",
+    "sla_table",
+]
+
+MARKER = "faultlab_experiment"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_HELP)
+    settings = read_settings(config)
+    config.stash[settings_key] = settings
+    # Paths of the flag are always collected; those of the ini key when pytest was given no
+    # paths. A path already inside an argument is found by the normal walk.
+    if settings.experiments and (settings.experiments_from_flag
+                                 or config.args_source != pytest.Config.ArgsSource.ARGS):
+        base = config.invocation_params.dir
+        given = [(base / a.split("::")[0]).resolve() for a in config.args]
+        for path in settings.experiments:
+            if not any(path == g or g in path.parents for g in given):
+                config.args.append(str(path))
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ExperimentFile | None:
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    settings = parent.config.stash[settings_key]
+    if not parent.session.isinitpath(file_path):
+        resolved = file_path.resolve()
+        if not settings.covers(resolved) or not looks_like_experiment(resolved):
+            return None
+    return ExperimentFile.from_parent(parent, path=file_path)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker(MARKER) is not None and \
+            "faultlab_result" not in getattr(item, "fixturenames", ()):
+        pytest.fail(MARKER_WITHOUT_FIXTURE.format(nodeid=item.nodeid), pytrace=False)
+
+
+@pytest.fixture
+def faultlab(request: pytest.FixtureRequest) -> FaultlabRunner:
+    """Run faultlab experiments from a test: ``faultlab.run(dict | path | Experiment)``."""
+    return FaultlabRunner(request)
+
+
+@pytest.fixture
+def faultlab_result(request: pytest.FixtureRequest, faultlab: FaultlabRunner) -> Any:
+    """The ``RunResult`` of the test's ``@pytest.mark.faultlab_experiment(...)``."""
+    marker = request.node.get_closest_marker(MARKER)
+    if marker is None:
+        pytest.fail(NO_MARKER.format(nodeid=request.node.nodeid), pytrace=False)
+    if len(marker.args) != 1 or set(marker.kwargs) - {"seed"}:
+        value = ", ".join([*map(repr, marker.args),
+                           *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
+        pytest.fail(BAD_MARKER.format(nodeid=request.node.nodeid, value=value or "nothing"),
+                    pytrace=False)
+    try:
+        return faultlab.run(marker.args[0], seed=marker.kwargs.get("seed"))
+    except TypeError:  # not a dict, a path or an Experiment
+        pytest.fail(BAD_MARKER.format(nodeid=request.node.nodeid,
+                                      value=repr(marker.args[0])[:200]), pytrace=False)

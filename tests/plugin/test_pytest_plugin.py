@@ -1,0 +1,287 @@
+"""The pytest plugin through ``pytester``: collection rules, suites, invalid documents, options
+and their bad values, the fixture and the marker — without launching a job — and one session
+of real runs (a passing item with its JUnit properties, a failing item's SLA table, the
+marker's result)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from types import SimpleNamespace
+
+import pytest
+from pytest_faultlab.plugin import (
+    BAD_DIRECTORY,
+    BAD_INTEGER,
+    BAD_MARKER,
+    INVALID_EXPERIMENT,
+    JOURNAL,
+    MARKER_WITHOUT_FIXTURE,
+    MISSING_PATH,
+    NO_MARKER,
+    SLA_FAILED,
+    SUITE_IN_RUN,
+    sla_table,
+)
+
+pytest_plugins = ["pytester"]
+
+TINY = """\
+name: {name}
+seed: 0
+target: {{trainer: reference, preset: tiny}}
+topology: {{nodes: 2, procs_per_node: 1}}
+run: {{steps: 12, checkpoint_every: 5, timeout_s: 240}}
+faults:
+  - id: kill-rank-1
+    type: rank_kill
+    target: {{rank: 1}}
+    trigger: {{at_step: 6}}
+expect:
+  completes: true
+{expect}"""
+
+PASSING = "  max_restarts: 1\n  lost_steps: 5\n  samples_exactly_once: true\n"
+FAILING = "  resume_time_s: 0.001\n"
+
+
+def tiny(name: str, expect: str = PASSING) -> str:
+    return TINY.format(name=name, expect=expect)
+
+
+def bad(name: str = "bad") -> str:
+    return tiny(name).replace("at_step: 6", "at_step: ten")
+
+
+def collected(result: pytest.RunResult) -> list[str]:
+    return sorted(line for line in result.outlines if "::" in line)
+
+
+# ---------------------------------------------------------------------------- collection
+
+
+def test_yaml_given_on_the_command_line_is_one_item_named_after_its_experiment(
+        pytester: pytest.Pytester) -> None:
+    pytester.makefile(".yaml", kill=tiny("my_kill"))
+    result = pytester.runpytest_subprocess("kill.yaml", "--collect-only", "-q")
+    assert collected(result) == ["kill.yaml::my_kill"]
+
+
+def test_plain_pytest_collects_no_yaml_and_the_option_only_experiments(
+        pytester: pytest.Pytester) -> None:
+    pytester.mkdir("exps")
+    (pytester.path / "exps" / "kill.yaml").write_text(tiny("kill"))
+    (pytester.path / "exps" / "ci.yaml").write_text("jobs: {build: {runs-on: x}}\nname: ci\n")
+    (pytester.path / "other.yaml").write_text(tiny("elsewhere"))
+    pytester.makepyfile(test_plain="def test_ok(): pass")
+
+    plain = pytester.runpytest_subprocess("--collect-only", "-q")
+    assert collected(plain) == ["test_plain.py::test_ok"]
+
+    opt = pytester.runpytest_subprocess("--collect-only", "-q", "--faultlab-experiments", "exps")
+    assert collected(opt) == ["exps/kill.yaml::kill", "test_plain.py::test_ok"]
+
+
+def test_ini_paths_are_added_only_when_pytest_is_given_no_paths(
+        pytester: pytest.Pytester) -> None:
+    pytester.mkdir("exps")
+    (pytester.path / "exps" / "kill.yaml").write_text(tiny("kill"))
+    pytester.makeini("[pytest]\nfaultlab_experiments = exps\n")
+    pytester.makepyfile(test_plain="def test_ok(): pass")
+    assert collected(pytester.runpytest_subprocess("--collect-only", "-q")) == [
+        "exps/kill.yaml::kill", "test_plain.py::test_ok"]
+    assert collected(pytester.runpytest_subprocess("test_plain.py", "--collect-only", "-q")) \
+        == ["test_plain.py::test_ok"]
+
+
+def test_a_suite_yields_one_item_per_member_in_order(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".yaml", a=tiny("alpha"), b=tiny("beta"),
+                      suite="name: both\nsuite: [b.yaml, a.yaml]\n")
+    result = pytester.runpytest_subprocess("suite.yaml", "--collect-only", "-q")
+    assert [line for line in result.outlines if "::" in line] == [
+        "suite.yaml::beta", "suite.yaml::alpha"]
+
+
+def test_an_invalid_experiment_is_one_failing_item_with_located_problems_and_runs_nothing(
+        pytester: pytest.Pytester) -> None:
+    pytester.makefile(".yaml", bad=bad("broken"), good=tiny("fine"))
+    result = pytester.runpytest_subprocess("bad.yaml", "-n", "2", "--collect-only", "-q")
+    assert collected(result) == ["bad.yaml::broken"]  # collection itself does not crash
+
+    result = pytester.runpytest_subprocess("bad.yaml", "-n", "2")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert INVALID_EXPERIMENT.format(count=1) + \
+        "\n  bad.yaml:10 faults[0].trigger.at_step: expected an integer, got 'ten'" in out
+    assert "Traceback" not in out
+    assert not (pytester.path / "reports").exists()
+
+
+# ---------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("where", ["pytest.ini", "pyproject.toml", "override"])
+def test_a_bad_seed_says_where_it_came_from(pytester: pytest.Pytester, where: str) -> None:
+    args: list[str] = []
+    if where == "pytest.ini":
+        pytester.makefile(".ini", pytest="[pytest]\nfaultlab_seed = x\n")
+        source = "[pytest] in pytest.ini"
+    elif where == "pyproject.toml":
+        pytester.makepyprojecttoml("[tool.pytest.ini_options]\nfaultlab_seed = 'x'\n")
+        source = "[tool.pytest.ini_options] in pyproject.toml"
+    else:
+        args = ["-o", "faultlab_seed=x"]
+        source = "-o/--override-ini"
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert BAD_INTEGER.format(setting="faultlab_seed = 'x'", source=source) in \
+        result.stderr.str()
+
+
+def test_the_flag_beats_the_ini_key_and_the_seed_reaches_experiments(
+        pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nfaultlab_seed = not-a-number\n")
+    pytester.makefile(".yaml", kill=tiny("kill"))
+    pytester.makepyfile(test_seed="""
+        import yaml
+        def test_seed(faultlab):
+            exp, source = faultlab.load(yaml.safe_load(open("kill.yaml")))
+            assert exp.seed == 7 and source is None
+            exp, source = faultlab.load("kill.yaml", seed=9)
+            assert exp.seed == 9 and source.name == "kill.yaml"
+    """)
+    pytester.runpytest_subprocess("--faultlab-seed", "7").assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess("--faultlab-seed=-3")
+    assert BAD_INTEGER.format(setting="--faultlab-seed '-3'",
+                              source="the command line (--faultlab-seed)") in result.stderr.str()
+
+
+def test_bad_paths_say_where_they_came_from(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".txt", afile="x")
+    result = pytester.runpytest_subprocess("--faultlab-report-dir", "afile.txt")
+    assert BAD_DIRECTORY.format(
+        setting="--faultlab-report-dir 'afile.txt'",
+        source="the command line (--faultlab-report-dir)",
+        path=pytester.path / "afile.txt") in result.stderr.str()
+
+    pytester.makefile(".ini", pytest="[pytest]\nfaultlab_experiments = nowhere\n")
+    result = pytester.runpytest_subprocess()
+    assert MISSING_PATH.format(
+        setting="faultlab_experiments = 'nowhere'", source="[pytest] in pytest.ini",
+        path=pytester.path / "nowhere") in result.stderr.str()
+
+
+# ---------------------------------------------------------------------- fixture and marker
+
+
+def test_marker_and_fixture_misuse_fail_with_a_message(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\naddopts = --strict-markers\n")
+    pytester.makepyfile(test_misuse="""
+        import pytest
+
+        @pytest.mark.faultlab_experiment({"name": "x"})
+        def test_unused():
+            pass
+
+        def test_no_marker(faultlab_result):
+            pass
+
+        @pytest.mark.faultlab_experiment(42)
+        def test_wrong_type(faultlab_result):
+            pass
+
+        @pytest.mark.faultlab_experiment({"name": "x", "faults": "kill"})
+        def test_invalid_dict(faultlab_result):
+            pass
+
+        def test_suite_path(faultlab):
+            faultlab.run("suite.yaml")
+    """)
+    pytester.makefile(".yaml", a=tiny("alpha"), b=tiny("beta"),
+                      suite="name: both\nsuite: [a.yaml, b.yaml]\n")
+    result = pytester.runpytest_subprocess("-rA")
+    result.assert_outcomes(failed=1, errors=4)
+    out = result.stdout.str()
+    assert MARKER_WITHOUT_FIXTURE.format(nodeid="test_misuse.py::test_unused") in out
+    assert NO_MARKER.format(nodeid="test_misuse.py::test_no_marker") in out
+    assert BAD_MARKER.format(nodeid="test_misuse.py::test_wrong_type", value="42") in out
+    assert "test_misuse.py::test_invalid_dict faults:" in out
+    assert SUITE_IN_RUN.format(path=pytester.path / "suite.yaml", count=2) in out
+    assert not (pytester.path / "reports").exists()
+
+
+def test_sla_table_shows_bound_measured_result_and_note() -> None:
+    from faultlab.engine import SLAResult
+
+    result = SimpleNamespace(
+        name="kill", verdict="fail", error=None, journal_path="r/kill/journal.json",
+        slas=[SLAResult("completes", True, True, True),
+              SLAResult("resume_time_s", 0.001, 3.25, False),
+              SLAResult("lost_steps", 10, None, False, "not measured: no events")])
+    result.passed = False
+    result.failures = lambda: [s for s in result.slas if not s.passed]
+    lines = sla_table(result).splitlines()
+    assert lines[0] == SLA_FAILED.format(name="kill", failed=2, total=3)
+    assert lines[1].split() == ["SLA", "bound", "measured", "result", "note"]
+    assert lines[3].split() == ["resume_time_s", "<=", "0.001", "3.250", "FAIL"]
+    assert lines[4].split()[:5] == ["lost_steps", "<=", "10", "not", "measured"]
+    assert lines[-1] == JOURNAL.format(path="r/kill/journal.json")
+
+
+# -------------------------------------------------------------------------------- real runs
+
+
+MARKED = """
+import json
+import pytest
+import yaml
+
+EXP = yaml.safe_load('''{exp}''')
+
+@pytest.mark.faultlab_experiment(EXP)
+def test_marked(faultlab_result, faultlab):
+    assert faultlab_result.passed, faultlab.sla_table(faultlab_result)
+    assert faultlab_result.metrics.restarts == 1
+    assert faultlab_result.metrics.resume_time_s > 0
+    journal = json.loads(faultlab_result.journal_path.read_text())
+    assert journal["verdict"] == "pass" and journal["faults"][0]["id"] == "kill-rank-1"
+    assert faultlab.results == [faultlab_result]
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_real_runs_pass_fail_with_the_sla_table_and_fill_junit(
+        pytester: pytest.Pytester) -> None:
+    pytester.makefile(".yaml", ok=tiny("tiny_ok"), slow=tiny("tiny_slow", FAILING),
+                      suite="name: pair\nsuite: [ok.yaml, slow.yaml]\n")
+    pytester.makepyfile(test_marked=MARKED.format(exp=tiny("tiny_marked")))
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess("suite.yaml", "test_marked.py",
+                                           f"--junitxml={junit}")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        SLA_FAILED.format(name="tiny_slow", failed=1, total=3),
+        "SLA * bound * measured * result*",
+        "completes * True * True * pass",
+        "resume_time_s * <= 0.001 * * FAIL",
+        JOURNAL.format(path=str(pytester.path / "reports") + "/tiny_slow-*/journal.json"),
+        "what happened:",
+        "  injected kill-rank-1*",
+    ])
+    assert "Traceback" not in result.stdout.str()
+
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    props = {p.get("name"): p.get("value") for p in cases["tiny_ok"].iter("property")}
+    assert props["faultlab.verdict"] == "pass"
+    assert props["faultlab.sla.lost_steps.bound"] == "5"
+    assert props["faultlab.sla.lost_steps.result"] == "pass"
+    assert float(props["faultlab.resume_time_s"]) > 0
+    assert props["faultlab.restarts"] == "1"
+    assert float(props["faultlab.sla.lost_steps.measured"]) <= 5
+    assert props["faultlab.journal"].endswith("journal.json")
+    slow = {p.get("name"): p.get("value") for p in cases["tiny_slow"].iter("property")}
+    assert slow["faultlab.sla.resume_time_s.result"] == "fail"
+    assert float(slow["faultlab.sla.resume_time_s.measured"]) > 0.001
+    marked = {p.get("name"): p.get("value") for p in cases["test_marked"].iter("property")}
+    assert marked["faultlab.verdict"] == "pass"
+    assert len(list((pytester.path / "reports").glob("*/journal.json"))) == 3
