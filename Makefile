@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/faultlab run experiments/rank_kill.yaml
 
+# The shipped experiments that must pass run as pytest items through our own plugin, beside
+# the tests, two at a time (rank_hang_default_timeouts fails by design; its test expects that).
+SHIPPED := experiments/rank_kill.yaml experiments/rank_hang.yaml \
+	experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
+	experiments/ckpt_torn_write.yaml
+
 test: $(STAMP)
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 tests $(SHIPPED)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_trainer.py
