@@ -29,7 +29,7 @@ from faultlab.engine.golden import GoldenRun, golden_run
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
-from faultlab.faults import Fault
+from faultlab.faults import Fault, Victim
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import SLA_KINDS, SLAS, Experiment, resolve_selector
@@ -284,7 +284,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: Null
     spec = exp.faults[index]
     fid = spec.id if nth == 1 else f"{spec.id}#{nth}"
     kind, value = resolve_selector(exp, index, occurrence=nth - 1)
-    victim = _Victim(kind, value)
+    victim = Victim(kind, value)
     fault = spec.build()
     known = {e["pid"] for e in target.stream.events if e.get("kind") == "start"}
     injected_t = time.time()
@@ -313,15 +313,6 @@ def _undo(act: _Active, target: LocalTarget | None, records: list[FaultRecord],
     records[records.index(act.record)] = undone
     act.record = undone
     view.note(f"undone {act.record.id} {json.dumps(details, default=str)[:60]}")
-
-
-@dataclass(frozen=True, slots=True)
-class _Victim:
-    kind: str
-    value: int | None
-
-    def __str__(self) -> str:
-        return "all ranks" if self.kind == "all" else f"{self.kind} {self.value}"
 
 
 def _record_dict(r: FaultRecord) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -29,11 +30,15 @@ class FaultParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Victim(Protocol):
-    """What a target selector resolved to: one rank, one node, or every rank."""
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """What a target selector resolved to: one rank, one node, or every rank (``all``)."""
 
     kind: str  # "rank" | "node" | "all"
-    value: int | None
+    value: int | None = None
+
+    def __str__(self) -> str:
+        return "all" if self.kind == "all" else f"{self.kind} {self.value}"
 
 
 class FaultContext(Protocol):

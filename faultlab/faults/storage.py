@@ -81,6 +81,15 @@ def _files(ckpt: Path, region: Region) -> list[Path]:
     return files
 
 
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    """Write ``data`` at ``offset`` in place and make it durable (the damage must stick)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _rng(ctx: FaultContext, victim: Victim, what: str) -> random.Random:
     return ctx.rng(f"{what}/{victim.kind}/{victim.value}")
 
@@ -114,13 +123,10 @@ class CkptBitflipFault(_StorageFault):
             for _ in range(p.num_bits):
                 path = rng.choice(files)
                 offset, bit = rng.randrange(path.stat().st_size), rng.randrange(8)
-                with open(path, "r+b") as f:
+                with open(path, "rb") as f:
                     f.seek(offset)
                     byte = f.read(1)[0]
-                    f.seek(offset)
-                    f.write(bytes([byte ^ (1 << bit)]))
-                    f.flush()
-                    os.fsync(f.fileno())
+                _overwrite(path, offset, bytes([byte ^ (1 << bit)]))
                 flips.append({"file": _rel(ctx, path), "offset": offset, "bit": bit})
         return {"checkpoints": [str(c) for c in ckpts], "flips": flips}
 
@@ -164,11 +170,7 @@ class CkptZeroRangeFault(_StorageFault):
             size = path.stat().st_size
             length = min(p.length_bytes, size)
             offset = rng.randrange(size - length + 1)
-            with open(path, "r+b") as f:
-                f.seek(offset)
-                f.write(b"\0" * length)
-                f.flush()
-                os.fsync(f.fileno())
+            _overwrite(path, offset, b"\0" * length)
             done.append({"file": _rel(ctx, path), "offset": offset, "length": length})
         return {"checkpoints": [str(c) for c in ckpts], "zeroed": done}
 

@@ -35,7 +35,7 @@ from chaosfaultlab import _jobs
 from chaosfaultlab._state import ActionLog, InjectionState
 from faultlab.engine.runner import new_run_folder
 from faultlab.errors import FaultError, FaultlabError, InvalidExperimentError, TargetError
-from faultlab.faults import Fault, fault_types
+from faultlab.faults import Fault, Victim, fault_types
 from faultlab.spec import Experiment, experiment_from_dict, load_experiment
 from faultlab.targets.base import JobContext
 
@@ -52,15 +52,6 @@ __all__ = [
 ]
 
 TARGET_FORMS = '{"rank": N}, {"node": N} (index or name, e.g. "node1") or "all"'
-
-
-@dataclass(frozen=True, slots=True)
-class _Victim:
-    kind: str
-    value: int | None
-
-    def __str__(self) -> str:
-        return "all ranks" if self.kind == "all" else f"{self.kind} {self.value}"
 
 
 @dataclass
@@ -166,7 +157,7 @@ def inject_fault(fault_type: str, target: dict | str, params: dict | None = None
     elif kind == "node" and not int(value or 0) < len(ctx.node_names()):  # type: ignore[arg-type]
         raise FaultError(f"target: node {value} does not exist; the job has "
                          f"{len(ctx.node_names())} nodes (0..{len(ctx.node_names()) - 1})")
-    victim = _Victim(kind, value)  # type: ignore[arg-type]
+    victim = Victim(kind, value)  # type: ignore[arg-type]
     fault = cls(fault_params)
     log = ActionLog(path)
     fid = log.begin(cls.type, str(victim), cls.reversible, time.time())
