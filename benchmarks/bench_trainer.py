@@ -1,6 +1,6 @@
 """Benchmark of the reference trainer and its local elastic launcher: prints one table per section.
 
-    python benchmarks/bench_trainer.py                      # full run, ~15 min on 2 CPU cores
+    python benchmarks/bench_trainer.py                      # full run, ~8 min on 2 idle CPU cores
     python benchmarks/bench_trainer.py --quick              # tiny only, 1 repetition, ~4 min
     python benchmarks/bench_trainer.py --only throughput checkpoint --out results.json
 
