@@ -20,11 +20,9 @@ from pathlib import Path
 import psutil
 
 
-def _reap(pidfile: Path) -> int:
-    try:
-        pids = json.loads(pidfile.read_text())
-    except (OSError, ValueError):
-        return 0
+def continue_and_kill(pids: list[int]) -> int:
+    """SIGCONT then SIGKILL each process and its descendants (a stopped process must be
+    continued to die promptly); returns how many were signalled."""
     procs: list[psutil.Process] = []
     for pid in pids:
         try:
@@ -40,6 +38,14 @@ def _reap(pidfile: Path) -> int:
                 pass
     psutil.wait_procs(procs, timeout=5)
     return len(procs)
+
+
+def _reap(pidfile: Path) -> int:
+    try:
+        pids = json.loads(pidfile.read_text())
+    except (OSError, ValueError):
+        return 0
+    return continue_and_kill(pids)
 
 
 def _alive(pid: int) -> bool:

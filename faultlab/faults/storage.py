@@ -94,6 +94,15 @@ def _rng(ctx: FaultContext, victim: Victim, what: str) -> random.Random:
     return ctx.rng(f"{what}/{victim.kind}/{victim.value}")
 
 
+def _one_file_each(ctx: FaultContext, victim: Victim, fault_type: str,
+                   which: Literal["latest", "all"] | int,
+                   region: Region) -> tuple[list[Path], random.Random, list[Path]]:
+    """The chosen checkpoints, the fault's seeded generator, and one seeded file of each."""
+    rng = _rng(ctx, victim, fault_type)
+    ckpts = _checkpoints(ctx, which)
+    return ckpts, rng, [rng.choice(_files(c, region)) for c in ckpts]
+
+
 def _rel(ctx: FaultContext, path: Path) -> str:
     return str(path.relative_to(ctx.run_dir))
 
@@ -142,10 +151,9 @@ class CkptTruncateFault(_StorageFault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         p: Any = self.params
-        rng = _rng(ctx, victim, self.type)
-        ckpts, done = _checkpoints(ctx, p.checkpoint), []
-        for ckpt in ckpts:
-            path = rng.choice(_files(ckpt, p.region))
+        ckpts, _, paths = _one_file_each(ctx, victim, self.type, p.checkpoint, p.region)
+        done = []
+        for path in paths:
             size = path.stat().st_size
             keep = int(size * p.keep_fraction)
             os.truncate(path, keep)
@@ -163,10 +171,9 @@ class CkptZeroRangeFault(_StorageFault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         p: Any = self.params
-        rng = _rng(ctx, victim, self.type)
-        ckpts, done = _checkpoints(ctx, p.checkpoint), []
-        for ckpt in ckpts:
-            path = rng.choice(_files(ckpt, p.region))
+        ckpts, rng, paths = _one_file_each(ctx, victim, self.type, p.checkpoint, p.region)
+        done = []
+        for path in paths:
             size = path.stat().st_size
             length = min(p.length_bytes, size)
             offset = rng.randrange(size - length + 1)

@@ -6,9 +6,11 @@ importing "conftest" could get the other one.)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
@@ -64,3 +66,17 @@ class Recorder:
     def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind
                 and all(e.get(k) == v for k, v in match.items())]
+
+
+def save_checkpoints(mesh: DeviceMesh, root: Path, steps: tuple[int, ...] = (10, 20)) -> None:
+    """Commit a real checkpoint at each of ``steps`` (a train step before each) under ``root``."""
+    from reference_trainer.checkpoint import CheckpointManager
+
+    model, optimizer = build_fsdp(mesh)
+    mgr = CheckpointManager(root, keep=len(steps) + 1, async_save=False, rank=0, world_size=1,
+                            process_group=dist.group.WORLD, emit=Recorder().emit,
+                            beat=lambda: None)
+    for step in steps:
+        train_step(model, optimizer, seed=step)
+        mgr.save(step, model, optimizer, {"step": step, "config": {"seed": 0, "preset": "tiny"},
+                                          "sampler": {"consumed": 12 * step, "global_batch": 12}})

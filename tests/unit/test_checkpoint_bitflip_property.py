@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist  # noqa: I001
-from fsdp_helpers import Recorder, build_fsdp, train_step
+from fsdp_helpers import Recorder, build_fsdp, save_checkpoints
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.distributed.device_mesh import DeviceMesh
@@ -17,21 +17,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from reference_trainer.checkpoint import CheckpointManager
 
 
-def _state(step: int) -> dict[str, object]:
-    return {"step": step, "sampler": {"consumed": 12 * step, "global_batch": 12},
-            "config": {"seed": 0, "preset": "tiny"}}
-
-
 @pytest.fixture(scope="module")
 def two_checkpoints(mesh: DeviceMesh, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("two") / "checkpoints"
-    model, optimizer = build_fsdp(mesh)
-    mgr = CheckpointManager(root, keep=3, async_save=False, rank=0, world_size=1,
-                            process_group=dist.group.WORLD, emit=Recorder().emit,
-                            beat=lambda: None)
-    for step in (10, 20):
-        train_step(model, optimizer, seed=step)
-        mgr.save(step, model, optimizer, _state(step))
+    save_checkpoints(mesh, root, (10, 20))
     return root
 
 

@@ -20,6 +20,7 @@ import pytest
 from faultlab.errors import FaultError
 from faultlab.faults import fault_types
 from faultlab.faults.process import NodeHangFault, NodeKillFault, RankHangFault, RankKillFault
+from faultlab.reaper import continue_and_kill
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -78,13 +79,7 @@ class Ctx:
             raise FaultError(f"process {pid} is not part of the job")
 
     def cleanup(self) -> None:
-        procs = [psutil.Process(p) for p in self.owned() if psutil.pid_exists(p)]
-        for p in procs:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    p.send_signal(sig)
-                except psutil.Error:
-                    pass
+        continue_and_kill(sorted(self.owned()))
         for p in [*self.ranks_.values(), self.agent]:
             p.wait(timeout=10)
 

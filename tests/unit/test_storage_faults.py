@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
-from fsdp_helpers import Recorder, build_fsdp, train_step
+from fsdp_helpers import save_checkpoints
 from torch.distributed.device_mesh import DeviceMesh
 
 from faultlab.errors import FaultError
@@ -28,7 +27,7 @@ from faultlab.faults.storage import (
     CkptZeroRangeFault,
 )
 from faultlab.observe import FaultRecord, compute_metrics
-from reference_trainer.checkpoint import CheckpointManager, list_checkpoints, verify_checkpoint
+from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
 
 ALL = type("V", (), {"kind": "all", "value": None})()
 
@@ -53,14 +52,7 @@ class Ctx:
 @pytest.fixture(scope="module")
 def template(mesh: DeviceMesh, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("run")
-    root = run_dir / "checkpoints"
-    model, optimizer = build_fsdp(mesh)
-    mgr = CheckpointManager(root, keep=3, async_save=False, rank=0, world_size=1,
-                            process_group=dist.group.WORLD, emit=Recorder().emit,
-                            beat=lambda: None)
-    for step in (10, 20):
-        train_step(model, optimizer, seed=step)
-        mgr.save(step, model, optimizer, {"step": step, "config": {"seed": 0}})
+    save_checkpoints(mesh, run_dir / "checkpoints", (10, 20))
     return run_dir
 
 
