@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.faultlab-installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench lint clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,19 +14,32 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/faultlab run experiments/rank_kill.yaml
+	$(VENV)/bin/faultlab run experiments/prelaunch.yaml
 
 # The shipped experiments that must pass run as pytest items through our own plugin, beside
 # the tests, two at a time (rank_hang_default_timeouts fails by design; its test expects that).
 SHIPPED := experiments/rank_kill.yaml experiments/rank_hang.yaml \
 	experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
-	experiments/ckpt_torn_write.yaml
+	experiments/ckpt_torn_write.yaml experiments/spot_preemption_aws.yaml \
+	experiments/spot_preemption_gce.yaml experiments/nan_gradients.yaml \
+	experiments/collective_delay_straggler.yaml experiments/collective_hang.yaml \
+	experiments/collective_partition.yaml
 
-test: $(STAMP)
+# The HTML report is tested in headless Chromium: install Debian's package when it is missing.
+chromium:
+	@command -v chromium >/dev/null || { \
+	  start_s=$$(date +%s); \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    --no-install-recommends chromium && \
+	  echo "installed chromium in $$(( $$(date +%s) - start_s )) s"; }
+
+test: $(STAMP) chromium
 	$(PY) -m pytest -n 2 tests $(SHIPPED)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_trainer.py
+	$(PY) benchmarks/bench_preemption.py
+	$(PY) benchmarks/bench_runtime.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -76,6 +76,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
+from _table import print_table  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 
 from reference_trainer.config import PRESETS, TrainConfig  # noqa: E402
 from reference_trainer.events import read_events  # noqa: E402
@@ -156,26 +157,6 @@ def pct(fraction: float | None) -> str:
 
 def load_avg_1min() -> float:
     return round(os.getloadavg()[0], 2)
-
-
-def print_table(title: str, setup: list[str], headers: list[str], rows: list[list[str]],
-                notes: list[str] | None = None) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  " + "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
-
-    print(f"\n== {title} ==")
-    for s in setup:
-        print(f"  {s}")
-    print(line(headers))
-    print("  " + "  ".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
-    for n in notes or []:
-        print(f"  note: {n}")
-    sys.stdout.flush()
 
 
 def rank0_steps(events: list[Event]) -> list[Event]:

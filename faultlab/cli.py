@@ -3,17 +3,23 @@
     faultlab run EXPERIMENT... [--report-dir DIR] [--seed N] [--dry-run] [--golden-cache DIR]
     faultlab validate EXPERIMENT...
     faultlab list faults
-    faultlab report RUN_DIR
+    faultlab report RUN_DIR        (a suite's folder: rebuilds report.json, .md and .html)
+    faultlab metadata serve --provider aws|gce|azure [--host H] [--port N] [--node NAME]
+                            [--imds-v2-required] [--notice-in-s S]
 
 Exit codes: 0 every SLA held; 1 an SLA failed (or the run broke); 2 invalid input (nothing was
-run or injected); 130 interrupted (the job was cleaned up).
+run or injected); 130 interrupted (the job was cleaned up). `faultlab metadata serve` runs until
+SIGINT or SIGTERM and then exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,6 +27,9 @@ from rich.table import Table
 
 from faultlab import __version__
 from faultlab.errors import FaultlabError, InvalidExperimentError
+
+if TYPE_CHECKING:
+    from faultlab.spec import PlannedSuite
 
 EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -48,9 +57,43 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT")
     lst = sub.add_parser("list", help="list registered things")
     lst.add_argument("what", choices=["faults"])
-    rep = sub.add_parser("report", help="re-render report.md from a run's journal.json")
+    rep = sub.add_parser("report", help="re-render report.md from a run's journal.json (a "
+                                        "suite run: its report.json, .md and .html)")
     rep.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    md = sub.add_parser("metadata", help="fake cloud metadata endpoints (spot preemption)")
+    md_sub = md.add_subparsers(dest="metadata_command", metavar="{serve}", required=True,
+                               parser_class=_Parser)
+    serve = md_sub.add_parser("serve", help="serve one fake metadata endpoint until SIGINT or "
+                                            "SIGTERM")
+    serve.add_argument("--provider", choices=["aws", "gce", "azure"], required=True,
+                       help="the cloud whose metadata endpoint to play")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default: 127.0.0.1, loopback only)")
+    serve.add_argument("--port", type=_port, default=0, help="port (default: 0, a free one)")
+    serve.add_argument("--node", default="node0", help="the node it plays (default: node0)")
+    serve.add_argument("--imds-v2-required", action="store_true",
+                       help="AWS: refuse requests without an IMDSv2 token (HttpTokens=required)")
+    serve.add_argument("--notice-in-s", type=_seconds, default=None, metavar="S",
+                       help="announce a preemption S seconds after start, with the cloud's "
+                            "usual notice (AWS 120 s, GCE and Azure 30 s)")
     return p
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 0-65535 (0 picks a free "
+                                         f"one)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             return _list_faults(console)
         if args.command == "report":
             return _report(args.run_dir, console)
+        if args.command == "metadata":
+            return _metadata_serve(args, console, err)
         from faultlab.spec import load_experiments
 
         experiments = load_experiments(args.experiments,
@@ -70,9 +115,17 @@ def main(argv: list[str] | None = None) -> int:
             for path, exp in experiments:
                 console.print(f"ok  {path}  ({exp.name}: {len(exp.faults)} fault(s), "
                               f"{len(list(exp.expect.items()))} SLA(s))")
+            for path, suite in _planned_suites(args.experiments):
+                plan = suite.suite.plan
+                console.print(f"ok  {path}  (pre-launch suite {suite.name}: "
+                              f"{len(suite.suite.experiments)} experiment(s); plan "
+                              f"{plan.num_gpus} GPUs in {plan.num_nodes} node(s))")
             return EXIT_PASS
         if args.dry_run:
             return _dry_run(experiments, console)
+        suites = _planned_suites(args.experiments)
+        if suites:
+            return _run_suite(suites[0], experiments, args, console)
         return _run(experiments, args, console)
     except InvalidExperimentError as e:
         err.print(f"[bold red]invalid experiment[/] ({len(e.problems)} problem(s)):")
@@ -100,7 +153,10 @@ def _list_faults(console: Console) -> int:
 
 def _report(run_dir: Path, console: Console) -> int:
     from faultlab.report.journal import read_journal, render_markdown
+    from faultlab.report.prelaunch import is_suite_folder
 
+    if is_suite_folder(run_dir):
+        return _report_suite(run_dir, console)
     try:
         journal = read_journal(run_dir)
     except FileNotFoundError:
@@ -111,6 +167,50 @@ def _report(run_dir: Path, console: Console) -> int:
     (run_dir / "report.md").write_text(render_markdown(journal))
     console.print(f"wrote {run_dir / 'report.md'} (verdict: {journal['verdict']})")
     return EXIT_PASS if journal["verdict"] == "pass" else EXIT_FAIL
+
+
+def _metadata_serve(args: argparse.Namespace, console: Console, err: Console) -> int:
+    import shlex
+    import signal
+    import threading
+
+    from faultlab.metadata import CONTROL_TOKEN_HEADER, MetadataServer
+
+    prog = "faultlab metadata serve"
+    try:
+        server = MetadataServer(args.provider, args.host, args.port, node=args.node,
+                                imds_v2_required=args.imds_v2_required)
+    except ValueError as e:
+        err.print(f"{prog}: error: {escape(str(e))}")
+        return EXIT_INVALID
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda _sig, _frame: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            server.start()
+        except OSError as e:
+            err.print(f"{prog}: error: cannot serve on {escape(args.host)}:{args.port}: "
+                      f"{escape(str(e))}")
+            return EXIT_FAIL
+        console.print(f"faultlab metadata ({args.provider}, node {escape(args.node)}) serving "
+                      f"at {escape(server.url)}")
+        for name, value in server.env().items():
+            console.print(f"export {name}={escape(shlex.quote(value))}")
+        console.print(f"control token: {server.control_token}  (send it as "
+                      f"{CONTROL_TOKEN_HEADER} to POST {escape(server.url)}/_faultlab/preempt)")
+        if args.notice_in_s is not None and not stop.wait(args.notice_in_s):
+            deadline = server.announce_preemption()
+            console.print(f"preemption announced: the node goes away in "
+                          f"{deadline - time.time():.0f} s")
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    console.print("stopped")
+    return EXIT_PASS
 
 
 def _dry_run(experiments: list, console: Console) -> int:  # type: ignore[type-arg]
@@ -141,19 +241,26 @@ def _sla_table(result) -> Table:  # type: ignore[no-untyped-def]
     return table
 
 
-def _run(experiments: list, args: argparse.Namespace, console: Console) -> int:  # type: ignore[type-arg]
+def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # type: ignore[type-arg]
+         report_dir: Path | None = None, golden_cache: Path | None = None,
+         on_result: Callable[[int, Path, str], None] | None = None) -> int:
     from faultlab.engine import RunView, run_experiment
 
     verdicts = []
-    for path, exp in experiments:
+    for index, (path, exp) in enumerate(experiments):
         try:
-            result = run_experiment(exp, source=path, report_dir=args.report_dir,
-                                    golden_cache=args.golden_cache, view=RunView(console))
+            result = run_experiment(exp, source=path, report_dir=report_dir or args.report_dir,
+                                    golden_cache=golden_cache or args.golden_cache,
+                                    view=RunView(console))
         except KeyboardInterrupt as e:
             folder = getattr(e.args[0], "run_folder", None) if e.args else None
+            if folder is not None and on_result is not None:
+                on_result(index, folder, "fail")
             console.print("[bold red]interrupted[/]: every process of the job was stopped"
                           + (f"; journal in {folder}" if folder else ""))
             return EXIT_INTERRUPTED
+        if on_result is not None:
+            on_result(index, result.run_folder, result.verdict)
         console.print(_sla_table(result))
         if result.error:
             console.print(f"[bold red]error:[/] {escape(result.error)}")
@@ -166,6 +273,56 @@ def _run(experiments: list, args: argparse.Namespace, console: Console) -> int: 
         console.print(f"[bold]overall: {'PASS' if passed == len(verdicts) else 'FAIL'}[/] "
                       f"({passed}/{len(verdicts)} experiments passed)")
     return EXIT_PASS if all(ok for _n, ok in verdicts) else EXIT_FAIL
+
+
+# --- pre-launch suites: every experiment of the suite, then one report folder --------------
+
+def _planned_suites(paths: list[Path]) -> list[tuple[Path, PlannedSuite]]:
+    """The pre-launch suites among ``paths`` (already validated)."""
+    from faultlab.spec import PlannedSuite, load_document
+
+    return [(p, doc) for p in paths if isinstance(doc := load_document(p), PlannedSuite)]
+
+
+def _run_suite(suite: tuple[Path, PlannedSuite], experiments: list,  # type: ignore[type-arg]
+               args: argparse.Namespace, console: Console) -> int:
+    from faultlab.errors import Problem
+
+    path, doc = suite
+    if len(args.experiments) > 1:
+        raise InvalidExperimentError([Problem(path, None, "", "a pre-launch suite writes one "
+                                              "report folder of its own: run it alone "
+                                              "(faultlab run SUITE), not with other files")])
+    from faultlab.engine.runner import new_run_folder
+    from faultlab.report.environment import suite_environment
+    from faultlab.report.prelaunch import SuiteRun
+
+    folder = new_run_folder(args.report_dir, doc.name)
+    run = SuiteRun(folder, suite_file=path, suite=doc.suite.model_dump(mode="json"),
+                   experiments=[(p, e.name, [f.type for f in e.faults]) for p, e in experiments],
+                   environment=suite_environment())
+    code = _run(experiments, args, console, report_dir=run.runs_dir,
+                golden_cache=args.golden_cache or args.report_dir / ".golden",
+                on_result=run.ran)
+    report = run.finish(interrupted=code == EXIT_INTERRUPTED)
+    console.print(f"[bold]pre-launch report: {report['verdict'].upper()}[/]  "
+                  f"{folder / 'report.html'} (and report.md, report.json)")
+    if code == EXIT_INTERRUPTED:
+        return code
+    return EXIT_PASS if report["verdict"] == "pass" else EXIT_FAIL
+
+
+def _report_suite(folder: Path, console: Console) -> int:
+    from faultlab.report.prelaunch import REPORT_FILES, render_folder
+
+    try:
+        report = render_folder(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise FaultlabError(f"{folder}: cannot rebuild the suite report: "
+                            f"{type(e).__name__}: {e}") from None
+    console.print(f"wrote {', '.join(str(folder / n) for n in REPORT_FILES)} "
+                  f"(verdict: {report['verdict']})")
+    return EXIT_PASS if report["verdict"] == "pass" else EXIT_FAIL
 
 
 if __name__ == "__main__":

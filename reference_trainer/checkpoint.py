@@ -306,11 +306,14 @@ class CheckpointManager:
     # -- saving ---------------------------------------------------------------------------
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             trainer_state: dict[str, Any], *, force_sync: bool = False) -> None:
+             trainer_state: dict[str, Any], *, force_sync: bool = False,
+             rng: dict[str, Any] | None = None, emergency: bool = False) -> None:
         """Write a checkpoint of ``step``. Async unless configured otherwise or ``force_sync``.
 
         Returns after the training state has been captured; an async save is written and
-        committed by a background thread; ``wait()`` joins it.
+        committed by a background thread; ``wait()`` joins it. ``rng``: the RNG state to store
+        (default: the current one) — a save made mid-step stores the state from the step's
+        start. ``emergency`` marks a save made because the node is being preempted.
         """
         self.wait()  # one save in flight at a time
         t0 = time.monotonic()
@@ -319,7 +322,7 @@ class CheckpointManager:
         tmp = self.root / f".tmp-step_{step:08d}-{token[0]}"
         (tmp / "rng").mkdir(parents=True, exist_ok=True)
         # Small state first: by the time DCP's coordinator finishes, these files are written.
-        _write_json_atomic(tmp / "rng" / f"rank{self.rank}.json", capture_rng())
+        _write_json_atomic(tmp / "rng" / f"rank{self.rank}.json", rng or capture_rng())
         if self.rank == 0:
             _write_json_atomic(tmp / "trainer_state.json", trainer_state)
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -338,7 +341,7 @@ class CheckpointManager:
             self._pending.start()
             return
         dcp.save(state, storage_writer=writer, process_group=self.pg)
-        self._commit(step, tmp, t0, None, is_async=False)
+        self._commit(step, tmp, t0, None, is_async=False, emergency=emergency)
         self.beat()
 
     def poll(self) -> None:
@@ -365,7 +368,7 @@ class CheckpointManager:
             self._pending_error = e
 
     def _commit(self, step: int, tmp: Path, t0: float, stall_s: float | None, *,
-                is_async: bool) -> None:
+                is_async: bool, emergency: bool = False) -> None:
         """Rank 0 makes the written checkpoint visible. ``stall_s`` None: the whole save
         blocked training (a synchronous save), so the stall is the full duration."""
         if self.rank != 0:
@@ -388,7 +391,7 @@ class CheckpointManager:
         self.emit("checkpoint_saved", step=step, path=str(final), seconds=round(seconds, 4),
                   stall_s=round(seconds if stall_s is None else stall_s, 4),
                   bytes=sum(f["size"] for f in files.values()),
-                  **{"async": is_async})
+                  **{"async": is_async}, **({"emergency": True} if emergency else {}))
         self._prune(keep_tmp=None)
 
     def _prune(self, keep_tmp: Path | None) -> None:

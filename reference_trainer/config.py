@@ -82,6 +82,7 @@ PRESETS: dict[str, ModelConfig] = {
 NONFINITE_POLICIES = ("rollback", "skip", "abort")
 NO_VALID_CHECKPOINT_POLICIES = ("fail", "scratch")
 DEVICES = ("auto", "cpu", "cuda")
+PREEMPTION_PROVIDERS = ("auto", "none", "aws", "gce", "azure")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -132,6 +133,16 @@ class TrainConfig:
     """``auto`` picks CUDA + NCCL + bf16 when a GPU is present, else CPU + gloo."""
     min_step_time_s: float = 0.0
     """Pad each step to at least this long (stands in for a bigger model's step time)."""
+    preemption_provider: str = "auto"
+    """Watch this cloud's metadata for a spot/preemption notice: auto (whichever endpoint
+    variable is set; none otherwise), none, aws, gce or azure (reference_trainer/preemption.py)."""
+    preemption_poll_s: float = 0.5
+    """Seconds between two polls of the metadata endpoint (at most 1)."""
+    straggler_threshold_s: float = 0.05
+    """Name a straggler when every other rank waited this much longer for it in a step's
+    collective..."""
+    straggler_steps: int = 3
+    """...this many steps in a row (health.StragglerDetector)."""
     inject_nonfinite: tuple[tuple[int, int | None], ...] = field(default=())
     """Test hook: make the loss NaN at (step, rank) once per process; rank None = every rank."""
 
@@ -163,6 +174,12 @@ class TrainConfig:
         _positive("--pg-timeout-s", self.pg_timeout_s)
         _choice("--device", self.device, DEVICES)
         _at_least("--min-step-time-s", self.min_step_time_s, 0.0)
+        _choice("--preemption-provider", self.preemption_provider, PREEMPTION_PROVIDERS)
+        if not (math.isfinite(self.preemption_poll_s) and 0.01 <= self.preemption_poll_s <= 1.0):
+            raise ConfigError("--preemption-poll-s", f"{self.preemption_poll_s!r} must be between "
+                                                     f"0.01 and 1 (a notice may be 30 s long)")
+        _positive("--straggler-threshold-s", self.straggler_threshold_s)
+        _at_least("--straggler-steps", self.straggler_steps, 1)
         for step, _rank in self.inject_nonfinite:
             if not 1 <= step <= self.steps:
                 raise ConfigError("--inject-nonfinite", f"step {step!r} is outside 1..{self.steps}")
@@ -239,6 +256,12 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--deterministic", "deterministic", _bool, "turn on every determinism switch (true/false)"),
     ("--device", "device", str, "auto, cpu or cuda"),
     ("--min-step-time-s", "min_step_time_s", float, "pad every step to at least this long"),
+    ("--preemption-provider", "preemption_provider", str,
+     "watch for spot notices: auto, none, aws, gce or azure"),
+    ("--preemption-poll-s", "preemption_poll_s", float, "seconds between metadata polls (<= 1)"),
+    ("--straggler-threshold-s", "straggler_threshold_s", float,
+     "a rank all others wait this much longer for is a straggler candidate"),
+    ("--straggler-steps", "straggler_steps", int, "consecutive steps before it is named"),
 ]
 
 

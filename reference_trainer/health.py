@@ -1,4 +1,4 @@
-"""Step watchdog and the determinism switches."""
+"""Step watchdog, straggler detection and the determinism switches."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["EXIT_CODES", "Watchdog", "enable_determinism"]
+__all__ = ["EXIT_CODES", "StragglerDetector", "Watchdog", "enable_determinism"]
 
 #: Exit codes of the trainer, documented in reference_trainer/README.md.
 EXIT_CODES = {
@@ -88,3 +88,46 @@ def enable_determinism(device: torch.device) -> None:
         torch.backends.cuda.enable_flash_sdp(False)
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_math_sdp(True)
+
+
+class StragglerDetector:
+    """Names the rank every other rank keeps waiting for.
+
+    Each rank measures how long it waits in the step's stats all-reduce *after issuing it*
+    (``collective_wait_s``): a rank that reaches the collective late — slow compute, a slow
+    link, an injected delay before it issues — waits about nothing, its peers wait for it. The
+    waits of the previous step ride the next stats all-reduce, so every rank sees all of them
+    for the cost of ``world_size`` extra float64s.
+
+    A rank is named when every other rank waited at least ``threshold_s`` longer than it did,
+    ``num_steps`` steps in a row; it is named once per episode, and may be named again after
+    ``num_steps`` steps without a straggler.
+    """
+
+    def __init__(self, world_size: int, *, threshold_s: float, num_steps: int) -> None:
+        self.world_size, self.threshold_s, self.num_steps = world_size, threshold_s, num_steps
+        self._candidate: int | None = None
+        self._count = 0
+        self._clean = 0
+        self._named: int | None = None
+
+    def update(self, waits: list[float]) -> dict[str, float | int] | None:
+        """Feed one step's per-rank waits; returns the anomaly's fields when a rank is named."""
+        if self.world_size < 2 or len(waits) != self.world_size:
+            return None
+        rank = min(range(self.world_size), key=waits.__getitem__)
+        gap = min(w for r, w in enumerate(waits) if r != rank) - waits[rank]
+        if gap < self.threshold_s:
+            self._candidate, self._count = None, 0
+            self._clean += 1
+            if self._clean >= self.num_steps:
+                self._named = None
+            return None
+        self._clean = 0
+        self._count = self._count + 1 if rank == self._candidate else 1
+        self._candidate = rank
+        if self._count >= self.num_steps and self._named != rank:
+            self._named = rank
+            return {"straggler_rank": rank, "wait_gap_s": round(gap, 4),
+                    "waits_s": [round(w, 4) for w in waits]}
+        return None

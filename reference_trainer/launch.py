@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,10 +82,15 @@ class LocalJob:
     torchrun_defaults: bool = False
     """Plain torchrun as documented: agent-hosted store, default timeouts (benchmark baseline)."""
     env: dict[str, str] = field(default_factory=dict)
+    node_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra environment of one node's agent and workers, by node name (``node0`` ...): e.g.
+    each node's own cloud metadata endpoint."""
     _nodes: list[_Node] = field(default_factory=list, init=False)
     _store: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _killed: set[str] = field(default_factory=set, init=False)
     _t0: float = field(default=0.0, init=False)
+    _endpoint: str = field(default="", init=False)
+    _conf: str = field(default="", init=False)
     _rdzv_id: str = field(default_factory=lambda: f"faultlab-{uuid.uuid4().hex[:12]}",
                           init=False)
 
@@ -142,8 +148,31 @@ class LocalJob:
         except BaseException:
             self.stop()
             raise
+        self._endpoint, self._conf = endpoint, conf
         self._write_launch_json(endpoint)
         return self
+
+    def restart_node(self, node: str) -> int:
+        """Start a node that is gone again (a replacement machine with the same name): a new
+        agent joins the rendezvous and the job grows back at its next re-rendezvous. Returns
+        the new agent's pid."""
+        old = self._node(node)
+        if old.popen.poll() is None:
+            raise LaunchError(f"{node} is still running (agent pid {old.popen.pid})")
+        index = self._nodes.index(old)
+        # Spawned from a thread that lives as long as this process: the agent's parent-death
+        # signal (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits, and callers
+        # (a fault's timer) are often short-lived threads.
+        self._nodes[index] = _spawner().submit(
+            self._start_node, index, self._endpoint, self._conf, self.run_dir / "logs").result()
+        self._killed.discard(node)  # its new agent's exit code counts
+        self._write_launch_json(self._endpoint)
+        return self._nodes[index].popen.pid
+
+    def mark_lost(self, node: str) -> None:
+        """A node that left on purpose (preempted): its agent's exit code does not count."""
+        self._node(node)
+        self._killed.add(node)
 
     def _start_rendezvous(self) -> tuple[str, str]:
         if self.torchrun_defaults:
@@ -179,7 +208,7 @@ class LocalJob:
     def _start_node(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
         name = f"node{index}"
         world = self.nodes * self.procs_per_node
-        env = {**os.environ, **self.env,
+        env = {**os.environ, **self.env, **self.node_env.get(name, {}),
                "FAULTLAB_NODE": name, "FAULTLAB_RUN_DIR": str(self.run_dir),
                "PYTHONUNBUFFERED": "1",
                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
@@ -264,8 +293,8 @@ class LocalJob:
         return _signal_tree(self.agent_pid(node), sig)
 
     def poll(self) -> bool:
-        """True once every agent has exited."""
-        return all(n.popen.poll() is not None for n in self._nodes)
+        """True once every agent has exited (each one is reaped: no zombie lingers)."""
+        return all([n.popen.poll() is not None for n in self._nodes])
 
     def wait(self, timeout_s: float | None = None) -> JobResult:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -317,10 +346,22 @@ class LocalJob:
         raise KeyError(f"no node {name!r}; nodes are {', '.join(self.node_names())}")
 
 
+_SPAWNER: ThreadPoolExecutor | None = None
+
+
+def _spawner() -> ThreadPoolExecutor:
+    global _SPAWNER
+    if _SPAWNER is None:
+        _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localjob-spawn")
+    return _SPAWNER
+
+
 def process_tree(pid: int) -> list[psutil.Process]:
-    """A process and all its descendants (empty if it is gone)."""
+    """A process and all its descendants (empty if it is gone, or an unreaped zombie)."""
     try:
         root = psutil.Process(pid)
+        if root.status() == psutil.STATUS_ZOMBIE:
+            return []
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []

@@ -10,9 +10,14 @@ elastic job (see README.md beside this file). Each rank:
 4. resumes from the newest *valid* checkpoint, if any (corrupt ones are reported and skipped);
 5. trains: every step consumes a fixed global batch, checks loss and gradient norm for
    non-finite values on every rank before the optimizer step, and checkpoints every N steps;
+   when its node's cloud metadata announces a preemption, every rank joins an emergency
+   checkpoint of the last completed step and leaves (exit code 5, see preemption.py);
 6. at the end, hashes the full unsharded state into ``final_digest``.
 
-Every milestone is an event (reference_trainer/events.py); nothing else of faultlab is used.
+Every milestone is an event (reference_trainer/events.py). The only part of faultlab a rank
+uses is its runtime agent (``faultlab.runtime``: attach once, tell it each step), through which
+in-rank faults strike — a NaN gradient, a slow or stuck collective; outside faultlab it does
+nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -34,9 +40,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from faultlab import runtime as faultlab_runtime
 from reference_trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,
+    capture_rng,
     list_checkpoints,
     seed_rank_rng,
 )
@@ -44,8 +52,9 @@ from reference_trainer.config import ConfigError, TrainConfig, add_train_args, c
 from reference_trainer.data import GlobalBatchSampler, MarkovTokens
 from reference_trainer.digest import state_digest
 from reference_trainer.events import EventLog
-from reference_trainer.health import EXIT_CODES, Watchdog, enable_determinism
+from reference_trainer.health import EXIT_CODES, StragglerDetector, Watchdog, enable_determinism
 from reference_trainer.model import GPT
+from reference_trainer.preemption import PreemptionWatcher, resolve_endpoint
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -111,8 +120,14 @@ def main(argv: list[str] | None = None) -> int:
 
     watchdog = Watchdog(cfg.watchdog_s, on_watchdog).start()
     try:
-        return train(cfg, rank=rank, world_size=world_size, local_rank=local_rank,
+        code = train(cfg, rank=rank, world_size=world_size, local_rank=local_rank,
                      events=events, watchdog=watchdog, progress=progress, t_main=t_main)
+        if code == EXIT_CODES["preempted"]:
+            # Leave now: the peers are leaving too, and tearing down a process group whose
+            # peers are gone only delays the agent (see the os._exit below).
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except CheckpointError as e:
         print(f"reference_trainer: rank {rank}: {e}", file=sys.stderr, flush=True)
         events.emit("exit", reason="checkpoint_unusable", code=EXIT_CODES["checkpoint_unusable"],
@@ -133,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, events: EventLog,
           watchdog: Watchdog, progress: dict[str, int], t_main: float) -> int:
     t_created = _process_start_time()
+    watcher = _start_preemption_watcher(cfg, events, progress)
 
     # --- device, determinism, process groups ------------------------------------------------
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -142,6 +158,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     if cfg.deterministic:
         enable_determinism(device)
     backend = "nccl" if use_cuda else "gloo"
+    faultlab_runtime.install()  # the collective interposer (costs nothing with no fault)
     _wait_for_master_store(rank, cfg.pg_timeout_s)
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.pg_timeout_s),
                             device_id=device if use_cuda else None)
@@ -165,6 +182,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    rt = faultlab_runtime.attach(model, optimizer, emit=events.emit)
     data = MarkovTokens(vocab_size=mcfg.vocab_size, seq_len=mcfg.seq_len, seed=cfg.seed)
     sampler = GlobalBatchSampler(global_batch=cfg.global_batch, rank=rank, world_size=world_size)
     tokens_per_step = cfg.global_batch * mcfg.seq_len
@@ -204,17 +222,54 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                 "config": cfg.to_json(), "torch_version": torch.__version__,
                 "world_size": world_size}
 
+    def leave_for_preemption(at_step: int, rng: dict[str, Any]) -> int:
+        """Every rank saw the notice in the same collective: commit the last completed step,
+        then leave. The preempted node's agent is told to go (SIGTERM makes torchrun's agent
+        stop its workers and exit *without* closing the rendezvous); the other nodes' agents
+        restart their workers, which re-rendezvous without it and resume from this save."""
+        assert watcher is not None
+        ckpt.wait()
+        if at_step == last_saved:  # already committed: that is the emergency checkpoint
+            if rank == 0:
+                latest = list_checkpoints(ckpt.root)[0][1]
+                events.emit("checkpoint_saved", step=at_step, path=str(latest), seconds=0.0,
+                            stall_s=0.0, emergency=True, reused=True, **{"async": False})
+        else:
+            ckpt.save(at_step, model, optimizer, trainer_state(at_step), force_sync=True,
+                      rng=rng, emergency=True)
+        mine = watcher.noticed
+        events.emit("exit", reason="preempted" if mine else "peer_preempted",
+                    code=EXIT_CODES["preempted"], step=at_step)
+        if mine:
+            watcher.acknowledge()
+            if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+                os.kill(os.getppid(), signal.SIGTERM)  # torchrun workers are its children
+        return EXIT_CODES["preempted"]
+
     # --- the loop ---------------------------------------------------------------------------
     fired: set[tuple[int, int | None]] = set()
     rollbacks = 0
+    rng_at_start: dict[str, Any] = {}
+    stragglers = StragglerDetector(world_size, threshold_s=cfg.straggler_threshold_s,
+                                   num_steps=cfg.straggler_steps)
+    wait_s = 0.0  # this rank's wait in the previous step's stats all-reduce
     model.train()
     while step < last_step:
         ckpt.poll()
         s = step + 1
         t0 = time.monotonic()
+        if watcher is not None:
+            # Checked here and again with the step's stats: a notice waits for at most about
+            # half a step. The RNG state is kept so that a save made mid-step stores it.
+            rng_at_start = capture_rng()
+            flag = torch.tensor([1.0 if watcher.noticed else 0.0], device=device)
+            dist.all_reduce(flag)
+            if flag.item() > 0:
+                return leave_for_preemption(step, rng_at_start)
+        rt.step(s)
         ids = sampler.local_ids(s)
         x, y = (t.to(device, non_blocking=True) for t in data.batch(ids))
-        loss_sum = model(x, y)
+        loss_sum = rt.loss(model(x, y))
         for key in ((s, rank), (s, None)):
             if key in cfg.inject_nonfinite and key not in fired:
                 fired.add(key)
@@ -223,12 +278,30 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         # mean over the *global* batch even when the slices are uneven.
         (loss_sum * (world_size / tokens_per_step)).backward()
         grad_norm = clip_grad_norm(model, cfg.grad_clip)
-        # One all-reduce: the global loss and the count of ranks that saw a non-finite loss.
-        stats = torch.tensor([float(loss_sum.detach()), 0.0 if torch.isfinite(loss_sum) else 1.0],
-                             dtype=torch.float64, device=device)
-        dist.all_reduce(stats)
+        # One all-reduce: the global loss, the count of ranks that saw a non-finite loss, of
+        # ranks whose node received a preemption notice, and every rank's wait in the previous
+        # step's all-reduce (straggler detection). The wait is timed from the moment this rank
+        # has issued the collective: a rank that issues late waits for nobody.
+        stats = torch.zeros(3 + world_size, dtype=torch.float64)
+        stats[0] = float(loss_sum.detach())
+        stats[1] = 0.0 if torch.isfinite(loss_sum) else 1.0
+        stats[2] = 1.0 if watcher is not None and watcher.noticed else 0.0
+        stats[3 + rank] = wait_s
+        stats = stats.to(device)
+        work = dist.all_reduce(stats, async_op=True)
+        t_issued = time.monotonic()
+        work.wait()
+        stats = stats.cpu()
+        wait_s = time.monotonic() - t_issued
         loss = float(stats[0]) / tokens_per_step
         bad_ranks = int(stats[1])
+        if s > 1:
+            named = stragglers.update(stats[3:].tolist())
+            if named is not None and rank == 0:
+                events.emit("anomaly", what="straggler", step=s, action="report", **named)
+        if stats[2] > 0:  # step s is abandoned before its optimizer step: save step s - 1
+            optimizer.zero_grad(set_to_none=True)
+            return leave_for_preemption(step, rng_at_start)
         if bad_ranks or not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             what = "nonfinite_loss" if bad_ranks else "nonfinite_grad_norm"
@@ -269,7 +342,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         events.emit("step", step=s, loss=loss, grad_norm=grad_norm,
                     lr=scheduler.get_last_lr()[0], samples=[ids_global.start, ids_global.stop],
                     local_samples=[ids.start, ids.stop],
-                    step_time_s=round(time.monotonic() - t0, 5))
+                    step_time_s=round(time.monotonic() - t0, 5), collective_wait_s=round(wait_s, 5))
         watchdog.beat()
         if s % cfg.checkpoint_every == 0 or s == last_step:
             ckpt.save(s, model, optimizer, trainer_state(s), force_sync=(s == last_step))
@@ -277,6 +350,8 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
             watchdog.beat()
 
     # --- the end ----------------------------------------------------------------------------
+    if watcher is not None:
+        watcher.stop()
     if last_saved != step:
         ckpt.save(step, model, optimizer, trainer_state(step), force_sync=True)
     ckpt.wait()
@@ -290,6 +365,25 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     events.emit("exit", reason="completed", code=0, step=step)
     dist.destroy_process_group()
     return 0
+
+
+def _start_preemption_watcher(cfg: TrainConfig, events: EventLog,
+                              progress: dict[str, int]) -> PreemptionWatcher | None:
+    found = resolve_endpoint(cfg.preemption_provider, os.environ)
+    if found is None:
+        return None
+    provider, url = found
+
+    def on_notice(n: Any) -> None:
+        events.emit("preemption_notice", provider=n.provider, deadline=n.deadline_t,
+                    seen_t=n.seen_t, step=progress["step"], endpoint=url, **n.detail)
+
+    def on_error(message: str) -> None:
+        events.emit("anomaly", what="preemption_watch_error", step=progress["step"],
+                    action="continue", error=message)
+
+    return PreemptionWatcher(provider, url, poll_s=cfg.preemption_poll_s, on_notice=on_notice,
+                             on_error=on_error).start()
 
 
 def _process_start_time() -> float:

@@ -67,7 +67,8 @@ def _git_state(cwd: Path) -> str:
 # Trainer settings that change how a run is operated, never one bit of what it computes (the
 # trainer's tests check async saving and the watchdog against the same golden digest).
 NUMERICS_NEUTRAL = frozenset({"async_checkpoint", "keep_checkpoints", "watchdog_s",
-                              "pg_timeout_s", "min_step_time_s"})
+                              "pg_timeout_s", "min_step_time_s", "preemption_provider",
+                              "preemption_poll_s", "straggler_threshold_s", "straggler_steps"})
 
 
 def golden_key(exp: Experiment) -> str:

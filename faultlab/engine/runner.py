@@ -25,11 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.golden import GoldenRun, golden_run
+from faultlab.engine.runtime_plan import RuntimeSetup
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
 from faultlab.faults import Fault, Victim
+from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import SLA_KINDS, SLAS, Experiment, resolve_selector
@@ -189,6 +192,9 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     started_t = time.time()
     target: LocalTarget | None = None
     reaper: subprocess.Popen[bytes] | None = None
+    # Faults that set something up before the launch (a metadata endpoint per node) are built
+    # once; every firing of such a fault uses the same instance.
+    prepared: dict[int, Fault] = {}
     try:
         with _interruptible():
             if exp.expect.bitwise_equal_to_golden is not None:
@@ -196,7 +202,17 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 golden = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
                 view.note(f"golden digest {str(golden.digest)[:16]}… "
                           f"({'cached' if golden.cached else f'{golden.wall_s:.1f} s'})")
-            target = LocalTarget(exp, job_dir)
+            node_env: dict[str, dict[str, str]] = {}
+            nodes = [f"node{i}" for i in range(exp.topology.nodes)]
+            for i, spec in enumerate(exp.faults):
+                if spec.fault_class.needs_prepare():
+                    prepared[i] = spec.build()
+                    for node, env in prepared[i].prepare(nodes).items():
+                        node_env.setdefault(node, {}).update(env)
+            runtime = RuntimeSetup.create(exp, job_dir)
+            for node in nodes:
+                node_env.setdefault(node, {}).update(runtime.env)
+            target = LocalTarget(exp, job_dir, node_env=node_env)
             view.start(exp.name, exp.run.steps)
             target.start()
             pidfile = run_folder / ".job-pids.json"
@@ -211,9 +227,13 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                     _write_pids(pidfile, target)
                     last_pids_write = now
                 for i, state in enumerate(states):
+                    if i in runtime.planned:  # in the launch plan: recorded when it strikes
+                        if not state.exhausted and _struck(exp, i, target, records):
+                            state.mark_fired()
+                        continue
                     if state.due(target.stream, now - t0):
                         state.mark_fired()
-                        act = _fire(exp, i, state.fired, target, view)
+                        act = _fire(exp, i, state.fired, target, view, prepared.get(i))
                         records.append(act.record)
                         if act.fault.reversible and not act.record.details.get("error"):
                             active.append(act)
@@ -240,6 +260,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         with _shielded():
             for act in active:
                 _undo(act, target, records, view)
+            _release(exp, prepared, records, view)
             if target is not None:
                 target.continue_all()
                 target.stop()
@@ -253,6 +274,11 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         target.stream.poll()
         events = target.stream.events
     metrics = compute_metrics(events, records)
+    scan = None
+    if exp.expect.checkpoints_all_finite is not None and target is not None:
+        view.note("reading every checkpoint back")
+        scan = scan_checkpoints(job_dir / "checkpoints")
+        metrics.checkpoints_all_finite = scan.all_finite
     slas = judge(exp, metrics, golden, timed_out=timed_out or interrupted, faults=records)
     verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"
     journal = {
@@ -268,7 +294,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "wall_s": time.time() - started_t, "timed_out": timed_out,
                 "interrupted": interrupted, "error": error, "job_dir": str(job_dir),
                 "exit_codes": target.result().returncodes if target else {},
-                "command": target.describe() if target else None},
+                "command": target.describe() if target else None,
+                "checkpoint_scan": scan.to_dict() if scan else None},
         "environment": environment(),
     }
     path = write_journal(run_folder, journal)
@@ -280,12 +307,15 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     return result
 
 
-def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: NullView) -> _Active:
+def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: NullView,
+          prepared: Fault | None = None) -> _Active:
     spec = exp.faults[index]
     fid = spec.id if nth == 1 else f"{spec.id}#{nth}"
     kind, value = resolve_selector(exp, index, occurrence=nth - 1)
     victim = Victim(kind, value)
-    fault = spec.build()
+    fault = prepared or spec.build()
+    if isinstance(fault, RuntimeFault):
+        fault.fault_id = fid  # the agents echo it in their fault_injected events
     known = {e["pid"] for e in target.stream.events if e.get("kind") == "start"}
     injected_t = time.time()
     try:
@@ -313,6 +343,47 @@ def _undo(act: _Active, target: LocalTarget | None, records: list[FaultRecord],
     records[records.index(act.record)] = undone
     act.record = undone
     view.note(f"undone {act.record.id} {json.dumps(details, default=str)[:60]}")
+
+
+def _struck(exp: Experiment, index: int, target: LocalTarget,
+            records: list[FaultRecord]) -> bool:
+    """Record a planned runtime fault once a rank reports it struck (its ``fault_injected``)."""
+    spec = exp.faults[index]
+    hits = [e for e in target.stream.events
+            if e.get("kind") == "fault_injected" and e.get("fault_id") == spec.id]
+    if not hits:
+        return False
+    first = hits[0]
+    details = {"planned": True, "step": first.get("step"), "rank": first.get("rank"),
+               **{k: v for k, v in first.items() if k not in (
+                   "t", "kind", "rank", "world_size", "pid", "restart", "node", "fault_id",
+                   "type", "step")}}
+    if spec.target.kind == "rank":
+        details["ranks"] = [spec.target.value]
+    records.append(FaultRecord(id=spec.id, type=spec.type, injected_t=float(first["t"]),
+                               target=str(Victim(spec.target.kind, spec.target.value)),
+                               details=details))
+    return True
+
+
+def _release(exp: Experiment, prepared: dict[int, Fault], records: list[FaultRecord],
+             view: NullView) -> None:
+    """Stop what ``prepare`` started; what it did goes into the journal of the fault's last
+    firing (e.g. whether a preempted node was still there to be terminated)."""
+    for index, fault in prepared.items():
+        try:
+            details = fault.release()
+        except FaultError as e:
+            details = {"release_error": str(e)}
+        except Exception as e:  # noqa: BLE001 - one fault's clean-up must not stop the others
+            details = {"release_error": f"{type(e).__name__}: {e}"}
+        mine = [r for r in records if r.id.split("#")[0] == exp.faults[index].id]
+        if details and mine:
+            last = mine[-1]
+            records[records.index(last)] = dataclasses.replace(
+                last, details={**last.details, "release": details})
+        if details:
+            view.note(f"released {fault.type} {json.dumps(details, default=str)[:60]}")
 
 
 def _record_dict(r: FaultRecord) -> dict[str, Any]:

@@ -9,6 +9,11 @@ The engine calls ``inject`` once when the trigger fires, then ``undo`` exactly o
 fault's duration ends, when the job reacts (``until: reaction``), or when the experiment ends
 for any reason — including an exception or Ctrl-C. ``undo`` must be idempotent and must not
 raise for a process that is already gone.
+
+A fault that needs something in place before the job starts (a fake metadata endpoint each
+node must find in its environment) overrides ``prepare``: the engine then builds that fault
+once, calls ``prepare`` before the launch, uses the same instance for every firing, and calls
+``release`` when the experiment ends, whatever ended it.
 """
 
 from __future__ import annotations
@@ -71,6 +76,17 @@ class FaultContext(Protocol):
     def assert_owned(self, pid: int) -> None:
         """Raise FaultError unless ``pid`` belongs to the job faultlab launched."""
 
+    def runtime(self, rank: int, message: dict[str, Any]) -> dict[str, Any]:
+        """Send ``message`` to ``rank``'s in-rank runtime agent (``faultlab.runtime``) over its
+        control channel; returns the reply. Raises FaultError if it cannot be reached."""
+
+    def restart_node(self, node: str) -> int:
+        """Start a node that is gone again (a replacement machine); returns its agent's pid.
+        Raises FaultError where the target cannot (an attached job)."""
+
+    def mark_lost(self, node: str) -> None:
+        """Record that a node left on purpose (preempted): its exit code is not a failure."""
+
 
 class Fault(ABC):
     """One injectable fault. Subclasses set ``type``, ``family``, ``Params`` and ``inject``."""
@@ -103,3 +119,18 @@ class Fault(ABC):
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
         """Revert the fault (idempotent); return what was done. Default: nothing to undo."""
         return {}
+
+    def prepare(self, nodes: list[str]) -> dict[str, dict[str, str]]:
+        """Before the job starts: set up what it must find at launch; return extra environment
+        variables by node name. Default: nothing (and the engine builds a fresh instance per
+        firing)."""
+        return {}
+
+    def release(self) -> dict[str, Any]:
+        """When the experiment ends (after every undo): stop what ``prepare`` started and any
+        timer ``inject`` left running. Idempotent; returns what was done, for the journal."""
+        return {}
+
+    @classmethod
+    def needs_prepare(cls) -> bool:
+        return cls.prepare is not Fault.prepare

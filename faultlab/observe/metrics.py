@@ -21,7 +21,8 @@ Process classification (relative to ``T``)
     all: if its pid is seen).
 
 Reaction records (``t > T``)
-    ``exit`` with ``reason`` not in {completed, stopped}; any ``anomaly``; ``start`` of a new
+    ``exit`` with ``reason`` not in {completed, stopped}; any ``anomaly``; any
+    ``preemption_notice``; ``start`` of a new
     process; ``checkpoint_loaded`` of a new process or of a process training at ``T`` (an
     in-process rollback).
 
@@ -57,6 +58,12 @@ recovery_time_s
 lost_steps
     ``max(0, H − resumed_from_step)`` if the job came back; 0 if it did not go down; None if it
     went down and never came back, or the came-back records carry no step.
+
+emergency_checkpoint_s, emergency_checkpoint_before_deadline
+    Only for a fault whose details carry a ``deadline_t`` (a preemption notice): ``t`` of the
+    first ``checkpoint_saved`` record with ``t > T`` marked ``emergency`` (written by rank 0 once
+    the checkpoint is committed) − ``T``, and whether that ``t`` is ``<= deadline_t``. None and
+    False if no emergency checkpoint was committed; both None for other faults.
 
 Run-level:
 
@@ -100,6 +107,17 @@ corrupt_checkpoint_never_loaded
 world_sizes
     The world sizes of the ``start`` records in time order, consecutive repeats collapsed
     (e.g. ``[3, 2]`` after a node loss); from all records if there are no start records.
+straggler_detected_s
+    Only for faults that slow ranks down (``collective_delay``): ``t`` of the first ``anomaly``
+    with ``what: straggler`` after ``T`` whose ``straggler_rank`` is one of the fault's ranks
+    (``details["ranks"]``, else the ``rank N`` of its target) − ``T``; None if none named it.
+
+emergency_checkpoint_s, emergency_checkpoint_before_deadline (run level)
+    The worst over the faults with a deadline (max seconds; False if any was False); None if
+    no fault had a deadline.
+straggler_detected_within_s (run level)
+    The worst (max) ``straggler_detected_s`` over the slowing faults; None if there is none or
+    any of them was never named.
 detection_latency_s, resume_time_s, recovery_time_s, lost_steps
     The worst (max) over the faults. For resume, recovery and lost steps the result is None
     if any fault went down and its value is None (unmeasurable); faults that did not go down
@@ -117,6 +135,8 @@ from typing import Any
 __all__ = ["FaultMetrics", "FaultRecord", "Metrics", "compute_metrics"]
 
 CLEAN_EXITS = frozenset({"completed", "stopped"})
+SLOWING_FAULTS = frozenset({"collective_delay"})
+"""Fault types that make a rank a straggler (``straggler_detected_s`` is measured for them)."""
 
 Record = Mapping[str, Any]
 
@@ -162,6 +182,9 @@ class FaultMetrics:
     resume_time_s: float | None = None
     recovery_time_s: float | None = None
     lost_steps: int | None = 0
+    emergency_checkpoint_s: float | None = None
+    emergency_checkpoint_before_deadline: bool | None = None
+    straggler_detected_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))
@@ -185,6 +208,11 @@ class Metrics:
     resume_time_s: float | None
     recovery_time_s: float | None
     lost_steps: int | None
+    emergency_checkpoint_s: float | None = None
+    emergency_checkpoint_before_deadline: bool | None = None
+    straggler_detected_within_s: float | None = None
+    checkpoints_all_finite: bool | None = None
+    """Not from events: set by the engine when it read the checkpoints back after the run."""
     faults: list[FaultMetrics] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,10 +319,25 @@ class _Timeline:
         def reacted(r: Record) -> bool:
             kind = r.get("kind")
             return ((kind == "exit" and _key(r.get("reason")) not in CLEAN_EXITS)
-                    or kind == "anomaly" or came_back(r))
+                    or kind in ("anomaly", "preemption_notice") or came_back(r))
 
         m = FaultMetrics(fault_id=fault.id, type=fault.type, injected_t=T,
                          high_water_step=high_water, went_down=False)
+        deadline = _float((fault.details or {}).get("deadline_t"))
+        if deadline is not None:
+            saved = next((r for r in after if r.get("kind") == "checkpoint_saved"
+                          and r.get("emergency") is True), None)
+            m.emergency_checkpoint_before_deadline = False
+            if saved is not None:
+                m.emergency_checkpoint_s = float(saved["t"]) - T
+                m.emergency_checkpoint_before_deadline = float(saved["t"]) <= deadline
+        if fault.type in SLOWING_FAULTS:
+            victims = _victim_ranks(fault)
+            named = next((r for r in after if r.get("kind") == "anomaly"
+                          and r.get("what") == "straggler"
+                          and _int(r.get("straggler_rank")) in victims), None)
+            if named is not None:
+                m.straggler_detected_s = float(named["t"]) - T
         detect_i = next((i for i, r in enumerate(after) if reacted(r)), None)
         if detect_i is None:
             return m  # nobody noticed: not down, nothing lost
@@ -330,6 +373,14 @@ class _Timeline:
                 m.recovery_time_s = float(r["t"]) - T
                 break
         return m
+
+
+def _victim_ranks(fault: FaultRecord) -> set[int]:
+    ranks = (fault.details or {}).get("ranks")
+    if isinstance(ranks, list):
+        return {r for r in map(_int, ranks) if r is not None}
+    kind, _, value = fault.target.partition(" ")
+    return {int(value)} if kind == "rank" and value.isdigit() else set()
 
 
 def _resumed_step(record: Record) -> int | None:
@@ -462,6 +513,9 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         return _worst([getattr(f, name) for f in down], unmeasurable)
 
     lost = worst("lost_steps")
+    with_deadline = [f for f in per_fault if f.emergency_checkpoint_before_deadline is not None]
+    slowing = [f.straggler_detected_s for f in per_fault if f.type in SLOWING_FAULTS]
+    emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
     return Metrics(
         completes=_completes(records),
         final_digest=digest if isinstance(digest, str) else None,
@@ -477,5 +531,10 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         resume_time_s=worst("resume_time_s"),
         recovery_time_s=worst("recovery_time_s"),
         lost_steps=0 if lost is None and not any(f.went_down for f in per_fault) else lost,
+        emergency_checkpoint_s=_worst(emergency_s, None in emergency_s),
+        emergency_checkpoint_before_deadline=(
+            all(f.emergency_checkpoint_before_deadline for f in with_deadline)
+            if with_deadline else None),
+        straggler_detected_within_s=_worst(slowing, None in slowing),
         faults=per_fault,
     )

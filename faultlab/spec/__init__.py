@@ -2,9 +2,11 @@
 located (``experiments/x.yaml:14 faults[1].trigger.at_step: expected an integer, got 'ten'``).
 
     load_experiments(["experiments/suite.yaml"], seed=7)   # suites expanded, all validated
+    load_document("experiments/prelaunch.yaml")             # a PlannedSuite: experiments + plan
     describe_schedule(exp)                                   # what a dry run prints
 """
 
+from faultlab.spec._suite import Plan, PlannedSuite, SuiteSpec
 from faultlab.spec.loader import (
     experiment_from_dict,
     load_document,
@@ -41,10 +43,13 @@ __all__ = [
     "Expect",
     "Experiment",
     "FaultSpec",
+    "Plan",
+    "PlannedSuite",
     "RunSpec",
     "Selector",
     "Sla",
     "Suite",
+    "SuiteSpec",
     "TargetSpec",
     "Topology",
     "Trigger",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from faultlab.errors import InvalidExperimentError, Problem
 from faultlab.spec._base import choices, show
 from faultlab.spec._problems import problems_from
+from faultlab.spec._suite import PlannedSuite
 from faultlab.spec._yaml import YamlDoc, read_yaml
 from faultlab.spec.model import Experiment, Suite
 
@@ -36,13 +37,23 @@ PathLike = str | os.PathLike[str]
 
 @dataclass(frozen=True, slots=True)
 class _Parsed:
-    doc: Experiment | Suite
+    doc: Experiment | Suite | PlannedSuite
     yaml: YamlDoc
 
+    def members(self) -> list[tuple[str, tuple[str | int, ...], str]]:
+        """A suite's member files: ``(file as written, YAML key, YAML path)``."""
+        if isinstance(self.doc, PlannedSuite):
+            return [(m, ("suite", "experiments", i), f"suite.experiments[{i}]")
+                    for i, m in enumerate(self.doc.suite.experiments)]
+        if isinstance(self.doc, Suite):
+            return [(m, ("suite", i), f"suite[{i}]") for i, m in enumerate(self.doc.suite)]
+        return []
 
-def parse_document(text: str, file: PathLike | None = None) -> Experiment | Suite:
+
+def parse_document(text: str, file: PathLike | None = None
+                   ) -> Experiment | Suite | PlannedSuite:
     """Validate YAML ``text`` (from ``file``, used only in messages) as an experiment or,
-    if it has a ``suite`` key, a suite."""
+    if it has a ``suite`` key, a suite (a list of files, or a mapping: a planned suite)."""
     return _parse(text, _path(file)).doc
 
 
@@ -61,7 +72,7 @@ def experiment_from_dict(data: Mapping[str, Any], file: PathLike | None = None, 
     return _experiment(parsed, file_, seed)
 
 
-def load_document(path: PathLike) -> Experiment | Suite:
+def load_document(path: PathLike) -> Experiment | Suite | PlannedSuite:
     """Read and validate one file: an experiment, or a suite (its members are not loaded)."""
     return _load(Path(path)).doc
 
@@ -120,8 +131,8 @@ def _expand(path: Path, chain: tuple[tuple[Path, Path], ...], ref: _Ref | None,
     if isinstance(parsed.doc, Experiment):
         out.append((path, _with_seed(parsed.doc, seed)))
         return
-    for i, member in enumerate(parsed.doc.suite):
-        member_ref = _Ref(path, parsed.yaml.line_of(("suite", i)), f"suite[{i}]", member)
+    for member, key, yaml_path in parsed.members():
+        member_ref = _Ref(path, parsed.yaml.line_of(key), yaml_path, member)
         _expand(path.parent / member, (*chain, (resolved, path)), member_ref, seed, out,
                 problems)
 
@@ -165,7 +176,9 @@ def _validate(doc: YamlDoc, file: Path | None) -> _Parsed:
             file, doc.line_of(()), "", f"expected a mapping with keys "
                                        f"{choices(Experiment.valid_keys())} (or a suite: "
                                        f"{choices(Suite.valid_keys())}), got {show(data)}")]))
-    root: type[BaseModel] = Suite if "suite" in data else Experiment
+    root: type[BaseModel] = Experiment
+    if "suite" in data:
+        root = PlannedSuite if isinstance(data["suite"], dict) else Suite
     try:
         model = root.model_validate(data)
     except ValidationError as e:
@@ -177,7 +190,7 @@ def _validate(doc: YamlDoc, file: Path | None) -> _Parsed:
 
 
 def _experiment(parsed: _Parsed, file: Path | None, seed: int | None) -> Experiment:
-    if isinstance(parsed.doc, Suite):
+    if isinstance(parsed.doc, Suite | PlannedSuite):
         raise InvalidExperimentError([Problem(
             file, parsed.yaml.line_of(("suite",)), "suite",
             "this document is a suite (a list of experiment files), not one experiment; "

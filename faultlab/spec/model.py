@@ -484,6 +484,17 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
         description="every sample was trained on exactly once"),
     Sla(key="corrupt_checkpoint_never_loaded", metric="corrupt_checkpoint_never_loaded",
         kind="bool", description="no checkpoint damaged by a storage fault was loaded"),
+    Sla(key="emergency_checkpoint_before_deadline",
+        metric="emergency_checkpoint_before_deadline", kind="bool",
+        description="after a preemption notice, an emergency checkpoint was committed before "
+                    "the termination deadline"),
+    Sla(key="emergency_checkpoint_s", metric="emergency_checkpoint_s", kind="max",
+        description="preemption notice → emergency checkpoint committed"),
+    Sla(key="checkpoints_all_finite", metric="checkpoints_all_finite", kind="bool",
+        description="every checkpoint the job left holds only finite values (read back after "
+                    "the run)"),
+    Sla(key="straggler_detected_within_s", metric="straggler_detected_within_s", kind="max",
+        description="a rank slowed down → the trainer names it in an anomaly"),
 ]}
 """Every SLA an experiment may state under ``expect``; add a field to ``Expect`` and an
 entry here to add one."""
@@ -515,6 +526,16 @@ class Expect(SpecModel):
     """Every sample trained on exactly once (or not)."""
     corrupt_checkpoint_never_loaded: bool | None = None
     """No checkpoint a storage fault damaged was ever loaded (or, if false, one was)."""
+    emergency_checkpoint_before_deadline: bool | None = None
+    """After a preemption notice, an emergency checkpoint was (or was not) committed before
+    the deadline."""
+    emergency_checkpoint_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds from the notice to the committed emergency checkpoint."""
+    checkpoints_all_finite: bool | None = None
+    """Every checkpoint left in the job's folder holds (or not) only finite values; keep them
+    all with ``target.overrides.keep_checkpoints`` to cover every checkpoint ever saved."""
+    straggler_detected_within_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds from slowing a rank down to the trainer naming it."""
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in ``SLAS`` order."""

@@ -17,6 +17,7 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -97,6 +98,29 @@ class JobContext(ABC):
             except psutil.Error:
                 pass
         return [p.pid for p in procs]
+
+    def runtime(self, rank: int, message: dict[str, Any]) -> dict[str, Any]:
+        """Send ``message`` to ``rank``'s runtime agent over its control channel (the secret is
+        the job's ``runtime/secret``, written at launch); raises FaultError if unreachable."""
+        from faultlab.engine.runtime_plan import read_secret
+        from faultlab.runtime.client import RuntimeControlError, send
+
+        secret = read_secret(self.run_dir)
+        if secret is None:
+            raise FaultError(f"no runtime control secret in {self.run_dir / 'runtime'}: the job "
+                             f"was not launched by faultlab, so its ranks accept no live "
+                             f"in-rank fault")
+        try:
+            return send(self.run_dir, rank, secret, message)
+        except RuntimeControlError as e:
+            raise FaultError(str(e)) from None
+
+    def restart_node(self, node: str) -> int:
+        raise FaultError(f"this target cannot start {node!r} again (only a job faultlab "
+                         f"launched can)")
+
+    def mark_lost(self, node: str) -> None:
+        self._agent_pid(node)
 
     def assert_owned(self, pid: int) -> None:
         if pid not in self.pids():

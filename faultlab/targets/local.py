@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from faultlab.errors import TargetError
+from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
 from faultlab.spec import Experiment
 from faultlab.targets.base import JobContext
@@ -41,13 +41,15 @@ def train_config(exp: Experiment, run_dir: Path) -> TrainConfig:
 class LocalTarget(JobContext):
     """One launch of an experiment's job on this host (the engine polls ``stream``)."""
 
-    def __init__(self, exp: Experiment, run_dir: Path) -> None:
+    def __init__(self, exp: Experiment, run_dir: Path,
+                 node_env: dict[str, dict[str, str]] | None = None) -> None:
         self.exp = exp
         self.run_dir = run_dir
         self.seed = exp.seed
         topo = exp.topology
         common = dict(nodes=topo.nodes, procs_per_node=topo.procs_per_node,
-                      min_nodes=topo.min_nodes, max_restarts=topo.max_restarts)
+                      min_nodes=topo.min_nodes, max_restarts=topo.max_restarts,
+                      node_env=node_env or {})
         try:
             if exp.target.command:
                 self.job = LocalJob(command=list(exp.target.command), run_dir_=run_dir,
@@ -93,3 +95,15 @@ class LocalTarget(JobContext):
 
     def pids(self) -> set[int]:
         return self.job.pids()
+
+    def restart_node(self, node: str) -> int:
+        try:
+            return self.job.restart_node(node)
+        except (LaunchError, KeyError) as e:
+            raise FaultError(str(e)) from None
+
+    def mark_lost(self, node: str) -> None:
+        try:
+            self.job.mark_lost(node)
+        except KeyError as e:
+            raise FaultError(str(e)) from None

@@ -6,7 +6,7 @@ object and the control can stop it. Any other run directory is a job that was al
 (``AttachedTarget``): faults act on it, but it is never stopped by this extension.
 
 A launched job is guarded like the engine guards its own: a reaper process
-(``faultlab.engine.reaper``) holds the job's pids and, should this process die without
+(``faultlab.reaper``) holds the job's pids and, should this process die without
 stopping the job (SIGKILL, OOM), continues every stopped process and kills the job. An
 ``atexit`` hook stops whatever is still running when the interpreter exits normally.
 """
@@ -103,17 +103,22 @@ def job_running(run_dir: Path) -> bool:
 
 def launch(exp: Experiment, run_dir: Path) -> Launched:
     """Start ``exp``'s job (faults and SLAs are not used) in ``run_dir``, guarded."""
+    from faultlab.engine.runtime_plan import RuntimeSetup
     from faultlab.targets.local import LocalTarget
 
     run_dir = run_dir.resolve()
     state = run_dir / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     (state / EXPERIMENT_FILE).write_text(json.dumps(exp.model_dump(mode="json"), indent=1))
-    target = LocalTarget(exp, run_dir)
+    # Every rank's runtime agent listens for live in-rank faults (grad_nan, collective_delay...)
+    # under this run's secret; the experiment's own faults are not planned here.
+    runtime = RuntimeSetup.create(exp.model_copy(update={"faults": ()}), run_dir)
+    target = LocalTarget(exp, run_dir, node_env={f"node{i}": runtime.env
+                                                  for i in range(exp.topology.nodes)})
     pidfile = state / "job-pids.json"
     pidfile.write_text("[]")
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "faultlab.engine.reaper", "--parent", str(os.getpid()),
+        [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
          "--pidfile", str(pidfile)], start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         target.start()

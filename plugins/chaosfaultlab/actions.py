@@ -36,16 +36,22 @@ from chaosfaultlab._state import ActionLog, InjectionState
 from faultlab.engine.runner import new_run_folder
 from faultlab.errors import FaultError, FaultlabError, InvalidExperimentError, TargetError
 from faultlab.faults import Fault, Victim, fault_types
+from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.spec import Experiment, experiment_from_dict, load_experiment
 from faultlab.targets.base import JobContext
 
 __all__ = [
     "continue_all",
+    "corrupt_checkpoint",
+    "delay_collectives",
     "hang_node",
     "hang_rank",
     "inject_fault",
+    "inject_nan",
     "kill_node",
     "kill_rank",
+    "partition_collectives",
+    "send_spot_notice",
     "start_training",
     "stop_training",
     "undo_faults",
@@ -235,6 +241,85 @@ def hang_node(node: int | str, run_dir: str | None = None, duration_s: float | N
                         duration_s=duration_s, timeout_s=timeout_s, configuration=configuration)
 
 
+def inject_nan(rank: int, run_dir: str | None = None, param_glob: str = "*",
+               value: str = "nan", after_step: int = 0, timeout_s: float = 120.0,
+               configuration: dict | None = None) -> dict:
+    """Make ``rank``'s local gradient shards of the parameters matching ``param_glob`` NaN (or
+    ``value="inf"``) at its next step, through its in-rank runtime agent (``grad_nan`` /
+    ``grad_inf``). The job must catch it before the optimizer step."""
+    if value not in ("nan", "inf"):
+        raise FaultError(f"value: {value!r} is not one of nan, inf")
+    return inject_fault(f"grad_{value}", {"rank": rank}, {"param_glob": param_glob}, run_dir,
+                        after_step=after_step, timeout_s=timeout_s, configuration=configuration)
+
+
+def delay_collectives(rank: int, delay_ms: float, run_dir: str | None = None,
+                      ops: list | None = None, jitter_ms: float = 0.0,
+                      duration_s: float | None = None, after_step: int = 0,
+                      timeout_s: float = 120.0, configuration: dict | None = None) -> dict:
+    """Hold back every matching collective ``rank`` issues by ``delay_ms`` (± ``jitter_ms``):
+    a slow link or a straggler, on any transport. ``ops``: operation names, default all.
+    Undone after ``duration_s``, by ``undo_faults``, or when the run context ends."""
+    params: dict = {"delay_ms": delay_ms, "jitter_ms": jitter_ms}
+    if ops is not None:
+        params["ops"] = ops
+    return inject_fault("collective_delay", {"rank": rank}, params, run_dir,
+                        after_step=after_step, duration_s=duration_s, timeout_s=timeout_s,
+                        configuration=configuration)
+
+
+def partition_collectives(groups: list, run_dir: str | None = None, mode: str = "hang",
+                          duration_s: float | None = None, after_step: int = 0,
+                          timeout_s: float = 120.0, configuration: dict | None = None) -> dict:
+    """Split the ranks into ``groups`` (e.g. ``[[0], [1]]``): collectives spanning groups
+    ``hang`` or raise (``mode: error``) on every rank. Undone like ``delay_collectives``."""
+    return inject_fault("collective_partition", "all", {"groups": groups, "mode": mode},
+                        run_dir, after_step=after_step, duration_s=duration_s,
+                        timeout_s=timeout_s, configuration=configuration)
+
+
+def corrupt_checkpoint(run_dir: str | None = None, kind: str = "bitflip",
+                       params: dict | None = None, timeout_s: float = 120.0,
+                       configuration: dict | None = None) -> dict:
+    """Damage checkpoint files on disk with a storage fault: ``kind`` is ``bitflip``,
+    ``truncate``, ``zero_range``, ``delete_shard`` or ``stale_pointer`` (the ``ckpt_<kind>``
+    fault; ``params`` as in an experiment, e.g. ``{"which": "latest", "num_bits": 1}``). The job
+    must never load the damaged checkpoint."""
+    kinds = ("bitflip", "truncate", "zero_range", "delete_shard", "stale_pointer")
+    if kind not in kinds:
+        raise FaultError(f"kind: {kind!r} is not one of {', '.join(kinds)}")
+    return inject_fault(f"ckpt_{kind}", "all", params, run_dir, timeout_s=timeout_s,
+                        configuration=configuration)
+
+
+def send_spot_notice(metadata_url: str, control_token: str, notice_s: float = 120.0,
+                     configuration: dict | None = None) -> dict:
+    """Make a standalone fake metadata endpoint (``faultlab metadata serve``) announce a spot
+    preemption ``notice_s`` from now, through its control endpoint; returns its answer
+    (``{"deadline": t}``).
+
+    For a staging node whose trainer polls that endpoint. (In a faultlab experiment the
+    ``spot_preemption`` fault runs the endpoints and terminates the node at the deadline.)"""
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    notice_s = _number("notice_s", notice_s)
+    req = urllib.request.Request(
+        metadata_url.rstrip("/") + "/_faultlab/preempt", method="POST",
+        data=_json.dumps({"notice_s": notice_s}).encode(),
+        headers={"X-Faultlab-Token": control_token, "Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=10) as resp:
+            return dict(_json.loads(resp.read()))
+    except urllib.error.HTTPError as e:
+        raise FaultError(f"{metadata_url}: HTTP {e.code}: "
+                         f"{e.read().decode(errors='replace')[:200]}") from None
+    except (OSError, urllib.error.URLError) as e:
+        raise FaultError(f"metadata_url: cannot reach {metadata_url!r}: {e}") from None
+
+
 # --- undoing (rollbacks) ----------------------------------------------------------------------
 
 def undo_faults(run_dir: str | None = None, configuration: dict | None = None) -> dict:
@@ -283,6 +368,15 @@ def _undo_by_id(run_dir: Path, fid: str) -> dict | None:
 def _undo_from_journal(run_dir: Path, state: InjectionState) -> dict:
     """Undo a fault injected by another process: only what the journal says can be undone."""
     cls = fault_types().get(state.type)
+    if cls is not None and issubclass(cls, RuntimeFault):  # the agents undo by the fault's id
+        ctx = _jobs.job_context(run_dir)
+        fault_id, ranks = state.details.get("fault_id"), state.details.get("ranks")
+        if not isinstance(fault_id, str) or not isinstance(ranks, list):
+            raise FaultError(f"{state.id} ({state.type}): the journal lacks its fault id or "
+                             f"ranks (the injector died mid-way); restart the job to clear it")
+        fault = cls(cls.Params())
+        fault.fault_id, fault._sent = fault_id, [int(r) for r in ranks]
+        return fault.undo(ctx)
     if cls is None or cls.family != "process":
         raise FaultError(f"{state.id} ({state.type}) was injected by another process and "
                          f"only that process could undo it; restart the job to clear it")

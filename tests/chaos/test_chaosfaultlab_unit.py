@@ -57,11 +57,15 @@ def test_discover_system_lists_the_installed_fault_types() -> None:
     assert system["fault_types"]["rank_hang"]["reversible"] is True
 
 
-def test_only_faults_that_exist_have_shortcuts() -> None:
-    # NaN, collective, checkpoint and spot faults come with later issues: no stubs until then.
-    for missing in ("inject_nan", "delay_collectives", "partition_collectives",
-                    "corrupt_checkpoint", "send_spot_notice"):
-        assert not hasattr(actions, missing)
+def test_every_fault_shortcut_reaches_an_installed_fault() -> None:
+    installed = fault_types()
+    for fault_type in ("grad_nan", "grad_inf", "collective_delay", "collective_partition",
+                       "ckpt_bitflip", "ckpt_truncate", "ckpt_zero_range", "ckpt_delete_shard",
+                       "ckpt_stale_pointer", "spot_preemption"):
+        assert fault_type in installed
+    for shortcut in ("inject_nan", "delay_collectives", "partition_collectives",
+                     "corrupt_checkpoint", "send_spot_notice"):
+        assert shortcut in actions.__all__
 
 
 def test_public_names_are_all() -> None:
@@ -337,3 +341,34 @@ def test_a_stalled_job_is_not_progressing(tmp_path: Path) -> None:
     with pytest.raises(TargetError, match="was not launched by chaosfaultlab, so its golden "
                                           "run is unknown; pass golden_digest"):
         probes.final_digest_matches_golden(run_dir=str(tmp_path))
+
+
+# --- in-rank and cloud shortcuts ---------------------------------------------------------------
+
+def test_send_spot_notice_drives_a_standalone_metadata_endpoint() -> None:
+    from chaosfaultlab.actions import send_spot_notice
+
+    from faultlab.errors import FaultError
+    from faultlab.metadata import MetadataServer
+
+    with MetadataServer("aws") as md:
+        answer = send_spot_notice(md.url, md.control_token, notice_s=90)
+        assert answer["deadline"] == pytest.approx(time.time() + 90, abs=2)
+        assert md.state()["preemption"]["deadline"] == answer["deadline"]
+        with pytest.raises(FaultError, match="HTTP 401"):
+            send_spot_notice(md.url, "wrong-token")
+    with pytest.raises(FaultError, match="cannot reach"):
+        send_spot_notice(md.url, md.control_token)  # stopped
+
+
+def test_shortcut_arguments_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    from chaosfaultlab.actions import delay_collectives, inject_nan
+
+    from faultlab.errors import FaultError
+
+    with pytest.raises(FaultError, match="value: 'zero'"):
+        inject_nan(0, run_dir=str(tmp_path), value="zero")
+    with pytest.raises(FaultError, match="delay_ms"):
+        delay_collectives(0, delay_ms=-5, run_dir=str(tmp_path))
+    with pytest.raises(FaultError, match="kind: 'melt'"):
+        actions.corrupt_checkpoint(str(tmp_path), kind="melt")

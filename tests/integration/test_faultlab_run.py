@@ -210,3 +210,38 @@ def test_killed_faultlab_is_cleaned_up_by_its_guard(tmp_path: Path) -> None:
     fl.proc.kill()  # no clean-up code of faultlab's can run
     fl.wait(timeout_s=30)
     assert_no_job_processes(tmp_path)
+
+
+IGNORES_NOTICE = """\
+name: spot_ignored
+target:
+  command: [{python}, -c, "import time; time.sleep(300)"]
+topology: {{nodes: 2, procs_per_node: 1, min_nodes: 1}}
+run: {{timeout_s: 14}}
+faults:
+  - type: spot_preemption
+    target: {{node: 1}}
+    trigger: {{at_time_s: 3}}
+    params: {{provider: azure, notice_s: 2}}
+"""
+
+
+def test_a_node_that_ignores_its_spot_notice_is_terminated_at_the_deadline(
+        tmp_path: Path) -> None:
+    exp = tmp_path / "spot_ignored.yaml"
+    exp.write_text(IGNORES_NOTICE.format(python=json.dumps(sys.executable)))
+    reports = tmp_path / "reports"
+    _rc, out = run("run", exp, "--report-dir", reports)
+    j = journal(reports)
+    [fault] = j["faults"]
+    d = fault["details"]
+    assert fault["error"] is None, out
+    assert d["deadline_t"] - fault["injected_t"] == pytest.approx(2.0, abs=0.1)
+    outcome = d["release"]["node1"]
+    assert outcome["was_running"] is True and outcome["killed_pids"], out
+    assert outcome["terminated_t"] >= d["deadline_t"]
+    assert outcome["terminated_t"] - d["deadline_t"] < 1.0
+    assert j["run"]["exit_codes"]["node1"] == -signal.SIGKILL
+    # a job that does not poll sent no request; nothing of it is left
+    assert d["release"]["metadata"]["node1"]["num_requests"] == 0
+    assert_no_job_processes(reports)

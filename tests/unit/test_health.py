@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from reference_trainer.health import EXIT_CODES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,3 +76,32 @@ def test_regular_beats_keep_it_quiet_and_stop_disarms_it() -> None:
 def test_exit_codes_are_distinct() -> None:
     assert len(set(EXIT_CODES.values())) == len(EXIT_CODES)
     assert EXIT_CODES["completed"] == 0 and EXIT_CODES["usage"] == 2
+
+
+# --- straggler detection ---------------------------------------------------------------------
+
+def test_straggler_is_named_after_enough_steps_once_per_episode() -> None:
+    from reference_trainer.health import StragglerDetector
+
+    d = StragglerDetector(3, threshold_s=0.05, num_steps=3)
+    slow1 = [0.20, 0.001, 0.19]  # ranks 0 and 2 wait ~0.2 s for rank 1
+    assert d.update(slow1) is None and d.update(slow1) is None
+    named = d.update(slow1)
+    assert named is not None and named["straggler_rank"] == 1
+    assert named["wait_gap_s"] == pytest.approx(0.189)
+    assert d.update(slow1) is None  # once per episode
+    quiet = [0.01, 0.012, 0.008]
+    for _ in range(3):
+        assert d.update(quiet) is None
+    assert [d.update(slow1) for _ in range(3)][-1] is not None  # a new episode
+
+
+def test_noise_and_a_single_fast_peer_are_not_stragglers() -> None:
+    from reference_trainer.health import StragglerDetector
+
+    d = StragglerDetector(3, threshold_s=0.05, num_steps=2)
+    # rank 2 waits little too: rank 1 is not the one *everyone* waits for
+    assert all(d.update([0.2, 0.0, 0.03]) is None for _ in range(5))
+    # alternating candidates never accumulate
+    assert all(d.update(w) is None for w in [[0.2, 0.0, 0.2], [0.0, 0.2, 0.2]] * 3)
+    assert StragglerDetector(1, threshold_s=0.05, num_steps=1).update([0.0]) is None

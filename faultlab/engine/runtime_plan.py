@@ -1,0 +1,89 @@
+"""How the engine hands in-rank faults to the job: a launch plan, a secret, a control channel.
+
+Every job the engine launches gets, in ``JOB_DIR/runtime/``:
+
+- ``secret`` (mode 0600): the per-run secret of the runtime agents' control channel, also given
+  to every rank as ``FAULTLAB_RUNTIME_SECRET``. Faults injected live (time triggers, events,
+  Chaos Toolkit actions against an attached job) send it; an agent ignores anything else.
+- ``plan.json``: the numeric faults triggered by step (``grad_nan``, ``grad_inf``,
+  ``loss_spike``, ``weight_bitflip`` with ``at_step``), decided before the launch and given to
+  every rank as ``FAULTLAB_RUNTIME_PLAN``: same plan, same injections, step-exact (``at_step: N``
+  strikes during step N), and fired once per job even when a rollback or a restart replays the
+  step. Their injection time is the one the rank reports in its ``fault_injected`` event.
+
+Collective faults are injected live even when triggered by step (``at_step: N`` fires once step N
+is logged, so it strikes from step N + 1): they last until undone, and undoing a live fault is
+final, whereas a planned window would start again in every restarted process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultlab.faults.runtime_base import RuntimeFault
+from faultlab.runtime.client import new_secret
+from faultlab.runtime.plan import write_plan
+from faultlab.spec import Experiment
+
+__all__ = ["RuntimeSetup", "planned_victim_ranks"]
+
+
+def planned_victim_ranks(exp: Experiment, index: int) -> list[int] | None | bool:
+    """Ranks of a planned fault (None: every rank), or False if it cannot be planned."""
+    spec = exp.faults[index]
+    if not issubclass(spec.fault_class, RuntimeFault) or spec.fault_class.family != "numeric":
+        return False
+    if spec.trigger.at_step is None:
+        return False
+    kind = spec.target.kind
+    if kind == "all":
+        return None
+    if kind == "rank" and isinstance(spec.target.value, int):
+        return [spec.target.value]
+    return False  # a node's ranks (or a random pick) are known only once the job runs
+
+
+@dataclass
+class RuntimeSetup:
+    """The runtime files of one job and the environment every rank gets."""
+
+    job_dir: Path
+    secret: str
+    planned: dict[int, list[int] | None] = field(default_factory=dict)
+    """Fault index → victim ranks (None: all) of the faults in the launch plan."""
+
+    @classmethod
+    def create(cls, exp: Experiment, job_dir: Path) -> RuntimeSetup:
+        root = job_dir / "runtime"
+        root.mkdir(parents=True, exist_ok=True)
+        setup = cls(job_dir, new_secret())
+        fd = os.open(root / "secret", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(setup.secret)
+        entries: list[dict[str, Any]] = []
+        for i, spec in enumerate(exp.faults):
+            ranks = planned_victim_ranks(exp, i)
+            if ranks is False:
+                continue
+            fault = spec.build()
+            assert isinstance(fault, RuntimeFault)
+            setup.planned[i] = ranks  # type: ignore[assignment]
+            entries.append(fault.plan_entry(spec.id, ranks,  # type: ignore[arg-type]
+                                            [spec.trigger.at_step]))  # type: ignore[list-item]
+        write_plan(root / "plan.json", entries)
+        return setup
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"FAULTLAB_RUNTIME_SECRET": self.secret,
+                "FAULTLAB_RUNTIME_PLAN": str(self.job_dir / "runtime" / "plan.json")}
+
+
+def read_secret(run_dir: Path) -> str | None:
+    try:
+        return (run_dir / "runtime" / "secret").read_text().strip() or None
+    except FileNotFoundError:
+        return None

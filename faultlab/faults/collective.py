@@ -1,0 +1,94 @@
+"""Collective faults: slow, stuck, failing or partitioned collective communication.
+
+They strike inside the victim ranks through the runtime agent's interposer on
+``torch.distributed`` (``faultlab.runtime.interposer``), on the host before the collective is
+issued — the same on gloo and NCCL (for NCCL: before the kernel is enqueued). Injected live, a
+collective fault applies at once and lasts until undone (``duration_s`` or ``until``); each is
+reversible: a delay stops, a hung call is let go and completes.
+
+``ops`` names the operations to hit, as ``torch.distributed`` calls them
+(``all_gather_single``, ``reduce_scatter_single``, ``all_reduce``, ``barrier``, ``send``...) or
+``funcol.<name>`` for DTensor's functional collectives; fnmatch patterns allowed; default: all.
+FSDP2 issues ``all_gather_single`` and ``reduce_scatter_single``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from faultlab.faults.runtime_base import RuntimeFault, RuntimeFaultParams
+
+__all__ = ["CollectiveDelayFault", "CollectiveErrorFault", "CollectiveHangFault",
+           "CollectivePartitionFault"]
+
+_OPS_HELP = ("operations to hit (names or fnmatch patterns, e.g. all_gather_single, "
+             "'funcol.*'); default: every collective")
+
+
+class _Collective(RuntimeFault):
+    family = "collective"
+    reversible = True
+
+
+class CollectiveDelayFault(_Collective):
+    """Delay every matching collective on the victim ranks (a slow link, a straggler)."""
+
+    type = "collective_delay"
+
+    class Params(RuntimeFaultParams):
+        fault_type: ClassVar[str] = "collective_delay"
+        delay_ms: float = Field(100.0, ge=0, le=3_600_000, description="delay before each "
+                                                                       "matching call, ms")
+        jitter_ms: float = Field(0.0, ge=0, le=3_600_000, description="seeded uniform jitter "
+                                                                      "around delay_ms (never "
+                                                                      "below 0), ms")
+        ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)
+        seed: int | None = Field(None, ge=0, lt=2**63, description="seed of the jitter; "
+                                                                   "default: from the fault id")
+
+
+class CollectiveHangFault(_Collective):
+    """The victim rank never completes a collective (blocks before issuing it) until undone;
+    its peers wait inside the collective, as with a dead NIC or a deadlocked rank."""
+
+    type = "collective_hang"
+
+    class Params(RuntimeFaultParams):
+        fault_type: ClassVar[str] = "collective_hang"
+        ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)
+        after_num_calls: int = Field(1, ge=1, description="hang on this matching call "
+                                                          "(1 = the next one)")
+
+
+class CollectiveErrorFault(_Collective):
+    """Matching collectives on the victim rank raise ``DistBackendError`` ("Connection reset
+    by peer") instead of running: a broken transport."""
+
+    type = "collective_error"
+
+    class Params(RuntimeFaultParams):
+        fault_type: ClassVar[str] = "collective_error"
+        ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)
+        after_num_calls: int = Field(1, ge=1, description="first matching call that fails "
+                                                          "(1 = the next one)")
+        num_calls: int = Field(1, ge=1, description="how many calls fail")
+
+
+class CollectivePartitionFault(_Collective):
+    """Split the ranks into groups: a collective whose participants span groups hangs (or
+    fails) on the victim ranks; collectives within one group proceed. Target ``all`` to
+    partition the whole job."""
+
+    type = "collective_partition"
+
+    class Params(RuntimeFaultParams):
+        fault_type: ClassVar[str] = "collective_partition"
+        groups: list[list[int]] = Field(min_length=2, description="groups of global ranks, "
+                                                                  "e.g. [[0, 1], [2, 3]]; a "
+                                                                  "rank in none is alone")
+        mode: Literal["hang", "error"] = Field("hang", description="what a cross-group "
+                                                                   "collective does: hang "
+                                                                   "(until undone) or error")
+        ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)

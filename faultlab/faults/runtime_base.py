@@ -1,0 +1,128 @@
+"""Base of the faults that strike inside a rank, through its runtime agent (``faultlab.runtime``).
+
+A runtime fault exists in two forms that carry the same JSON entry:
+
+- planned before launch: ``plan_entry(fault_id, ranks, steps)`` is one entry of the plan file
+  every rank reads at start (``FAULTLAB_RUNTIME_PLAN``) — deterministic, step-exact, survives
+  restarts (fire-once markers keep a replayed step from striking again);
+- injected live: ``inject`` sends ``{"op": "inject", "fault": entry}`` to each victim rank's
+  agent through ``ctx.runtime(rank, message)`` (the engine adds the run's secret); numeric faults
+  strike at that rank's next step, collective faults at once. ``undo`` sends ``{"op": "undo"}``
+  to the same ranks; a rank that is gone has nothing left to undo.
+
+The entry's ``params`` are validated here by pydantic (for ``faultlab validate`` and the
+docs) and again by the runtime (``faultlab.runtime.plan``), which is the single source of the
+defaults: a test checks that both agree.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import model_validator
+
+from faultlab.errors import FaultError
+from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.runtime.plan import PlanError, validate_params
+
+__all__ = ["RuntimeContext", "RuntimeFault", "RuntimeFaultParams"]
+
+
+@runtime_checkable
+class RuntimeContext(Protocol):
+    def runtime(self, rank: int, message: dict[str, Any]) -> dict[str, Any]:
+        """Send ``message`` to ``rank``'s runtime agent; return its reply."""
+
+
+class RuntimeFaultParams(FaultParams):
+    """Params of a runtime fault: each is also checked by the runtime's own validator."""
+
+    @model_validator(mode="after")
+    def _runtime_accepts(self) -> RuntimeFaultParams:
+        fault_type = getattr(type(self), "fault_type", None)
+        if fault_type:
+            try:
+                validate_params(fault_type, self.runtime_params(), "params")
+            except PlanError as e:
+                raise ValueError(str(e).removeprefix("params.")) from None
+        return self
+
+    def runtime_params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
+class RuntimeFault(Fault):
+    """A fault carried out by the runtime agent inside the victim ranks."""
+
+    targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self.fault_id = f"{self.type}-{uuid.uuid4().hex[:8]}"
+        """Id of the live injection (keys the runtime's fire-once markers and the undo); the
+        engine may set its own (the experiment's fault id) before ``inject``."""
+        self._sent: list[int] = []
+
+    def _params(self, fault_id: str) -> dict[str, Any]:
+        params = self.params.runtime_params()  # type: ignore[attr-defined]
+        if "seed" in type(self.params).model_fields and params.get("seed") is None:
+            params["seed"] = zlib.crc32(fault_id.encode())  # deterministic given the id
+        return params
+
+    def plan_entry(self, fault_id: str, ranks: list[int] | None,
+                   steps: list[int] | None) -> dict[str, Any]:
+        """The entry for a launch plan (``faultlab.runtime.write_plan``) or a live inject."""
+        return {"id": fault_id, "type": self.type, "ranks": ranks, "steps": steps,
+                "params": self._params(fault_id)}
+
+    def victim_ranks(self, ctx: FaultContext, victim: Victim) -> list[int]:
+        if victim.kind == "all":
+            return ctx.ranks()
+        if victim.kind == "node":
+            node = ctx.node_names()[int(victim.value or 0)]
+            return [r for r in ctx.ranks() if ctx.node_of_rank(r) == node]
+        return [int(victim.value or 0)]
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        send = _runtime(ctx, self.type)
+        ranks = self.victim_ranks(ctx, victim)
+        if not ranks:
+            raise FaultError(f"{self.type}: {victim} has no rank to inject into (yet)")
+        replies = {}
+        for rank in ranks:
+            entry = self.plan_entry(self.fault_id, [rank], None)
+            self._sent.append(rank)  # before sending: undo must reach a half-injected rank
+            try:
+                reply = send(rank, {"op": "inject", "fault": entry})
+            except (FaultError, ValueError) as e:
+                raise FaultError(f"{self.type} {self.fault_id!r}: rank {rank}: {e}") from e
+            if not reply.get("ok"):
+                raise FaultError(f"{self.type} {self.fault_id!r}: rank {rank}'s runtime agent "
+                                 f"refused the fault: {reply.get('error')}")
+            replies[rank] = reply.get("applies_at")
+        return {"fault_id": self.fault_id, "ranks": ranks, "applies_at": replies}
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        if not self._sent:
+            return {}
+        send = _runtime(ctx, self.type)
+        undone: list[int] = []
+        gone: list[int] = []
+        for rank in sorted(set(self._sent)):
+            try:
+                reply = send(rank, {"op": "undo", "id": self.fault_id})
+            except (FaultError, ValueError):  # the rank died or restarted: nothing to undo
+                gone.append(rank)
+                continue
+            (undone if reply.get("ok") else gone).append(rank)
+        self._sent = []
+        return {"fault_id": self.fault_id, "undone_ranks": undone, "unreachable_ranks": gone}
+
+
+def _runtime(ctx: FaultContext, fault_type: str) -> Any:
+    if not isinstance(ctx, RuntimeContext):
+        raise FaultError(f"{fault_type} needs a target whose context can reach the runtime "
+                         f"agent (FaultContext.runtime); {type(ctx).__name__} cannot")
+    return ctx.runtime

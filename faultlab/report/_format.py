@@ -1,0 +1,84 @@
+"""How numbers read in the Markdown and HTML renderings (one place, so the two agree)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__: list[str] = []
+
+NOT_MEASURED = "not measured"
+
+
+def seconds(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return NOT_MEASURED
+    value = float(value)
+    if abs(value) >= 3600:
+        return f"{value / 3600:.{digits}f} h"
+    if abs(value) >= 120:
+        return f"{value / 60:.1f} min"
+    return f"{value:.{digits}f} s"
+
+
+def number(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return NOT_MEASURED
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != 0 and abs(value) < 10 ** -digits:
+            return f"{value:.{digits}g}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def percent(value: Any) -> str:
+    return NOT_MEASURED if value is None else f"{100 * float(value):.2f} %"
+
+
+def usd(value: Any) -> str:
+    return "—" if value is None else f"${float(value):,.0f}" if abs(value) >= 100 \
+        else f"${float(value):,.2f}"
+
+
+def size(num_bytes: Any) -> str:
+    if num_bytes is None:
+        return NOT_MEASURED
+    value = float(num_bytes)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"  # pragma: no cover - the loop always returns
+
+
+def timestamp(t: Any) -> str:
+    if t is None:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t)))
+
+
+def sla_bound(name: str, bound: Any) -> str:
+    """``≤ 40 s``, ``≥ 0.3``, ``= yes``: the SLA's comparison and bound."""
+    from faultlab.spec import SLA_KINDS
+
+    kind = SLA_KINDS.get(name, "bool")
+    op = {"max": "≤", "min": "≥", "bool": "="}[kind]
+    return f"{op} {measured(name, bound)}"
+
+
+def measured(name: str, value: Any) -> str:
+    if value is None:
+        return NOT_MEASURED
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if name.endswith("_s") and isinstance(value, int | float):
+        return f"{float(value):.2f} s"
+    return number(value, 3)
+
+
+def verdict(value: str) -> str:
+    return {"pass": "PASS", "fail": "FAIL"}.get(value, value.upper())

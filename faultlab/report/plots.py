@@ -1,0 +1,140 @@
+"""The report's plots: matplotlib figures rendered to SVG strings to inline in the HTML.
+
+Figures are drawn on an Agg canvas (no pyplot, no GUI backend, no global state) and saved
+as SVG with text kept as text (``svg.fonttype: none``) and no metadata, so a plot is a few
+kilobytes and refers to nothing outside itself. Every id inside an SVG is prefixed with the
+plot's own name: several SVGs inlined in one HTML document share one id namespace.
+
+Each function takes a part of report.json and nothing else.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.rcsetup import cycler
+
+__all__ = ["MARKER_STYLES", "PHASE_COLORS", "loss_svg", "recovery_svg", "timeline_svg"]
+
+RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "faultlab", "font.size": 9,
+      "axes.spines.top": False, "axes.spines.right": False,
+      "axes.prop_cycle": cycler(color=["#1f5fbf", "#d9730d", "#2e8b57", "#8e44ad",
+                                       "#c0392b", "#16a085"])}
+
+MARKER_STYLES: dict[str, dict[str, Any]] = {
+    "injected": {"color": "#c0392b", "linestyle": "-", "linewidth": 1.6},
+    "detected": {"color": "#e67e22", "linestyle": "--", "linewidth": 1.2},
+    "resumed": {"color": "#2471a3", "linestyle": "--", "linewidth": 1.2},
+    "recovered": {"color": "#229954", "linestyle": "-", "linewidth": 1.4},
+    "restart": {"color": "#7d3c98", "linestyle": ":", "linewidth": 1.2},
+}
+"""Vertical lines of the timeline, by marker kind."""
+
+PHASE_COLORS = {"detection": "#c0392b", "teardown": "#e67e22", "rendezvous": "#f1c40f",
+                "process_start": "#8e44ad", "process_group_init": "#5dade2",
+                "checkpoint_load": "#1f5fbf", "replay": "#27ae60"}
+
+
+def _svg(fig: Figure, name: str) -> str:
+    FigureCanvasAgg(fig)
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
+    text = re.sub(r'\bid="([^"]+)"', rf'id="{name}-\1"', text)
+    text = re.sub(r"url\(#([^)]+)\)", rf"url(#{name}-\1)", text)
+    text = re.sub(r'href="#([^"]+)"', rf'href="#{name}-\1"', text)
+    # Scale with the page: drop the fixed size, keep the viewBox (and so the aspect ratio).
+    text = re.sub(r'^<svg([^>]*?) width="[^"]*" height="[^"]*"',
+                  rf'<svg\1 class="plot" role="img" aria-label="{name}"', text, count=1)
+    return text.strip()
+
+
+def _figure(width: float = 9.0, height: float = 3.4) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def timeline_svg(timeline: dict[str, Any], name: str) -> str:
+    """Step against wall time, with the faults' injected/detected/resumed/recovered lines,
+    restarts, checkpoints and the golden run (dashed) for comparison."""
+    import matplotlib
+
+    with matplotlib.rc_context(RC):
+        fig = _figure()
+        ax = fig.add_subplot()
+        if timeline.get("golden"):
+            t, s = zip(*timeline["golden"], strict=True)
+            ax.plot(t, s, color="#999999", linestyle="--", linewidth=1.2,
+                    label="golden run (no faults)")
+        for series in timeline["series"]:
+            if series["points"]:
+                t, s = zip(*series["points"], strict=True)
+                ax.plot(t, s, marker=".", markersize=3, linewidth=1.4, label=series["label"])
+        seen: set[str] = set()
+        for m in timeline["markers"]:
+            kind = m["kind"]
+            label = None if kind in seen else kind
+            seen.add(kind)
+            if kind in MARKER_STYLES:
+                ax.axvline(m["t"], label=label, **MARKER_STYLES[kind])
+            elif kind in ("checkpoint_saved", "checkpoint_loaded") and m.get("step") is not None:
+                ax.plot([m["t"]], [m["step"]], linestyle="none", color="#222222",
+                        marker="v" if kind == "checkpoint_saved" else "^", markersize=6,
+                        label=label.replace("_", " ") if label else None)
+            elif kind == "anomaly":
+                ax.axvline(m["t"], color="#b03a2e", linestyle="-.", linewidth=1, label=label)
+        ax.set_xlabel("seconds since the job started")
+        ax.set_ylabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        return _svg(fig, name)
+
+
+def loss_svg(loss: dict[str, Any], name: str) -> str:
+    """Loss against step: every process of the faulted run over the golden run."""
+    import matplotlib
+
+    with matplotlib.rc_context(RC):
+        fig = _figure(height=3.0)
+        ax = fig.add_subplot()
+        if loss.get("golden"):
+            s, v = zip(*loss["golden"], strict=True)
+            ax.plot(s, [float("nan") if x is None else x for x in v], color="#bbbbbb",
+                    linewidth=4, label="golden run (no faults)")
+        for series in loss["series"]:
+            if series["points"]:
+                s, v = zip(*series["points"], strict=True)
+                ax.plot(s, [float("nan") if x is None else x for x in v], marker=".",
+                        markersize=4, linewidth=1.2, label=f"faulted: {series['label']}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        return _svg(fig, name)
+
+
+def recovery_svg(recovery: dict[str, Any], name: str) -> str:
+    """One horizontal bar per recovered fault, cut into its phases."""
+    import matplotlib
+
+    rows = recovery["rows"]
+    with matplotlib.rc_context(RC):
+        fig = _figure(height=max(1.6, 0.5 * len(rows) + 1.0))
+        ax = fig.add_subplot()
+        labels = [f"{r['experiment']} / {r['fault_id']}" for r in rows]
+        left = [0.0] * len(rows)
+        for phase in recovery["phases"]:
+            widths = [r["phases"].get(phase) or 0.0 for r in rows]
+            ax.barh(labels, widths, left=left, color=PHASE_COLORS.get(phase, "#888888"),
+                    label=phase.replace("_", " "), height=0.6)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds since the fault was injected")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        return _svg(fig, name)

@@ -1,0 +1,190 @@
+"""The pre-launch suite document: loading, and every mistake located (file:line YAML path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from faultlab.cli import EXIT_INVALID, EXIT_PASS, main
+from faultlab.errors import InvalidExperimentError
+from faultlab.faults import fault_types
+from faultlab.spec import (
+    PlannedSuite,
+    load_document,
+    load_experiment,
+    load_experiments,
+    parse_document,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PRELAUNCH = REPO / "experiments" / "prelaunch.yaml"
+MUST_PASS = ["rank_kill", "node_loss_elastic", "rank_hang", "ckpt_bitflip", "ckpt_torn_write",
+             "nan_gradients", "collective_delay_straggler", "collective_partition",
+             "spot_preemption_aws"]
+
+EXPERIMENT = """\
+name: {name}
+faults:
+  - type: rank_kill
+    target: {{rank: 1}}
+    trigger: {{at_step: 15}}
+expect: {{completes: true}}
+"""
+
+SUITE = """\
+suite:
+  name: pre
+  experiments:
+    - a.yaml
+    - b.yaml
+  plan:
+    num_gpus: 64
+    gpus_per_node: 8
+    mtbf_per_node_h: 5000
+    step_time_s: 2.5
+    checkpoint_size_gb: 100
+    storage_bandwidth_gb_s: 10
+"""
+
+
+def problems(path: Path) -> list[tuple[Path | None, int | None, str, str]]:
+    with pytest.raises(InvalidExperimentError) as info:
+        load_experiments([path])
+    return [(p.file, p.line, p.path, p.message) for p in info.value.problems]
+
+
+@pytest.fixture
+def suite_dir(tmp_path: Path) -> Path:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.yaml").write_text(EXPERIMENT.format(name=name))
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> None:
+    # every fault family that has landed is covered, and each member also runs in CI
+    shipped = (REPO / "Makefile").read_text().split("SHIPPED :=")[1].split("\n\n")[0]
+    assert all(f"experiments/{name}.yaml" in shipped for name in MUST_PASS)
+    families = {spec.fault_class.family for _, exp in load_experiments([PRELAUNCH])
+                for spec in exp.faults}
+    assert families == {f.family for f in fault_types().values()}
+    doc = load_document(PRELAUNCH)
+    assert isinstance(doc, PlannedSuite) and doc.name == "prelaunch"
+    assert [Path(p).stem for p in doc.suite.experiments] == MUST_PASS
+    assert [exp.name for _, exp in load_experiments([PRELAUNCH])] == MUST_PASS
+    plan = doc.suite.plan
+    assert plan.num_gpus > 0 and (plan.mtbf_per_gpu_h or plan.mtbf_per_node_h)
+    # one line per experiment: the list is a plain YAML sequence, one item per line
+    text = PRELAUNCH.read_text()
+    assert all(sum(f"- {p}" in line for line in text.splitlines()) == 1
+               for p in doc.suite.experiments)
+
+
+def test_a_suite_expands_in_order_relative_to_its_file(suite_dir: Path) -> None:
+    suite = write(suite_dir / "s.yaml", SUITE)
+    loaded = load_experiments([suite])
+    assert [(p, e.name) for p, e in loaded] == [(suite_dir / "a.yaml", "a"),
+                                               (suite_dir / "b.yaml", "b")]
+    doc = load_document(suite)
+    assert isinstance(doc, PlannedSuite)
+    assert doc.suite.plan.num_nodes == 8 and doc.suite.plan.mtbf_per_gpu_h is None
+
+
+def test_a_missing_experiment_is_located_at_its_line(suite_dir: Path) -> None:
+    suite = write(suite_dir / "s.yaml", SUITE.replace("- b.yaml", "- nope/missing.yaml"))
+    [(file, line, path, message)] = problems(suite)
+    assert (file, line, path) == (suite, 5, "suite.experiments[1]")
+    assert message.startswith("cannot read 'nope/missing.yaml' (looked for ")
+    assert message.endswith("paths in a suite are relative to the suite file")
+
+
+def test_an_invalid_member_experiment_is_reported_in_its_own_file(suite_dir: Path) -> None:
+    write(suite_dir / "b.yaml", EXPERIMENT.format(name="b").replace("at_step: 15",
+                                                                     "at_step: ten"))
+    suite = write(suite_dir / "s.yaml", SUITE)
+    assert problems(suite) == [(suite_dir / "b.yaml", 5, "faults[0].trigger.at_step",
+                                "expected an integer, got 'ten'")]
+
+
+@pytest.mark.parametrize(("old", "new", "line", "path", "message"), [
+    ("num_gpus: 64", "num_gpus: 0", 7, "suite.plan.num_gpus", "must be >= 1, got 0"),
+    ("step_time_s: 2.5", "step_time_s: fast", 10, "suite.plan.step_time_s",
+     "expected a number, got 'fast'"),
+    ("mtbf_per_node_h: 5000", "mtbf_per_node_h: 5000\n    mtbf_per_gpu_h: 40000", 9,
+     "suite.plan.mtbf_per_node_h",
+     "give the failure rate once: either mtbf_per_gpu_h or mtbf_per_node_h, not both"),
+    ("    mtbf_per_node_h: 5000\n", "", 6, "suite.plan",
+     "the plan needs a failure rate: set mtbf_per_gpu_h (hours between failures of one GPU) "
+     "or mtbf_per_node_h (of one node)"),
+    ("    - b.yaml\n", "    - a.yaml\n", 5, "suite.experiments[1]",
+     "'a.yaml' is listed twice (also experiments[0]); each experiment runs once per suite, "
+     "so remove one"),
+    ("name: pre", "name: Pre Launch", 2, "suite.name",
+     "'Pre Launch' is not a valid suite name: use only lowercase letters, digits, '_' and "
+     "'-' (e.g. 'pre_launch')"),
+    ("  experiments:\n    - a.yaml\n    - b.yaml\n", "  experiments: []\n", 3,
+     "suite.experiments", "must not be empty"),
+])
+def test_bad_suite_values_are_located(suite_dir: Path, old: str, new: str, line: int,
+                                      path: str, message: str) -> None:
+    assert old in SUITE
+    suite = write(suite_dir / "s.yaml", SUITE.replace(old, new))
+    assert problems(suite) == [(suite, line, path, message)]
+
+
+def test_a_misspelt_plan_key_is_named_with_the_fix(suite_dir: Path) -> None:
+    suite = write(suite_dir / "s.yaml", SUITE.replace("storage_bandwidth_gb_s: 10",
+                                                      "storage_bandwith_gb_s: 10"))
+    assert [(line, path, msg) for _f, line, path, msg in problems(suite)] == [
+        (6, "suite.plan.storage_bandwidth_gb_s", "required key is missing"),
+        (12, "suite.plan.storage_bandwith_gb_s",
+         "unknown key 'storage_bandwith_gb_s'; did you mean 'storage_bandwidth_gb_s'?")]
+
+
+def test_a_suite_missing_its_plan_or_with_extra_keys(suite_dir: Path) -> None:
+    text = SUITE.split("  plan:")[0] + "faults: []\n"
+    suite = write(suite_dir / "s.yaml", text)
+    assert [(line, path, msg) for _f, line, path, msg in problems(suite)] == [
+        (1, "suite.plan", "required key is missing"),
+        (6, "faults", "unknown key 'faults'; valid keys: suite")]
+
+
+def test_a_planned_suite_is_not_one_experiment(suite_dir: Path) -> None:
+    suite = write(suite_dir / "s.yaml", SUITE)
+    with pytest.raises(InvalidExperimentError) as info:
+        load_experiment(suite)
+    assert [(p.line, p.path) for p in info.value.problems] == [(1, "suite")]
+    assert isinstance(parse_document(SUITE), PlannedSuite)
+
+
+def test_validate_accepts_the_suite_and_names_its_plan(
+        suite_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(PRELAUNCH)]) == EXIT_PASS
+    out = capsys.readouterr().out
+    assert all(f"{name}.yaml" in out for name in MUST_PASS)
+    assert (f"pre-launch suite prelaunch: {len(MUST_PASS)} experiment(s); plan 1024 GPUs in 128 "
+            f"node(s)") in out
+
+
+def test_validate_and_run_reject_a_bad_suite_before_anything_runs(
+        suite_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = write(suite_dir / "s.yaml", SUITE.replace("num_gpus: 64", "num_gpus: -1"))
+    for command in ("validate", "run"):
+        assert main([command, str(suite), "--report-dir", str(suite_dir / "r")]
+                    if command == "run" else [command, str(suite)]) == EXIT_INVALID
+        err = capsys.readouterr().err
+        assert f"{suite}:7 suite.plan.num_gpus: must be >= 1, got -1" in err
+    assert not (suite_dir / "r").exists()
+
+
+def test_a_suite_runs_alone(suite_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = write(suite_dir / "s.yaml", SUITE)
+    assert main(["run", str(suite), str(suite_dir / "a.yaml"), "--report-dir",
+                 str(suite_dir / "r")]) == EXIT_INVALID
+    assert "a pre-launch suite writes one report folder of its own" in capsys.readouterr().err
+    assert not (suite_dir / "r").exists()
