@@ -35,7 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PROVIDERS", "Notice", "PreemptionWatcher", "resolve_endpoint"]
+__all__ = ["PROVIDERS", "Notice", "PreemptedMidStep", "PreemptionWatcher", "install_block_checks",
+           "resolve_endpoint"]
 
 PROVIDERS = ("auto", "none", "aws", "gce", "azure")
 
@@ -192,3 +193,39 @@ class PreemptionWatcher:
         if status not in ok:
             raise ValueError(f"{method} {path}: HTTP {status} {text[:200]!r}")
         return status, text
+
+
+class PreemptedMidStep(Exception):
+    """Raised by a block-boundary check: every rank agreed a notice is in; abandon the step."""
+
+
+def install_block_checks(blocks: Any, watcher: PreemptionWatcher, device: Any) -> list[Any]:
+    """Check for a notice at every block boundary, forward and backward, not just per step.
+
+    A check is a one-element all-reduce of "has my node seen a notice", so every rank takes the
+    same decision at the same block and raises ``PreemptedMidStep`` there together. Without it
+    a notice waits for the next step boundary: half a step on average (1.5 s for ``small`` on
+    2 CPU cores), more than the rest of the emergency save. Forward: a pre-hook on each block.
+    Backward: a hook on each block's output gradient, which autograd calls just before that
+    block's backward. The step's parameters and optimizer state are untouched until the
+    optimizer step, so the caller reshards the FSDP modules and saves the previous step.
+    Costs ``2 x len(blocks)`` tiny all-reduces per step, only while watching. Returns the hook
+    handles."""
+    import torch
+    import torch.distributed as dist
+
+    def check() -> None:
+        flag = torch.tensor([1.0 if watcher.noticed else 0.0], device=device)
+        dist.all_reduce(flag)
+        if flag.item() > 0:
+            raise PreemptedMidStep()
+
+    def on_output(_module: Any, _args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: check())
+
+    handles = []
+    for block in blocks:
+        handles.append(block.register_forward_pre_hook(lambda _m, _a: check()))
+        handles.append(block.register_forward_hook(on_output))
+    return handles

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from faultlab import runtime as faultlab_runtime
@@ -54,7 +54,12 @@ from reference_trainer.digest import state_digest
 from reference_trainer.events import EventLog
 from reference_trainer.health import EXIT_CODES, StragglerDetector, Watchdog, enable_determinism
 from reference_trainer.model import GPT
-from reference_trainer.preemption import PreemptionWatcher, resolve_endpoint
+from reference_trainer.preemption import (
+    PreemptedMidStep,
+    PreemptionWatcher,
+    install_block_checks,
+    resolve_endpoint,
+)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -222,7 +227,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                 "config": cfg.to_json(), "torch_version": torch.__version__,
                 "world_size": world_size}
 
-    def leave_for_preemption(at_step: int, rng: dict[str, Any]) -> int:
+    def leave_for_preemption(at_step: int, rng: dict[str, Any], caught: str) -> int:
         """Every rank saw the notice in the same collective: commit the last completed step,
         then leave. The preempted node's agent is told to go (SIGTERM makes torchrun's agent
         stop its workers and exit *without* closing the rendezvous); the other nodes' agents
@@ -239,7 +244,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                       rng=rng, emergency=True)
         mine = watcher.noticed
         events.emit("exit", reason="preempted" if mine else "peer_preempted",
-                    code=EXIT_CODES["preempted"], step=at_step)
+                    code=EXIT_CODES["preempted"], step=at_step, caught=caught)
         if mine:
             watcher.acknowledge()
             if "TORCHELASTIC_RESTART_COUNT" in os.environ:
@@ -253,30 +258,39 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     stragglers = StragglerDetector(world_size, threshold_s=cfg.straggler_threshold_s,
                                    num_steps=cfg.straggler_steps)
     wait_s = 0.0  # this rank's wait in the previous step's stats all-reduce
+    if watcher is not None:
+        install_block_checks(model.blocks, watcher, device)
     model.train()
     while step < last_step:
         ckpt.poll()
         s = step + 1
         t0 = time.monotonic()
         if watcher is not None:
-            # Checked here and again with the step's stats: a notice waits for at most about
-            # half a step. The RNG state is kept so that a save made mid-step stores it.
+            # Checked here, at every block boundary (install_block_checks) and with the step's
+            # stats. The RNG state is kept so that a save made mid-step stores it.
             rng_at_start = capture_rng()
             flag = torch.tensor([1.0 if watcher.noticed else 0.0], device=device)
             dist.all_reduce(flag)
             if flag.item() > 0:
-                return leave_for_preemption(step, rng_at_start)
+                return leave_for_preemption(step, rng_at_start, "step start")
         rt.step(s)
         ids = sampler.local_ids(s)
         x, y = (t.to(device, non_blocking=True) for t in data.batch(ids))
-        loss_sum = rt.loss(model(x, y))
-        for key in ((s, rank), (s, None)):
-            if key in cfg.inject_nonfinite and key not in fired:
-                fired.add(key)
-                loss_sum = loss_sum * float("nan")
-        # FSDP2 averages gradients over the ranks; scale so the result is the gradient of the
-        # mean over the *global* batch even when the slices are uneven.
-        (loss_sum * (world_size / tokens_per_step)).backward()
+        try:
+            loss_sum = rt.loss(model(x, y))
+            for key in ((s, rank), (s, None)):
+                if key in cfg.inject_nonfinite and key not in fired:
+                    fired.add(key)
+                    loss_sum = loss_sum * float("nan")
+            # FSDP2 averages gradients over the ranks; scale so the result is the gradient of
+            # the mean over the *global* batch even when the slices are uneven.
+            (loss_sum * (world_size / tokens_per_step)).backward()
+        except PreemptedMidStep:  # every rank, at the same block: abandon step s
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()  # the blocks in flight held unsharded parameters
+            optimizer.zero_grad(set_to_none=True)
+            return leave_for_preemption(step, rng_at_start, "block boundary")
         grad_norm = clip_grad_norm(model, cfg.grad_clip)
         # One all-reduce: the global loss, the count of ranks that saw a non-finite loss, of
         # ranks whose node received a preemption notice, and every rank's wait in the previous
@@ -301,7 +315,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                 events.emit("anomaly", what="straggler", step=s, action="report", **named)
         if stats[2] > 0:  # step s is abandoned before its optimizer step: save step s - 1
             optimizer.zero_grad(set_to_none=True)
-            return leave_for_preemption(step, rng_at_start)
+            return leave_for_preemption(step, rng_at_start, "after backward")
         if bad_ranks or not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             what = "nonfinite_loss" if bad_ranks else "nonfinite_grad_norm"
