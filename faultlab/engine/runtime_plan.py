@@ -9,11 +9,13 @@ Every job the engine launches gets, in ``JOB_DIR/runtime/``:
   ``loss_spike``, ``weight_bitflip`` with ``at_step``), decided before the launch and given to
   every rank as ``FAULTLAB_RUNTIME_PLAN``: same plan, same injections, step-exact (``at_step: N``
   strikes during step N), and fired once per job even when a rollback or a restart replays the
-  step. Their injection time is the one the rank reports in its ``fault_injected`` event.
+  step; and ``collective_delay`` with ``at_step`` and ``num_steps``: the step window
+  ``N .. N + num_steps - 1`` (a replayed step is delayed again, as a slow link would). Their
+  injection time is the one the rank reports in its ``fault_injected`` event.
 
-Collective faults are injected live even when triggered by step (``at_step: N`` fires once step N
-is logged, so it strikes from step N + 1): they last until undone, and undoing a live fault is
-final, whereas a planned window would start again in every restarted process.
+Other collective faults are injected live even when triggered by step (``at_step: N`` fires once
+step N is logged, so it strikes from step N + 1): they last until undone, and undoing a live
+fault is final, whereas a planned window would start again in every restarted process.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ __all__ = ["RuntimeSetup", "planned_victim_ranks"]
 def planned_victim_ranks(exp: Experiment, index: int) -> list[int] | None | bool:
     """Ranks of a planned fault (None: every rank), or False if it cannot be planned."""
     spec = exp.faults[index]
-    if not issubclass(spec.fault_class, RuntimeFault) or spec.fault_class.family != "numeric":
+    if not issubclass(spec.fault_class, RuntimeFault) or spec.trigger.at_step is None:
         return False
-    if spec.trigger.at_step is None:
+    windowed = spec.type == "collective_delay" and getattr(spec.params, "num_steps", None)
+    if spec.fault_class.family != "numeric" and not windowed:
         return False
     kind = spec.target.kind
     if kind == "all":
@@ -71,8 +74,14 @@ class RuntimeSetup:
             fault = spec.build()
             assert isinstance(fault, RuntimeFault)
             setup.planned[i] = ranks  # type: ignore[assignment]
-            entries.append(fault.plan_entry(spec.id, ranks,  # type: ignore[arg-type]
-                                            [spec.trigger.at_step]))  # type: ignore[list-item]
+            at = spec.trigger.at_step
+            num_steps = getattr(spec.params, "num_steps", None)
+            if num_steps:  # a window of steps rather than one step
+                entry = fault.plan_entry(spec.id, ranks, None)  # type: ignore[arg-type]
+                entry.update(from_step=at, to_step=at + num_steps - 1)  # type: ignore[operator]
+            else:
+                entry = fault.plan_entry(spec.id, ranks, [at])  # type: ignore[arg-type,list-item]
+            entries.append(entry)
         write_plan(root / "plan.json", entries)
         return setup
 

@@ -14,7 +14,7 @@ FSDP2 issues ``all_gather_single`` and ``reduce_scatter_single``.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -47,6 +47,14 @@ class CollectiveDelayFault(_Collective):
         ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)
         seed: int | None = Field(None, ge=0, lt=2**63, description="seed of the jitter; "
                                                                    "default: from the fault id")
+        num_steps: int | None = Field(None, ge=1, description="with an at_step trigger: delay "
+                                      "exactly steps at_step .. at_step + num_steps - 1, "
+                                      "planned at launch; unset: from when the trigger fires "
+                                      "until undone (duration_s, until, or the run's end)")
+
+        def runtime_params(self) -> dict[str, Any]:
+            # The step window is the plan entry's, not a parameter the agent knows.
+            return {k: v for k, v in super().runtime_params().items() if k != "num_steps"}
 
 
 class CollectiveHangFault(_Collective):

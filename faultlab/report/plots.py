@@ -39,6 +39,17 @@ PHASE_COLORS = {"detection": "#c0392b", "teardown": "#e67e22", "rendezvous": "#f
                 "checkpoint_load": "#1f5fbf", "replay": "#27ae60"}
 
 
+def _finish(fig: Figure, ax: Any, name: str, xlabel: str, ylabel: str | None, *,
+            grid: str = "both") -> str:
+    """Labels, grid and the legend outside on the right (every plot alike), then the SVG."""
+    ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.grid(axis=grid, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return _svg(fig, name)
+
+
 def _svg(fig: Figure, name: str) -> str:
     FigureCanvasAgg(fig)
     buf = io.StringIO()
@@ -88,11 +99,7 @@ def timeline_svg(timeline: dict[str, Any], name: str) -> str:
                         label=label.replace("_", " ") if label else None)
             elif kind == "anomaly":
                 ax.axvline(m["t"], color="#b03a2e", linestyle="-.", linewidth=1, label=label)
-        ax.set_xlabel("seconds since the job started")
-        ax.set_ylabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        return _svg(fig, name)
+        return _finish(fig, ax, name, "seconds since the job started", "step")
 
 
 def loss_svg(loss: dict[str, Any], name: str) -> str:
@@ -111,11 +118,7 @@ def loss_svg(loss: dict[str, Any], name: str) -> str:
                 s, v = zip(*series["points"], strict=True)
                 ax.plot(s, [float("nan") if x is None else x for x in v], marker=".",
                         markersize=4, linewidth=1.2, label=f"faulted: {series['label']}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        return _svg(fig, name)
+        return _finish(fig, ax, name, "step", "loss")
 
 
 def recovery_svg(recovery: dict[str, Any], name: str) -> str:
@@ -134,7 +137,4 @@ def recovery_svg(recovery: dict[str, Any], name: str) -> str:
                     label=phase.replace("_", " "), height=0.6)
             left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.invert_yaxis()
-        ax.set_xlabel("seconds since the fault was injected")
-        ax.grid(axis="x", alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        return _svg(fig, name)
+        return _finish(fig, ax, name, "seconds since the fault was injected", None, grid="x")

@@ -409,6 +409,17 @@ class FaultSpec(SpecModel):
     @model_validator(mode="after")
     def _undo(self) -> FaultSpec:
         fault = self.fault_class
+        num_steps = getattr(self.params, "num_steps", None)  # a planned step window
+        if num_steps is not None:
+            errors = [spec_error(("params", "num_steps"), "a step window needs an at_step "
+                                 "trigger; with other triggers use duration_s", num_steps)
+                      ] if self.trigger.at_step is None else []
+            errors += [spec_error((key,), f"params.num_steps already ends the fault; remove "
+                                  f"{key}", getattr(self, key))
+                       for key in ("duration_s", "until") if getattr(self, key) is not None]
+            if errors:
+                raise located(errors)
+            return self
         if fault.reversible:
             if self.duration_s is None and self.until is None:
                 raise ValueError(f"{self.type} must be undone: add duration_s: <seconds>, "

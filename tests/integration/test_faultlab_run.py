@@ -82,7 +82,7 @@ def sla(j: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 # Through the CLI here; every shipped experiment also runs as a pytest item (make test).
-@pytest.mark.parametrize("name", ["rank_kill", "rank_hang"])
+@pytest.mark.parametrize("name", ["rank_hang"])  # rank_kill: tests/report runs it as a suite
 def test_shipped_experiment_passes(name: str, tmp_path: Path, golden_cache: Path) -> None:
     rc, out = run("run", EXPERIMENTS / f"{name}.yaml", "--report-dir", tmp_path,
                   "--golden-cache", golden_cache)
@@ -106,8 +106,8 @@ def test_hang_with_default_timeouts_is_an_sla_failure_not_a_wait(tmp_path: Path)
                   "--report-dir", tmp_path)
     took_s = time.monotonic() - t0
     assert rc == 1, out
-    assert took_s < 45 + 60, f"took {took_s:.0f} s for a 45 s experiment timeout"
-    assert "FAIL completes: measured False, required == True (timed out after 45 s)" in out
+    assert took_s < 35 + 60, f"took {took_s:.0f} s for a 35 s experiment timeout"
+    assert "FAIL completes: measured False, required == True (timed out after 35 s)" in out
     j = journal(tmp_path)
     assert j["verdict"] == "fail" and j["run"]["timed_out"] is True
     assert sla(j, "detection_latency_s")["measured"] is None  # nothing ever noticed

@@ -30,18 +30,24 @@ DOC = {
          "trigger": {"at_time_s": 3}},
         {"id": "slow", "type": "collective_delay", "target": {"rank": 0},
          "trigger": {"at_step": 4}, "duration_s": 2, "params": {"delay_ms": 10}},
+        {"id": "window", "type": "collective_delay", "target": {"rank": 1},
+         "trigger": {"at_step": 6}, "params": {"delay_ms": 10, "num_steps": 3}},
     ],
 }
 
 
 def test_only_step_triggered_numeric_faults_on_known_ranks_are_planned(tmp_path: Path) -> None:
     exp = experiment_from_dict(DOC)
-    assert [planned_victim_ranks(exp, i) for i in range(5)] == [[1], None, False, False, False]
+    assert [planned_victim_ranks(exp, i) for i in range(6)] == [
+        [1], None, False, False, False, [1]]
     setup = RuntimeSetup.create(exp, tmp_path)
-    assert setup.planned == {0: [1], 1: None}
+    assert setup.planned == {0: [1], 1: None, 5: [1]}
     plan = json.loads((tmp_path / "runtime" / "plan.json").read_text())
-    assert [(f["id"], f["type"], f["ranks"], f["steps"]) for f in plan["faults"]] == [
-        ("nan", "grad_nan", [1], [12]), ("spike", "loss_spike", None, [5])]
+    assert [(f["id"], f["type"], f["ranks"], f["steps"], f.get("from_step"), f.get("to_step"))
+            for f in plan["faults"]] == [
+        ("nan", "grad_nan", [1], [12], None, None), ("spike", "loss_spike", None, [5], None, None),
+        ("window", "collective_delay", [1], None, 6, 8)]
+    assert "num_steps" not in plan["faults"][2]["params"]  # the window is the entry's
     secret_file = tmp_path / "runtime" / "secret"
     assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
     assert read_secret(tmp_path) == setup.secret and len(setup.secret) >= 32
