@@ -34,7 +34,7 @@ chromium:
 	  echo "installed chromium in $$(( $$(date +%s) - start_s )) s"; }
 
 test: $(STAMP) chromium
-	$(PY) -m pytest -n 2 tests $(SHIPPED)
+	$(PY) -m pytest -n 2 --durations=25 tests $(SHIPPED)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_trainer.py
