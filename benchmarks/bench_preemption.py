@@ -11,8 +11,8 @@ on node 1's endpoint. Measured from the trainer's own events:
 
 notice → seen       announcement → ``preemption_notice`` (the watcher's poll interval)
 seen → decided      the save's start (its commit minus its duration) minus the notice event:
-                    the wait for the next check (a block boundary in forward or backward, the
-                    step's start or its stats all-reduce)
+                    the wait for the next check (a block boundary in forward or backward, or
+                    the step's stats all-reduce)
 save                ``checkpoint_saved.seconds`` of the emergency save (DCP write + manifest
                     hashing + rename + fsync)
 notice → committed  announcement → rank 0's ``checkpoint_saved`` with ``emergency: true``

@@ -144,7 +144,7 @@ class LocalJob:
         try:
             endpoint, conf = self._start_rendezvous()
             for i in range(self.nodes):
-                self._nodes.append(self._start_node(i, endpoint, conf, logs))
+                self._nodes.append(self._spawn(i, endpoint, conf, logs))
         except BaseException:
             self.stop()
             raise
@@ -160,11 +160,7 @@ class LocalJob:
         if old.popen.poll() is None:
             raise LaunchError(f"{node} is still running (agent pid {old.popen.pid})")
         index = self._nodes.index(old)
-        # Spawned from a thread that lives as long as this process: the agent's parent-death
-        # signal (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits, and callers
-        # (a fault's timer) are often short-lived threads.
-        self._nodes[index] = _spawner().submit(
-            self._start_node, index, self._endpoint, self._conf, self.run_dir / "logs").result()
+        self._nodes[index] = self._spawn(index, self._endpoint, self._conf, self.run_dir / "logs")
         self._killed.discard(node)  # its new agent's exit code counts
         self._write_launch_json(self._endpoint)
         return self._nodes[index].popen.pid
@@ -204,6 +200,12 @@ class LocalJob:
         conf = (f"is_host=false,last_call_timeout={self.last_call_timeout_s},join_timeout=300,"
                 f"keep_alive_interval=1,keep_alive_max_attempt=3")
         return f"127.0.0.1:{port}", conf
+
+    def _spawn(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
+        """Start a node's agent from a thread that lives as long as this process: the agent's
+        parent-death signal (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits,
+        and callers may be short-lived threads (a fault's timer, a Chaos Toolkit action)."""
+        return _spawner().submit(self._start_node, index, endpoint, conf, logs).result()
 
     def _start_node(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
         name = f"node{index}"

@@ -266,13 +266,10 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         s = step + 1
         t0 = time.monotonic()
         if watcher is not None:
-            # Checked here, at every block boundary (install_block_checks) and with the step's
-            # stats. The RNG state is kept so that a save made mid-step stores it.
+            # A notice is checked at every block boundary (install_block_checks; the first
+            # block's comes right after this) and with the step's stats. The RNG state is kept
+            # so that a save made mid-step stores the state of the step's start.
             rng_at_start = capture_rng()
-            flag = torch.tensor([1.0 if watcher.noticed else 0.0], device=device)
-            dist.all_reduce(flag)
-            if flag.item() > 0:
-                return leave_for_preemption(step, rng_at_start, "step start")
         rt.step(s)
         ids = sampler.local_ids(s)
         x, y = (t.to(device, non_blocking=True) for t in data.batch(ids))

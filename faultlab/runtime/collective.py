@@ -26,6 +26,7 @@ import fnmatch
 import random
 import threading
 import time
+from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 from faultlab.runtime.interposer import Call
@@ -59,8 +60,8 @@ def _dist_error(message: str) -> Exception:
         return RuntimeError(message)
 
 
-class CollectiveFault:
-    """Base: op matching, counters, undo (``released``)."""
+class CollectiveFault(ABC):
+    """Base: op matching, counters, undo (``released``); a kind implements ``_before``."""
 
     def __init__(self, entry: FaultEntry, host: Host, *, live: bool) -> None:
         self.entry, self.host, self.live = entry, host, live
@@ -88,8 +89,9 @@ class CollectiveFault:
         self.num_matched += 1
         self._before(call)
 
+    @abstractmethod
     def _before(self, call: Call) -> None:
-        raise NotImplementedError
+        """Act on one matching call before it is issued: delay, block or raise."""
 
     def _strike(self, call: Call, **details: Any) -> None:
         self.num_struck += 1
