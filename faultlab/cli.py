@@ -142,8 +142,11 @@ def _list_faults(console: Console) -> int:
     from faultlab.faults import fault_types
 
     for name, cls in fault_types().items():
+        only = ("" if set(cls.launchers) >= {"local", "docker"}
+                else f"; topology.launcher: {' or '.join(cls.launchers)}")
         console.print(f"[bold]{name}[/]  ({cls.family}; targets: {', '.join(cls.targets)}"
-                      f"{'; reversible: needs duration_s or until' if cls.reversible else ''})")
+                      f"{'; reversible: needs duration_s or until' if cls.reversible else ''}"
+                      f"{only})")
         console.print(f"    {cls.summary()}")
         for field, info in cls.Params.model_fields.items():
             default = "" if info.is_required() else f" = {info.default!r}"

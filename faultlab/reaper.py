@@ -3,9 +3,10 @@
 The engine starts it in a session of its own and keeps ``--pidfile`` current with every pid of
 the job. When the engine's process disappears without having stopped the guard, the guard
 continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills
-it and its descendants. On a normal exit the engine terminates the guard first.
+it and its descendants; for a job of the docker target (``--docker-run``) it then removes that
+run's containers, network and image. On a normal exit the engine terminates the guard first.
 
-    python -m faultlab.reaper --parent PID --pidfile FILE
+    python -m faultlab.reaper --parent PID --pidfile FILE [--docker-run RUN_ID]
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def _reap(pidfile: Path) -> int:
     return continue_and_kill(pids)
 
 
+def _remove_docker_run(run_id: str) -> None:
+    try:
+        from faultlab.targets.docker.engine import connect, remove_run
+
+        removed = remove_run(connect(), run_id)
+        print(f"faultlab reaper: removed docker run {run_id}: {removed}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - report, never crash the guard
+        print(f"faultlab reaper: could not remove docker run {run_id}: {e}; run "
+              f"`faultlab docker clean`", file=sys.stderr)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -60,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--pidfile", type=Path, required=True)
     parser.add_argument("--interval-s", type=float, default=0.5)
+    parser.add_argument("--docker-run", default=None, help="the docker target's run id")
     args = parser.parse_args(argv)
     stop = False
 
@@ -74,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             n = _reap(args.pidfile)
             print(f"faultlab reaper: engine {args.parent} died; killed {n} process(es) of "
                   f"the job", file=sys.stderr)
+            if args.docker_run:
+                _remove_docker_run(args.docker_run)
             return 0
         time.sleep(args.interval_s)
     return 0

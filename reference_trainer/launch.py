@@ -170,7 +170,7 @@ class LocalJob:
         self._node(node)
         self._killed.add(node)
 
-    def _start_rendezvous(self) -> tuple[str, str]:
+    def _start_rendezvous(self, host: str = "127.0.0.1") -> tuple[str, str]:
         if self.torchrun_defaults:
             import socket
             with socket.socket() as s:
@@ -179,7 +179,8 @@ class LocalJob:
             return f"127.0.0.1:{port}", ""
         port_file = self.run_dir / "logs" / f"rdzv-store-{uuid.uuid4().hex[:8]}.port"
         self._store = subprocess.Popen(
-            [sys.executable, "-m", "reference_trainer.rdzv_store", "--port-file", str(port_file)],
+            [sys.executable, "-m", "reference_trainer.rdzv_store", "--host", host,
+             "--port-file", str(port_file)],
             stdout=subprocess.DEVNULL, stderr=open(self.run_dir / "logs" / "rdzv-store.log", "ab"),
             start_new_session=True,
         )
@@ -199,7 +200,7 @@ class LocalJob:
         # 3 x 5 s by default (measured: node-loss resume 16.0 s before, 7.6 s after).
         conf = (f"is_host=false,last_call_timeout={self.last_call_timeout_s},join_timeout=300,"
                 f"keep_alive_interval=1,keep_alive_max_attempt=3")
-        return f"127.0.0.1:{port}", conf
+        return f"{host}:{port}", conf
 
     def _spawn(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
         """Start a node's agent from a thread that lives as long as this process: the agent's
@@ -209,8 +210,19 @@ class LocalJob:
 
     def _start_node(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
         name = f"node{index}"
+        env = {**os.environ, **self.node_environment(name)}
+        cmd = [sys.executable, *self.agent_argv(endpoint, conf, "127.0.0.1")]
+        log_path = logs / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=die_with_parent)
+        return _Node(name, popen, log_path, cmd)
+
+    def node_environment(self, name: str) -> dict[str, str]:
+        """What a node's agent (and so its workers) gets on top of the launcher's environment."""
         world = self.nodes * self.procs_per_node
-        env = {**os.environ, **self.env, **self.node_env.get(name, {}),
+        env = {**self.env, **self.node_env.get(name, {}),
                "FAULTLAB_NODE": name, "FAULTLAB_RUN_DIR": str(self.run_dir),
                "PYTHONUNBUFFERED": "1",
                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
@@ -218,14 +230,18 @@ class LocalJob:
             # torch 2.13: when the node holding group rank 0 dies, survivors disagree on
             # MASTER_PORT if the rendezvous store is shared with the workers, and hang.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        return env
+
+    def agent_argv(self, endpoint: str, conf: str, local_addr: str) -> list[str]:
+        """A node's agent command line after the interpreter (``-m ...``)."""
         agent = "torch.distributed.run" if self.torchrun_defaults else "reference_trainer.agent"
-        cmd = [sys.executable, "-m", agent,
+        cmd = ["-m", agent,
                "--nnodes", f"{self.min_nodes}:{self.nodes}",
                "--nproc-per-node", str(self.procs_per_node),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                "--rdzv-id", self._rdzv_id,
                "--max-restarts", str(self.max_restarts),
-               "--local-addr", "127.0.0.1"]
+               "--local-addr", local_addr]
         if conf:
             cmd += ["--rdzv-conf", conf, "--monitor-interval", "0.1"]
         if self.cfg is not None:
@@ -233,12 +249,7 @@ class LocalJob:
         else:
             assert self.command is not None
             cmd += ["--no-python", *self.command]
-        log_path = logs / f"{name}.log"
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=die_with_parent)
-        return _Node(name, popen, log_path, cmd)
+        return cmd
 
     def _write_launch_json(self, endpoint: str) -> None:
         info = {

@@ -6,6 +6,10 @@ code version (a hash of the reference trainer's sources, faultlab's version and 
 a user's command the git commit and uncommitted diff of the working directory). Entries are
 written atomically under a per-key file lock, so parallel experiments (pytest-xdist) that need
 the same golden run it once.
+
+The golden run always runs on local nodes: where the nodes run (``topology.launcher``) decides
+no bit of the result — the same interpreter, torch and gloo compute it either way — so it is
+not part of the key, and a container experiment shares its golden run with a local one.
 """
 
 from __future__ import annotations
@@ -78,7 +82,8 @@ def golden_key(exp: Experiment) -> str:
         "target": {"preset": t.preset, "overrides": overrides,
                    "command": list(t.command or [])},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
-        "topology": exp.topology.model_dump(mode="json"), "code": code_version(exp),
+        "topology": exp.topology.model_dump(mode="json", exclude={"launcher"}),
+        "code": code_version(exp),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 

@@ -36,7 +36,7 @@ from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import SLA_KINDS, SLAS, Experiment, resolve_selector
-from faultlab.targets.local import LocalTarget
+from faultlab.targets.local import LocalTarget, make_target
 
 __all__ = ["RunResult", "SLAResult", "judge", "new_run_folder", "run_experiment"]
 
@@ -117,6 +117,25 @@ def judge(exp: Experiment, metrics: Metrics, golden: GoldenRun | None, *,
     return out
 
 
+LINGER_S = 10.0
+"""How long nodes may keep running once every rank has finished training before the engine
+stops them (a node cut off by a partition may wait minutes for its store connection to fail)."""
+
+
+def _training_done(stream: Any) -> bool:
+    """Has every rank of the newest incarnation exited with reason ``completed``?"""
+    ranks = stream.current_ranks()
+    if not ranks:
+        return False
+    for rank in ranks:
+        start = stream.latest_start(rank)
+        if not any(e.get("rank") == rank and e.get("reason") == "completed"
+                   and e["t"] >= start["t"] for e in stream.events[-200:]
+                   if e.get("kind") == "exit"):
+            return False
+    return True
+
+
 def _reacted(events: list[dict[str, Any]], since_t: float, known_pids: set[int]) -> bool:
     """Did the job show any sign of noticing since ``since_t`` (DESIGN.md's detection)?"""
     for e in reversed(events):
@@ -195,6 +214,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     # Faults that set something up before the launch (a metadata endpoint per node) are built
     # once; every firing of such a fault uses the same instance.
     prepared: dict[int, Fault] = {}
+    lingering: list[str] = []
     try:
         with _interruptible():
             if exp.expect.bitwise_equal_to_golden is not None:
@@ -212,14 +232,16 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             runtime = RuntimeSetup.create(exp, job_dir)
             for node in nodes:
                 node_env.setdefault(node, {}).update(runtime.env)
-            target = LocalTarget(exp, job_dir, node_env=node_env)
+            target = make_target(exp, job_dir, node_env=node_env)
             view.start(exp.name, exp.run.steps)
-            target.start()
+            # The guard first: faultlab may die while the job is still starting.
             pidfile = run_folder / ".job-pids.json"
-            reaper = _start_reaper(pidfile)
+            reaper = _start_reaper(pidfile, getattr(target, "run_id", None))
+            target.start()
             t0 = time.monotonic()
             states = [TriggerState(exp, i) for i in range(len(exp.faults))]
             last_pids_write = 0.0
+            done_at: float | None = None
             while True:
                 view.on_events(target.stream.poll())
                 now = time.monotonic()
@@ -246,6 +268,14 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                         active.remove(act)
                 if target.finished():
                     break
+                if _training_done(target.stream):
+                    done_at = done_at or now
+                    if now - done_at > LINGER_S:
+                        lingering = [n for n, rc in target.result().returncodes.items()
+                                     if rc is None]
+                        view.note(f"training completed {LINGER_S:g} s ago; stopping nodes "
+                                  f"still running: {', '.join(lingering)}")
+                        break
                 if now - t0 > exp.run.timeout_s:
                     timed_out = True
                     view.note(f"experiment timeout ({exp.run.timeout_s:g} s): stopping the job")
@@ -295,7 +325,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "interrupted": interrupted, "error": error, "job_dir": str(job_dir),
                 "exit_codes": target.result().returncodes if target else {},
                 "command": target.describe() if target else None,
-                "checkpoint_scan": scan.to_dict() if scan else None},
+                "checkpoint_scan": scan.to_dict() if scan else None,
+                "stopped_after_completion": lingering},
         "environment": environment(),
     }
     path = write_journal(run_folder, journal)
@@ -392,11 +423,12 @@ def _record_dict(r: FaultRecord) -> dict[str, Any]:
     return d
 
 
-def _start_reaper(pidfile: Path) -> subprocess.Popen[bytes]:
+def _start_reaper(pidfile: Path, docker_run: str | None = None) -> subprocess.Popen[bytes]:
     pidfile.write_text("[]")
+    extra = ["--docker-run", docker_run] if docker_run else []
     return subprocess.Popen(
         [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
-         "--pidfile", str(pidfile)], start_new_session=True, stdin=subprocess.DEVNULL)
+         "--pidfile", str(pidfile), *extra], start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 def _write_pids(pidfile: Path, target: LocalTarget) -> None:

@@ -87,6 +87,30 @@ class FaultContext(Protocol):
     def mark_lost(self, node: str) -> None:
         """Record that a node left on purpose (preempted): its exit code is not a failure."""
 
+    # Nodes with a network of their own (``topology.launcher: docker``); other targets raise
+    # FaultError (faults that need these declare ``launchers = ("docker",)``).
+
+    def pause_node(self, node: str) -> None:
+        """Freeze every process of the node at once (cgroup freezer: ``docker pause``)."""
+
+    def unpause_node(self, node: str) -> bool:
+        """Thaw a paused node; False if it was not paused (or is gone)."""
+
+    def node_address(self, node: str) -> str | None:
+        """The node's IPv4 address on the job's network; None while it is disconnected."""
+
+    def node_netns_pid(self, node: str) -> int:
+        """A host pid inside the node's network namespace (for ``nsenter --net``)."""
+
+    def store_address(self) -> str:
+        """The rendezvous store's address as the nodes reach it."""
+
+    def disconnect_node(self, node: str) -> None:
+        """Take the node off the job's network (it loses its address)."""
+
+    def connect_node(self, node: str) -> bool:
+        """Put a disconnected node back on the network; False if it was not disconnected."""
+
 
 class Fault(ABC):
     """One injectable fault. Subclasses set ``type``, ``family``, ``Params`` and ``inject``."""
@@ -98,6 +122,10 @@ class Fault(ABC):
     Params: ClassVar[type[FaultParams]] = FaultParams
     targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
     """Selector kinds this fault accepts."""
+    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
+    """``topology.launcher`` values this fault works with (checked when the experiment loads)."""
+    launcher_reason: ClassVar[str] = ""
+    """Why the other launchers cannot host it (shown in that load error)."""
     reversible: ClassVar[bool] = False
     """True if ``undo`` reverts the fault (a hang is continued); kills are not reversible."""
 

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
 
-__all__ = ["NodeHangFault", "NodeKillFault", "RankHangFault", "RankKillFault"]
+__all__ = ["NodeHangFault", "NodeKillFault", "NodePauseFault", "RankHangFault", "RankKillFault"]
 
 KillSignal = Literal["KILL", "TERM", "SEGV", "ABRT"]
 
@@ -120,3 +120,33 @@ class NodeHangFault(_StopFault):
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         node = ctx.node_names()[int(victim.value or 0)]
         return {"signal": "SIGSTOP", "node": node, "pids": self._stop(ctx, ctx.node_pids(node))}
+
+
+class NodePauseFault(Fault):
+    """Freeze a whole node at once with the cgroup freezer (docker pause): no signal is seen.
+
+    Unlike ``node_hang`` (SIGSTOP), no process is told or changes visible state; the node's
+    address stays up and its TCP peers see nothing but silence."""
+
+    type = "node_pause"
+    family = "process"
+    reversible = True
+    targets: ClassVar[tuple[str, ...]] = ("node",)
+    launchers: ClassVar[tuple[str, ...]] = ("docker",)
+    launcher_reason = ("the freezer acts on a container's cgroup; on local nodes use node_hang "
+                       "(SIGSTOP)")
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._paused: list[str] = []
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        node = ctx.node_names()[int(victim.value or 0)]
+        self._paused.append(node)  # before acting: undo must know, whatever happens next
+        ctx.pause_node(node)
+        return {"node": node, "paused": True}
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        thawed = [n for n in self._paused if ctx.unpause_node(n)]
+        self._paused = []
+        return {"unpaused": thawed}

@@ -7,7 +7,8 @@ reader never sees half a file), which is how ``faultlab.runtime.client.send`` fi
 
 Why it is safe enough to run inside a training job:
 
-- it binds loopback (default) or the job's own interface, never a wildcard address;
+- it binds loopback (default) or the job's own interface, never a wildcard address
+  (``@hostname``: the address the node's hostname resolves to, e.g. a container's own);
 - every request must carry the run's secret (``FAULTLAB_RUNTIME_SECRET``), compared in constant
   time; a wrong secret gets ``{"ok": false, "error": "bad secret"}`` and nothing else happens;
 - it runs in daemon threads, one per connection, with a read timeout, so a stuck client cannot
@@ -54,6 +55,8 @@ class ControlServer:
                              f"use 127.0.0.1 (the default) or the job's own interface address")
         if not secret:
             raise ValueError("the control channel needs a non-empty FAULTLAB_RUNTIME_SECRET")
+        if host.strip() == "@hostname":  # a container node: its own address on its network
+            host = socket.gethostbyname(socket.gethostname())
         self._secret = secret.encode()
         self._handler = handler
         self.info_path = info_path

@@ -169,6 +169,10 @@ class Topology(SpecModel):
     """Process-group backend; ``auto`` is NCCL with a GPU, else gloo."""
     max_restarts: int = Field(default=3, ge=0)
     """Restarts torchrun allows the job before it gives up."""
+    launcher: Literal["local", "docker"] = "local"
+    """Where the nodes run: ``local`` (torchrun agents on this host, sharing its network) or
+    ``docker`` (one container per node on a bridge network of its own; needs a Docker engine,
+    and is what the ``network`` faults and ``node_pause`` act on)."""
 
     @model_validator(mode="after")
     def _min_nodes(self) -> Topology:
@@ -614,6 +618,7 @@ class Experiment(SpecModel):
             first_at.setdefault(fault.id, i)  # type: ignore[arg-type]
             if topology is not None:
                 errors += _target_in_range(i, fault.target, topology)
+                errors += _launcher_fits(i, fault, topology)
             if run is not None:
                 errors += _trigger_in_run(i, fault.trigger, run)
             out.append(fault)
@@ -633,6 +638,16 @@ def _target_in_range(i: int, target: Selector, topology: Topology) -> list[InitE
                            f"job has {_count(topology.nodes, 'node')} (0..{topology.nodes - 1})",
                            target.value)]
     return []
+
+
+def _launcher_fits(i: int, fault: FaultSpec, topology: Topology) -> list[InitErrorDetails]:
+    launchers = fault.fault_class.launchers
+    if topology.launcher in launchers:
+        return []
+    return [spec_error((i, "type"), f"{fault.type} needs topology.launcher: "
+                       f"{' or '.join(launchers)} (this experiment's nodes are "
+                       f"{topology.launcher!r}): {fault.fault_class.launcher_reason}",
+                       fault.type)]
 
 
 def _count(n: int, noun: str) -> str:

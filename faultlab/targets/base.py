@@ -122,6 +122,34 @@ class JobContext(ABC):
     def mark_lost(self, node: str) -> None:
         self._agent_pid(node)
 
+    # What only a node with a network of its own can do (the docker target); elsewhere the
+    # experiment loader already refused the faults that need it.
+    def _isolated_only(self, what: str) -> FaultError:
+        return FaultError(f"{what} needs nodes with a network of their own "
+                          f"(topology.launcher: docker); the nodes of the job in "
+                          f"{self.run_dir} are processes of this host")
+
+    def pause_node(self, node: str) -> None:
+        raise self._isolated_only("pausing a node")
+
+    def unpause_node(self, node: str) -> bool:
+        raise self._isolated_only("unpausing a node")
+
+    def node_address(self, node: str) -> str | None:
+        raise self._isolated_only("a node's address")
+
+    def node_netns_pid(self, node: str) -> int:
+        raise self._isolated_only("a node's network namespace")
+
+    def store_address(self) -> str:
+        raise self._isolated_only("the rendezvous store's address")
+
+    def disconnect_node(self, node: str) -> None:
+        raise self._isolated_only("disconnecting a node")
+
+    def connect_node(self, node: str) -> bool:
+        raise self._isolated_only("connecting a node")
+
     def assert_owned(self, pid: int) -> None:
         if pid not in self.pids():
             raise FaultError(f"process {pid} is not part of the job in {self.run_dir}; "

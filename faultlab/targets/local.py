@@ -19,7 +19,7 @@ from faultlab.targets.base import JobContext
 from reference_trainer.config import ConfigError, TrainConfig
 from reference_trainer.launch import JobResult, LaunchError, LocalJob
 
-__all__ = ["LocalTarget", "train_config"]
+__all__ = ["LocalTarget", "make_target", "train_config"]
 
 _DEVICE_FOR_BACKEND = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
 
@@ -41,6 +41,8 @@ def train_config(exp: Experiment, run_dir: Path) -> TrainConfig:
 class LocalTarget(JobContext):
     """One launch of an experiment's job on this host (the engine polls ``stream``)."""
 
+    job_class: type[LocalJob] = LocalJob
+
     def __init__(self, exp: Experiment, run_dir: Path,
                  node_env: dict[str, dict[str, str]] | None = None) -> None:
         self.exp = exp
@@ -52,10 +54,11 @@ class LocalTarget(JobContext):
                       node_env=node_env or {})
         try:
             if exp.target.command:
-                self.job = LocalJob(command=list(exp.target.command), run_dir_=run_dir,
-                                    **common)  # type: ignore[arg-type]
+                self.job = self.job_class(command=list(exp.target.command), run_dir_=run_dir,
+                                          **common)  # type: ignore[arg-type]
             else:
-                self.job = LocalJob(cfg=train_config(exp, run_dir), **common)  # type: ignore[arg-type]
+                self.job = self.job_class(cfg=train_config(exp, run_dir),
+                                          **common)  # type: ignore[arg-type]
         except LaunchError as e:
             raise TargetError(str(e)) from None
         self.stream = EventStream(run_dir / "events")
@@ -107,3 +110,13 @@ class LocalTarget(JobContext):
             self.job.mark_lost(node)
         except KeyError as e:
             raise FaultError(str(e)) from None
+
+
+def make_target(exp: Experiment, run_dir: Path,
+                node_env: dict[str, dict[str, str]] | None = None) -> LocalTarget:
+    """The target ``topology.launcher`` asks for."""
+    if exp.topology.launcher == "docker":
+        from faultlab.targets.docker import DockerTarget
+
+        return DockerTarget(exp, run_dir, node_env=node_env)
+    return LocalTarget(exp, run_dir, node_env=node_env)

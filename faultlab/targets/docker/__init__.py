@@ -1,0 +1,94 @@
+"""The docker target: each node of the job is a container with an address of its own.
+
+On one host, nodes that are plain processes share one network stack: a real partition, or a
+node that vanishes together with its address, cannot be shown. ``DockerTarget`` runs every node
+as a container (``DockerJob``) on a bridge network of the run's own and adds what only it can
+do to the ``FaultContext``: pause a node (cgroup freezer), find a node's address and network
+namespace, disconnect and reconnect it. Everything it created in the engine is removed when the
+run ends (also by the guard process if faultlab itself dies, and by ``faultlab docker clean``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faultlab.errors import FaultError
+from faultlab.spec import Experiment
+from faultlab.targets.docker.engine import connect, remove_run, run_resources
+from faultlab.targets.docker.job import DockerJob
+from faultlab.targets.local import LocalTarget
+from reference_trainer.launch import LaunchError
+
+__all__ = ["DockerJob", "DockerTarget", "connect", "remove_run", "run_resources"]
+
+
+class DockerTarget(LocalTarget):
+    """One launch of an experiment's job as containers (``topology.launcher: docker``)."""
+
+    job_class = DockerJob
+    job: DockerJob
+
+    def __init__(self, exp: Experiment, run_dir: Path,
+                 node_env: dict[str, dict[str, str]] | None = None) -> None:
+        super().__init__(exp, run_dir.resolve(), node_env=node_env)
+
+    @property
+    def run_id(self) -> str:
+        return self.job.run_id
+
+    # -- FaultContext: ranks live in their container's PID namespace ---------------------------
+
+    def rank_pid(self, rank: int) -> int:
+        self.refresh()
+        start = self.stream.latest_start(rank)
+        if start is None:
+            raise FaultError(f"rank {rank} has not started (yet); ranks seen: "
+                             f"{self.stream.current_ranks() or 'none'}")
+        node, ns_pid = str(start["node"]), int(start["pid"])
+        pid = self._job_call(self.job.host_pid, node, ns_pid)
+        if pid is None:
+            raise FaultError(f"rank {rank}'s process ({ns_pid} in {node}'s container) is gone "
+                             f"(the job is restarting?)")
+        return pid
+
+    def node_pids(self, node: str) -> list[int]:
+        self._job_call(self.job.agent_pid, node)
+        return sorted(self.job.pids() & {p for p in self._tree(node)})
+
+    def _tree(self, node: str) -> set[int]:
+        from reference_trainer.launch import process_tree
+
+        return {p.pid for p in process_tree(self.job.agent_pid(node))}
+
+    # -- what only containers can do -----------------------------------------------------------
+
+    def pause_node(self, node: str) -> None:
+        self._job_call(self.job.pause_node, node)
+
+    def unpause_node(self, node: str) -> bool:
+        return bool(self._job_call(self.job.unpause_node, node))
+
+    def node_address(self, node: str) -> str | None:
+        return self._job_call(self.job.node_address, node)  # type: ignore[no-any-return]
+
+    def node_netns_pid(self, node: str) -> int:
+        return int(self._job_call(self.job.netns_pid, node))
+
+    def store_address(self) -> str:
+        return self.job.gateway
+
+    def disconnect_node(self, node: str) -> None:
+        self._job_call(self.job.disconnect_node, node)
+
+    def connect_node(self, node: str) -> bool:
+        return bool(self._job_call(self.job.connect_node, node))
+
+    def _job_call(self, fn, *args):  # type: ignore[no-untyped-def]
+        import docker.errors
+
+        try:
+            return fn(*args)
+        except (KeyError, LaunchError) as e:
+            raise FaultError(str(e).strip("'\"")) from None
+        except docker.errors.DockerException as e:
+            raise FaultError(f"Docker engine: {e}") from None

@@ -1,0 +1,376 @@
+"""A local elastic job whose nodes are Docker containers: ``DockerJob``.
+
+Same contract as ``reference_trainer.launch.LocalJob`` (it is one, with the nodes swapped):
+one torchrun agent per node, the rendezvous store in a process of its own *outside* the nodes,
+every process and every engine object reaped on ``stop``. What changes:
+
+- each node is a container (``faultlab-<run>-nodeN``, hostname ``nodeN``) on a bridge network
+  of the run's own, created ``internal`` (no route off the host) — so a node has its own
+  address, loses it when it is disconnected, and vanishes with it when killed;
+- the store listens on the network's gateway address (the host's side of the bridge), the only
+  address of the host the containers can reach;
+- containers run the host's interpreter and virtual environment, bind-mounted read-only at the
+  same paths, and the run directory read-write, with the caller's uid/gid; a minimal init
+  (``--init``) is PID 1 and the agent its child;
+- ranks log ``pid`` in their container's PID namespace; ``host_pid`` maps it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from faultlab.errors import TargetError
+from faultlab.targets.docker.engine import (
+    LABEL,
+    RUN_LABEL,
+    build_image,
+    connect,
+    remove_run,
+)
+from reference_trainer.launch import LaunchError, LocalJob, preflight, process_tree
+
+__all__ = ["DockerJob", "host_mounts"]
+
+
+@dataclass(slots=True)
+class _DockerNode:
+    name: str
+    container: Any
+    log_path: Path
+    cmd: list[str]
+    init_pid: int
+    exit_code: int | None = None
+
+
+def host_mounts(run_dir: Path) -> dict[str, dict[str, str]]:
+    """Bind mounts of a node: the host's ``/usr``, Python, virtual environment, this project
+    and the working directory read-only, the run directory read-write (same paths inside)."""
+    import faultlab
+
+    ro = ["/usr", sys.base_prefix, sys.prefix, str(Path(faultlab.__file__).resolve().parents[1]),
+          os.getcwd(), "/etc/ld.so.cache"]
+    mounts: dict[str, dict[str, str]] = {}
+    for path in sorted({p for p in ro if p and Path(p).exists()}):
+        if path == "/" or any(path.startswith(m.rstrip("/") + "/") for m in mounts):
+            continue
+        mounts[path] = {"bind": path, "mode": "ro"}
+    mounts[str(run_dir)] = {"bind": str(run_dir), "mode": "rw"}
+    return mounts
+
+
+@dataclass(kw_only=True)
+class DockerJob(LocalJob):
+    """A ``LocalJob`` with one container per node. Use as a context manager."""
+
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    _client: Any = field(default=None, init=False)
+    _network: Any = field(default=None, init=False)
+    _image: str = field(default="", init=False)
+    _gateway: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.torchrun_defaults:
+            raise LaunchError("torchrun_defaults: not supported by the docker launcher")
+        self.run_dir_ = self.run_dir.resolve()
+        if self.cfg is not None:  # the ranks must find it at the same path inside
+            self.cfg = dataclasses.replace(self.cfg, run_dir=self.run_dir_)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> DockerJob:
+        if self.cfg is not None:
+            preflight(self.cfg)
+        self._t0 = time.monotonic()
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            self._client = connect()
+            self._image = build_image(self._client, self.run_id)
+            self._network = self._client.networks.create(
+                f"faultlab-{self.run_id}", driver="bridge", internal=True,
+                labels={LABEL: "1", RUN_LABEL: self.run_id})
+            self._network.reload()
+            self._gateway = self._network.attrs["IPAM"]["Config"][0]["Gateway"].split("/")[0]
+            endpoint, conf = self._start_rendezvous(self._gateway)
+            self._endpoint, self._conf = endpoint, conf
+            with ThreadPoolExecutor(max_workers=self.nodes) as pool:
+                started = list(pool.map(lambda i: self._start_node(i, endpoint, conf, logs),
+                                        range(self.nodes)))
+            self._nodes.extend(started)  # type: ignore[arg-type]
+        except BaseException:
+            self.stop()
+            raise
+        self._write_launch_json(endpoint)
+        return self
+
+    def _start_node(self, index: int, endpoint: str, conf: str,  # type: ignore[override]
+                    logs: Path) -> _DockerNode:
+        import docker.errors
+
+        name = f"node{index}"
+        env = {**self.node_environment(name),
+               # gloo picks its interface from the hostname otherwise; the runtime agent's
+               # control channel listens on the node's own address (not loopback), where the
+               # engine on the host can reach it.
+               "GLOO_SOCKET_IFNAME": "eth0", "FAULTLAB_RUNTIME_HOST": "@hostname",
+               "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin",
+               "HOME": "/tmp"}
+        container_name = f"faultlab-{self.run_id}-{name}"
+        # The agent advertises the container's name: the network's DNS resolves it in every
+        # node, to whatever address the node has now.
+        argv = [sys.executable, *self.agent_argv(endpoint, conf, container_name)]
+        log_path = logs / f"{name}.log"
+        shell = ["/bin/sh", "-c", 'exec "$@" >>"$0" 2>&1', str(log_path), *argv]
+        try:
+            container = self._client.containers.run(
+                self._image, shell, name=container_name, hostname=name, detach=True,
+                init=True, network=self._network.name, environment=env,
+                volumes=host_mounts(self.run_dir), tmpfs={"/tmp": "rw,exec"},
+                working_dir=os.getcwd(), user=f"{os.getuid()}:{os.getgid()}",
+                labels={LABEL: "1", RUN_LABEL: self.run_id, "faultlab.node": name},
+                stdin_open=False)
+            container.reload()
+        except docker.errors.DockerException as e:
+            raise TargetError(f"cannot start {name} ({container_name}): {e}") from None
+        pid = int(container.attrs["State"]["Pid"])
+        if not pid:
+            raise TargetError(f"{name} ({container_name}) exited at once; see {log_path}")
+        return _DockerNode(name, container, log_path, argv, pid)
+
+    def _spawn(self, index: int, endpoint: str, conf: str, logs: Path) -> Any:
+        return self._start_node(index, endpoint, conf, logs)  # no parent-death signal involved
+
+    def restart_node(self, node: str) -> int:
+        old = self._dnode(node)
+        if self._running(old):
+            raise LaunchError(f"{node} is still running (container {old.container.name})")
+        self._remove_container(old)
+        index = self._nodes.index(old)  # type: ignore[arg-type]
+        new = self._start_node(index, self._endpoint, self._conf, self.run_dir / "logs")
+        self._nodes[index] = new  # type: ignore[call-overload]
+        self._killed.discard(node)
+        self._write_launch_json(self._endpoint)
+        return new.init_pid
+
+    def _write_launch_json(self, endpoint: str) -> None:
+        info = {
+            "launcher": "docker", "rdzv_endpoint": endpoint, "rdzv_id": self._rdzv_id,
+            "run_id": self.run_id, "network": self._network.name if self._network else None,
+            "image": self._image, "store_pid": self._store.pid if self._store else None,
+            "nodes": [{"node": n.name, "container": n.container.name, "init_pid": n.init_pid,
+                       "log": str(n.log_path)} for n in self._dnodes()],
+            "procs_per_node": self.procs_per_node, "min_nodes": self.min_nodes,
+            "max_restarts": self.max_restarts, "launcher_pid": os.getpid(),
+            "started_t": time.time(),
+        }
+        path = self.run_dir / "launch.json"
+        path.with_suffix(".tmp").write_text(json.dumps(info, indent=1))
+        os.replace(path.with_suffix(".tmp"), path)
+
+    # -- observing -----------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        import shlex
+
+        return "\n".join(f"{n.name}: container {n.container.name} on network "
+                         f"{self._network.name}: {shlex.join(n.cmd)}" for n in self._dnodes())
+
+    def agent_pid(self, node: str) -> int:
+        """The host pid of the node's PID 1 (its init; the agent is its child)."""
+        return self._dnode(node).init_pid
+
+    def worker_pids(self, node: str) -> list[int]:
+        tree = process_tree(self.agent_pid(node))
+        return [p.pid for p in tree[2:]] if len(tree) > 2 else []
+
+    def pids(self) -> set[int]:
+        out = {p.pid for n in self._dnodes() for p in process_tree(n.init_pid)}
+        if self._store is not None and self._store.poll() is None:
+            out.add(self._store.pid)
+        return out
+
+    def host_pid(self, node: str, ns_pid: int) -> int | None:
+        """The host pid of the process that is ``ns_pid`` in ``node``'s PID namespace."""
+        for p in process_tree(self.agent_pid(node)):
+            try:
+                with open(f"/proc/{p.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("NSpid:"):
+                            if int(line.split()[-1]) == ns_pid:
+                                return p.pid
+                            break
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def poll(self) -> bool:
+        return all([not self._running(n) for n in self._dnodes()])
+
+    def result(self):  # type: ignore[no-untyped-def]
+        from reference_trainer.launch import JobResult
+
+        codes = {n.name: (self._exit_code(n) if not self._running(n) else None)
+                 for n in self._dnodes()}
+        return JobResult(returncodes=codes, killed=set(self._killed),
+                         wall_s=time.monotonic() - self._t0)
+
+    # -- breaking ------------------------------------------------------------------------------
+
+    def kill_node(self, node: str, sig: int = 9) -> list[int]:
+        """``docker kill``: the container's PID 1 gets ``sig`` (SIGKILL takes down every
+        process of the node at once, as a machine loss does)."""
+        import docker.errors
+
+        n = self._dnode(node)
+        pids = [p.pid for p in process_tree(n.init_pid)]
+        self._killed.add(node)
+        try:
+            n.container.kill(signal=int(sig))
+        except docker.errors.APIError:
+            pass  # already gone
+        return pids
+
+    def pause_node(self, node: str) -> None:
+        self._dnode(node).container.pause()
+
+    def unpause_node(self, node: str) -> bool:
+        import docker.errors
+
+        c = self._dnode(node).container
+        try:
+            c.reload()
+            if c.status != "paused":
+                return False
+            c.unpause()
+            return True
+        except docker.errors.NotFound:
+            return False
+
+    def node_address(self, node: str) -> str | None:
+        """The node's IPv4 address on the run's network (None while disconnected)."""
+        c = self._dnode(node).container
+        c.reload()
+        net = c.attrs["NetworkSettings"]["Networks"].get(self._network.name)
+        return (net or {}).get("IPAddress") or None
+
+    def netns_pid(self, node: str) -> int:
+        n = self._dnode(node)
+        if not self._running(n):
+            raise LaunchError(f"{node} is not running (container {n.container.name})")
+        return n.init_pid
+
+    @property
+    def gateway(self) -> str:
+        """The host's address on the run's network: where the rendezvous store listens."""
+        return self._gateway
+
+    def disconnect_node(self, node: str) -> None:
+        self._network.disconnect(self._dnode(node).container, force=True)
+
+    def connect_node(self, node: str) -> bool:
+        import docker.errors
+
+        n = self._dnode(node)
+        if self.node_address(node) is not None or not self._running(n):
+            return False
+        try:
+            self._network.connect(n.container)
+        except docker.errors.APIError:
+            return False
+        return True
+
+    # -- clean-up ------------------------------------------------------------------------------
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop every node (a paused one is unpaused, a stopped process continued, first),
+        then remove the run's containers, network and image, then the store. Idempotent."""
+        import signal as _signal
+
+        for n in self._dnodes():
+            self._unpause_quietly(n)
+            for p in process_tree(n.init_pid):
+                try:
+                    p.send_signal(_signal.SIGCONT)
+                except psutil.Error:
+                    pass
+        running = [n for n in self._dnodes() if self._running(n)]
+        if running:
+            with ThreadPoolExecutor(max_workers=len(running)) as pool:
+                list(pool.map(lambda n: self._stop_container(n, grace_s), running))
+        for n in self._dnodes():
+            self._exit_code(n)
+        if self._client is not None:
+            try:
+                remove_run(self._client, self.run_id)
+            except Exception as e:  # noqa: BLE001 - the store must still be stopped
+                print(f"faultlab: could not remove every engine object of run {self.run_id}: "
+                      f"{e}; run `faultlab docker clean`", file=sys.stderr)
+        self._stop_store()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _dnodes(self) -> list[_DockerNode]:
+        return self._nodes  # type: ignore[return-value]
+
+    def _dnode(self, name: str) -> _DockerNode:
+        return self._node(name)  # type: ignore[return-value]
+
+    @staticmethod
+    def _running(n: _DockerNode) -> bool:
+        try:
+            return psutil.Process(n.init_pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _exit_code(self, n: _DockerNode) -> int | None:
+        import docker.errors
+
+        if n.exit_code is None:
+            try:
+                n.container.reload()
+                if n.container.status in ("exited", "dead"):
+                    n.exit_code = int(n.container.attrs["State"]["ExitCode"])
+            except docker.errors.NotFound:
+                pass
+        return n.exit_code
+
+    @staticmethod
+    def _unpause_quietly(n: _DockerNode) -> None:
+        import docker.errors
+
+        try:
+            n.container.reload()
+            if n.container.status == "paused":
+                n.container.unpause()
+        except docker.errors.APIError:
+            pass
+
+    @staticmethod
+    def _stop_container(n: _DockerNode, grace_s: float) -> None:
+        import docker.errors
+
+        try:
+            n.container.stop(timeout=max(1, int(grace_s)))
+        except docker.errors.APIError:
+            pass
+
+    def _remove_container(self, n: _DockerNode) -> None:
+        import docker.errors
+
+        self._exit_code(n)
+        try:
+            n.container.remove(force=True)
+        except docker.errors.APIError:
+            pass
