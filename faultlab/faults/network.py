@@ -299,7 +299,9 @@ class NetworkThrottleFault(_NetworkFault):
                 self._applied.append((None, veth))
                 done[node].append(set_tbf(None, veth, p.rate, p.burst,  # type: ignore[attr-defined]
                                           p.latency_ms))  # type: ignore[attr-defined]
-        return {"nodes": chosen, "tc": done, "at_t": time.time()}
+        # The ranks on the throttled nodes: the straggler the job should name is one of them.
+        ranks = [r for r in ctx.ranks() if ctx.node_of_rank(r) in chosen]
+        return {"nodes": chosen, "ranks": ranks, "tc": done, "at_t": time.time()}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
         removed = [f"{'host' if pid is None else pid}:{dev}" for pid, dev in self._applied

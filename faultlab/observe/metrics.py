@@ -108,13 +108,18 @@ world_sizes
     The world sizes of the ``start`` records in time order, consecutive repeats collapsed
     (e.g. ``[3, 2]`` after a node loss); from all records if there are no start records.
 straggler_detected_s
-    Only for faults that slow ranks down (``collective_delay``): ``t`` of the first ``anomaly``
-    with ``what: straggler`` after ``T`` whose ``straggler_rank`` is one of the fault's ranks
-    (``details["ranks"]``, else the ``rank N`` of its target) − ``T``; None if none named it.
+    Only for faults that slow ranks down (``collective_delay``, ``network_throttle``): ``t`` of
+    the first ``anomaly`` with ``what: straggler`` after ``T`` whose ``straggler_rank`` is one
+    of the fault's ranks (``details["ranks"]``, else the ``rank N`` of its target) − ``T``;
+    None if none named it.
 
 emergency_checkpoint_s, emergency_checkpoint_before_deadline (run level)
     The worst over the faults with a deadline (max seconds; False if any was False); None if
     no fault had a deadline.
+slowdown
+    Only for slowing faults: rank 0's median ``step_time_s`` while the fault was in force
+    (``T`` to its undo) over its median before ``T`` (warm-up steps left out); None with fewer
+    than 3 steps before or none during. Run level: the worst (max) over the slowing faults.
 straggler_detected_within_s (run level)
     The worst (max) ``straggler_detected_s`` over the slowing faults; None if there is none or
     any of them was never named.
@@ -135,7 +140,7 @@ from typing import Any
 __all__ = ["FaultMetrics", "FaultRecord", "Metrics", "compute_metrics"]
 
 CLEAN_EXITS = frozenset({"completed", "stopped"})
-SLOWING_FAULTS = frozenset({"collective_delay"})
+SLOWING_FAULTS = frozenset({"collective_delay", "network_throttle"})
 """Fault types that make a rank a straggler (``straggler_detected_s`` is measured for them)."""
 
 Record = Mapping[str, Any]
@@ -185,6 +190,7 @@ class FaultMetrics:
     emergency_checkpoint_s: float | None = None
     emergency_checkpoint_before_deadline: bool | None = None
     straggler_detected_s: float | None = None
+    slowdown: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))
@@ -211,6 +217,7 @@ class Metrics:
     emergency_checkpoint_s: float | None = None
     emergency_checkpoint_before_deadline: bool | None = None
     straggler_detected_within_s: float | None = None
+    slowdown: float | None = None
     checkpoints_all_finite: bool | None = None
     """Not from events: set by the engine when it read the checkpoints back after the run."""
     faults: list[FaultMetrics] = field(default_factory=list)
@@ -338,6 +345,7 @@ class _Timeline:
                           and _int(r.get("straggler_rank")) in victims), None)
             if named is not None:
                 m.straggler_detected_s = float(named["t"]) - T
+            m.slowdown = _slowdown(before, after, fault.undone_t)
         detect_i = next((i for i, r in enumerate(after) if reacted(r)), None)
         if detect_i is None:
             return m  # nobody noticed: not down, nothing lost
@@ -475,6 +483,37 @@ def _world_sizes(records: list[Record]) -> list[int]:
     return sizes
 
 
+def _step_times(records: list[Record]) -> list[float]:
+    """Rank 0's ``step_time_s`` of its steps among ``records`` (a restart's first step is
+    warm-up and left out, as is step 1)."""
+    out, warm = [], set()
+    for r in records:
+        if r.get("kind") == "start" and r.get("rank") == 0:
+            warm.add(r.get("pid"))
+        if r.get("kind") == "step" and r.get("rank") == 0 and not r.get("skipped"):
+            seconds = _float(r.get("step_time_s"))
+            if r.get("pid") in warm:
+                warm.discard(r.get("pid"))
+            elif seconds is not None and r.get("step") != 1:
+                out.append(seconds)
+    return out
+
+
+def _slowdown(before: list[Record], after: list[Record], undone_t: float | None) -> float | None:
+    """Median step time while the fault was in force over the median before it."""
+    during = [r for r in after if undone_t is None or r["t"] <= undone_t]
+    base, slow = _step_times(before), _step_times(during)
+    if len(base) < 3 or not slow or _median(base) <= 0:
+        return None
+    return round(_median(slow) / _median(base), 3)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
 def _completes(records: list[Record]) -> bool:
     rank0_exits = [r for r in records if r.get("kind") == "exit" and r.get("rank") == 0]
     if not rank0_exits or rank0_exits[-1].get("reason") != "completed":
@@ -515,6 +554,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
     lost = worst("lost_steps")
     with_deadline = [f for f in per_fault if f.emergency_checkpoint_before_deadline is not None]
     slowing = [f.straggler_detected_s for f in per_fault if f.type in SLOWING_FAULTS]
+    slowdowns = [f.slowdown for f in per_fault if f.type in SLOWING_FAULTS]
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
     return Metrics(
         completes=_completes(records),
@@ -536,5 +576,6 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
             all(f.emergency_checkpoint_before_deadline for f in with_deadline)
             if with_deadline else None),
         straggler_detected_within_s=_worst(slowing, None in slowing),
+        slowdown=_worst(slowdowns, None in slowdowns) if slowdowns else None,
         faults=per_fault,
     )

@@ -510,6 +510,9 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
                     "the run)"),
     Sla(key="straggler_detected_within_s", metric="straggler_detected_within_s", kind="max",
         description="a rank slowed down → the trainer names it in an anomaly"),
+    Sla(key="max_slowdown", metric="slowdown", kind="max",
+        description="median step time while a slowing fault is in force ÷ the median before "
+                    "it"),
 ]}
 """Every SLA an experiment may state under ``expect``; add a field to ``Expect`` and an
 entry here to add one."""
@@ -551,6 +554,8 @@ class Expect(SpecModel):
     all with ``target.overrides.keep_checkpoints`` to cover every checkpoint ever saved."""
     straggler_detected_within_s: float | None = Field(default=None, gt=0)
     """Upper bound, seconds from slowing a rank down to the trainer naming it."""
+    max_slowdown: float | None = Field(default=None, gt=0)
+    """Upper bound on the slowdown a slowing fault causes (step time during ÷ before)."""
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in ``SLAS`` order."""

@@ -134,3 +134,14 @@ def remove_run(client: Any, run_id: str | None = None) -> dict[str, list[str]]:
         except docker.errors.NotFound:
             pass
     return removed
+
+
+def engine_problem() -> str | None:
+    """Why the docker launcher cannot run here (None when an engine answers). For tests and
+    the pytest plugin: a docker experiment skips with this reason, unless the environment sets
+    ``FAULTLAB_REQUIRE_DOCKER=1`` (CI does), where it fails instead."""
+    try:
+        connect(timeout_s=10).close()
+    except TargetError as e:
+        return str(e)
+    return None
