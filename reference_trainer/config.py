@@ -143,6 +143,12 @@ class TrainConfig:
     collective..."""
     straggler_steps: int = 3
     """...this many steps in a row (health.StragglerDetector)."""
+    link_probe_slowdown: float = 3.0
+    """When steps run this many times slower than usual for ``straggler_steps`` steps and no
+    rank is named by its waits, time point-to-point transfers between the ranks to name a
+    slow link's rank (health.probe_links); 0 turns the probe off."""
+    link_probe_bytes: int = 1 << 20
+    """Bytes each rank sends in one probe transfer."""
     inject_nonfinite: tuple[tuple[int, int | None], ...] = field(default=())
     """Test hook: make the loss NaN at (step, rank) once per process; rank None = every rank."""
 
@@ -180,6 +186,10 @@ class TrainConfig:
                                                      f"0.01 and 1 (a notice may be 30 s long)")
         _positive("--straggler-threshold-s", self.straggler_threshold_s)
         _at_least("--straggler-steps", self.straggler_steps, 1)
+        if self.link_probe_slowdown != 0 and self.link_probe_slowdown <= 1:
+            raise ConfigError(f"--link-probe-slowdown: {self.link_probe_slowdown!r} must be 0 "
+                              f"(off) or > 1 (a slowdown factor)")
+        _at_least("--link-probe-bytes", self.link_probe_bytes, 4)
         for step, _rank in self.inject_nonfinite:
             if not 1 <= step <= self.steps:
                 raise ConfigError("--inject-nonfinite", f"step {step!r} is outside 1..{self.steps}")
@@ -262,6 +272,9 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--straggler-threshold-s", "straggler_threshold_s", float,
      "a rank all others wait this much longer for is a straggler candidate"),
     ("--straggler-steps", "straggler_steps", int, "consecutive steps before it is named"),
+    ("--link-probe-slowdown", "link_probe_slowdown", float,
+     "probe the links when steps run this many times slower (0: off)"),
+    ("--link-probe-bytes", "link_probe_bytes", int, "bytes per probe transfer"),
 ]
 
 

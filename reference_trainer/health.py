@@ -1,4 +1,4 @@
-"""Step watchdog, straggler detection and the determinism switches."""
+"""Step watchdog, straggler and slow-link detection, and the determinism switches."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["EXIT_CODES", "StragglerDetector", "Watchdog", "enable_determinism"]
+__all__ = ["EXIT_CODES", "SlowStepTracker", "StragglerDetector", "Watchdog",
+           "attribute_slow_links", "enable_determinism", "probe_links"]
 
 #: Exit codes of the trainer, documented in reference_trainer/README.md.
 EXIT_CODES = {
@@ -111,6 +112,11 @@ class StragglerDetector:
         self._clean = 0
         self._named: int | None = None
 
+    @property
+    def named(self) -> int | None:
+        """The rank named in the current episode (None outside one)."""
+        return self._named
+
     def update(self, waits: list[float]) -> dict[str, float | int] | None:
         """Feed one step's per-rank waits; returns the anomaly's fields when a rank is named."""
         if self.world_size < 2 or len(waits) != self.world_size:
@@ -131,3 +137,118 @@ class StragglerDetector:
             return {"straggler_rank": rank, "wait_gap_s": round(gap, 4),
                     "waits_s": [round(w, 4) for w in waits]}
         return None
+
+
+class SlowStepTracker:
+    """Flags a run of steps far slower than this rank's recent normal steps.
+
+    A step's time is from its start to issuing the stats all-reduce (forward, backward and
+    every FSDP collective in them). The baseline is the median of the last ``window`` steps
+    that were not slow; a step is slow when it takes more than ``factor`` times that. After
+    ``num_steps`` slow steps in a row the tracker flags once per episode; ``num_steps``
+    normal steps end the episode. The first step after a (re)start is warm-up and not counted.
+    """
+
+    def __init__(self, *, factor: float, num_steps: int, window: int = 8) -> None:
+        self.factor, self.num_steps, self.window = factor, num_steps, window
+        self._normal: list[float] = []
+        self._slow_run = 0
+        self._normal_run = 0
+        self._flagged = False
+        self._seen = 0
+
+    @property
+    def baseline_s(self) -> float | None:
+        if len(self._normal) < 3:
+            return None
+        ordered = sorted(self._normal)
+        return ordered[len(ordered) // 2]
+
+    def update(self, seconds: float) -> bool:
+        """Feed one step's time; True exactly when a new episode of slow steps is flagged."""
+        self._seen += 1
+        if self._seen == 1 or self.factor <= 0:
+            return False
+        base = self.baseline_s
+        if base is not None and seconds > self.factor * base:
+            self._slow_run += 1
+            self._normal_run = 0
+            if self._slow_run >= self.num_steps and not self._flagged:
+                self._flagged = True
+                return True
+            return False
+        self._slow_run = 0
+        self._normal_run += 1
+        if self._normal_run >= self.num_steps:
+            self._flagged = False
+        self._normal = (self._normal + [seconds])[-self.window:]
+        return False
+
+
+def attribute_slow_links(transfers: list[tuple[int, int, float]], *,
+                         factor: float) -> dict[str, object] | None:
+    """Which rank's link is slow, from timed point-to-point transfers ``(src, dst, seconds)``.
+
+    A transfer is slow when it took more than ``factor`` times the fastest one. The culprit is
+    the rank that *sent* every slow transfer and none of its sends was fast (a slow uplink),
+    else the rank that *received* all of them likewise (a slow downlink), else the one rank
+    every slow transfer touches (a slow link both ways). No single such rank: None — e.g. two
+    ranks whose one link is slow both ways have no culprit to name.
+    """
+    if not transfers:
+        return None
+    fastest = min(t for _s, _d, t in transfers)
+    slow = [(s, d) for s, d, t in transfers if t > factor * max(fastest, 1e-4)]
+    if not slow:
+        return None
+    detail: dict[str, object] = {"slow_transfers": [list(p) for p in slow],
+                                 "transfer_s": [[s, d, round(t, 4)] for s, d, t in transfers]}
+    senders = {s for s, _d in slow}
+    if len(senders) == 1:
+        (rank,) = senders
+        if all((s, d) in slow for s, d, _t in transfers if s == rank):
+            receivers = {d for _s, d in slow}
+            if len(receivers) == 1 and all((s, d) in slow for s, d, _t in transfers
+                                           if d in receivers):
+                # two ranks: a slow rank -> peer is as much the peer's downlink
+                detail["also_consistent_with"] = f"the downlink of rank {next(iter(receivers))}"
+            return {"straggler_rank": rank, "link": "uplink", **detail}
+    receivers = {d for _s, d in slow}
+    if len(receivers) == 1:
+        (rank,) = receivers
+        if all((s, d) in slow for s, d, _t in transfers if d == rank):
+            return {"straggler_rank": rank, "link": "downlink", **detail}
+    common = set.intersection(*({s, d} for s, d in slow))
+    if len(common) == 1:
+        return {"straggler_rank": next(iter(common)), "link": "both", **detail}
+    return None
+
+
+def probe_links(rank: int, world_size: int, device: torch.device,
+                nbytes: int) -> list[tuple[int, int, float]]:
+    """Time ``nbytes`` from every rank to its ring successor and (3+ ranks) its predecessor,
+    one transfer at a time: concurrent transfers would share queues (a throttled uplink also
+    delays the ACKs of what its node receives). Every rank returns every transfer
+    ``(src, dst, seconds)``, timed by the receiver from the barrier before it. Costs
+    ``world_size`` (or twice that) barriers and transfers: a probe for when steps are slow."""
+    import torch.distributed as dist
+
+    shifts = (1, -1) if world_size > 2 else (1,)
+    send = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    recv = torch.empty_like(send)
+    took = torch.zeros(len(shifts) * world_size, dtype=torch.float64)
+    for k, shift in enumerate(shifts):
+        for src in range(world_size):
+            dst = (src + shift) % world_size
+            dist.barrier()
+            t0 = time.monotonic()
+            if rank == src:
+                dist.send(send, dst)
+            elif rank == dst:
+                dist.recv(recv, src)
+                took[k * world_size + src] = time.monotonic() - t0
+    took = took.to(device)
+    dist.all_reduce(took)
+    seconds = took.cpu().tolist()
+    return [(src, (src + shift) % world_size, seconds[k * world_size + src])
+            for k, shift in enumerate(shifts) for src in range(world_size)]

@@ -52,7 +52,15 @@ from reference_trainer.config import ConfigError, TrainConfig, add_train_args, c
 from reference_trainer.data import GlobalBatchSampler, MarkovTokens
 from reference_trainer.digest import state_digest
 from reference_trainer.events import EventLog
-from reference_trainer.health import EXIT_CODES, StragglerDetector, Watchdog, enable_determinism
+from reference_trainer.health import (
+    EXIT_CODES,
+    SlowStepTracker,
+    StragglerDetector,
+    Watchdog,
+    attribute_slow_links,
+    enable_determinism,
+    probe_links,
+)
 from reference_trainer.model import GPT
 from reference_trainer.preemption import (
     PreemptedMidStep,
@@ -258,6 +266,9 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     stragglers = StragglerDetector(world_size, threshold_s=cfg.straggler_threshold_s,
                                    num_steps=cfg.straggler_steps)
     wait_s = 0.0  # this rank's wait in the previous step's stats all-reduce
+    # A slow link slows every rank alike (each waits in the same collectives), so waits name
+    # no one; a run of slow steps then triggers a timed point-to-point probe of the links.
+    slow_steps = SlowStepTracker(factor=cfg.link_probe_slowdown, num_steps=cfg.straggler_steps)
     if watcher is not None:
         install_block_checks(model.blocks, watcher, device)
     model.train()
@@ -293,11 +304,14 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         # ranks whose node received a preemption notice, and every rank's wait in the previous
         # step's all-reduce (straggler detection). The wait is timed from the moment this rank
         # has issued the collective: a rank that issues late waits for nobody.
-        stats = torch.zeros(3 + world_size, dtype=torch.float64)
+        # Flagged in this very step (not the next): every rank learns it from these stats.
+        slow_flag = 1.0 if slow_steps.update(time.monotonic() - t0) else 0.0
+        stats = torch.zeros(4 + world_size, dtype=torch.float64)
         stats[0] = float(loss_sum.detach())
         stats[1] = 0.0 if torch.isfinite(loss_sum) else 1.0
         stats[2] = 1.0 if watcher is not None and watcher.noticed else 0.0
         stats[3 + rank] = wait_s
+        stats[3 + world_size] = slow_flag
         stats = stats.to(device)
         work = dist.all_reduce(stats, async_op=True)
         t_issued = time.monotonic()
@@ -306,10 +320,13 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         wait_s = time.monotonic() - t_issued
         loss = float(stats[0]) / tokens_per_step
         bad_ranks = int(stats[1])
+        # Every rank sees the same sums, so every rank takes the same decision.
+        probe = stats[3 + world_size] > 0 and world_size > 1
         if s > 1:
-            named = stragglers.update(stats[3:].tolist())
+            named = stragglers.update(stats[3:3 + world_size].tolist())
             if named is not None and rank == 0:
                 events.emit("anomaly", what="straggler", step=s, action="report", **named)
+            probe = probe and stragglers.named is None
         if stats[2] > 0:  # step s is abandoned before its optimizer step: save step s - 1
             optimizer.zero_grad(set_to_none=True)
             return leave_for_preemption(step, rng_at_start, "after backward")
@@ -359,6 +376,20 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
             ckpt.save(s, model, optimizer, trainer_state(s), force_sync=(s == last_step))
             last_saved = s
             watchdog.beat()
+        if probe:
+            t_probe = time.monotonic()
+            transfers = probe_links(rank, world_size, device, cfg.link_probe_bytes)
+            found = attribute_slow_links(transfers, factor=cfg.link_probe_slowdown)
+            watchdog.beat()
+            if rank == 0:
+                events.emit("link_probe", step=s, bytes=cfg.link_probe_bytes,
+                            seconds=round(time.monotonic() - t_probe, 4),
+                            baseline_step_s=slow_steps.baseline_s,
+                            transfers=[[a, b, round(t, 4)] for a, b, t in transfers],
+                            culprit=None if found is None else found["straggler_rank"])
+                if found is not None:
+                    events.emit("anomaly", what="straggler", step=s, action="report",
+                                cause="slow_link", **found)
 
     # --- the end ----------------------------------------------------------------------------
     if watcher is not None:
