@@ -76,7 +76,23 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--notice-in-s", type=_seconds, default=None, metavar="S",
                        help="announce a preemption S seconds after start, with the cloud's "
                             "usual notice (AWS 120 s, GCE and Azure 30 s)")
+    dk = sub.add_parser("docker", help="the docker target's engine objects")
+    dk_sub = dk.add_subparsers(dest="docker_command", metavar="{clean}", required=True,
+                               parser_class=_Parser)
+    clean = dk_sub.add_parser("clean", help="remove the containers, networks and images that "
+                                            "faultlab runs left behind (label faultlab=1)")
+    clean.add_argument("--run", default=None, metavar="RUN_ID",
+                       help="only this run's (its launch.json says run_id)")
     return p
+
+
+def _docker_clean(run_id: str | None, console: Console) -> int:
+    from faultlab.targets.docker.engine import connect, remove_run
+
+    removed = remove_run(connect(), run_id)
+    for kind, names in removed.items():
+        console.print(f"removed {len(names)} {kind}" + (f": {', '.join(names)}" if names else ""))
+    return 0
 
 
 def _port(text: str) -> int:
@@ -107,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args.run_dir, console)
         if args.command == "metadata":
             return _metadata_serve(args, console, err)
+        if args.command == "docker":
+            return _docker_clean(args.run, console)
         from faultlab.spec import load_experiments
 
         experiments = load_experiments(args.experiments,

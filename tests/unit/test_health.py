@@ -105,3 +105,50 @@ def test_noise_and_a_single_fast_peer_are_not_stragglers() -> None:
     # alternating candidates never accumulate
     assert all(d.update(w) is None for w in [[0.2, 0.0, 0.2], [0.0, 0.2, 0.2]] * 3)
     assert StragglerDetector(1, threshold_s=0.05, num_steps=1).update([0.0]) is None
+
+
+# --- slow steps and slow links ----------------------------------------------------------------
+
+from reference_trainer.health import SlowStepTracker, attribute_slow_links  # noqa: E402
+
+
+def test_slow_step_tracker_flags_once_per_episode_after_warm_up() -> None:
+    t = SlowStepTracker(factor=3.0, num_steps=3)
+    assert not t.update(9.0)  # the first step is warm-up, never a baseline
+    assert [t.update(s) for s in (0.4, 0.5, 0.4, 0.45)] == [False] * 4
+    assert t.baseline_s == 0.45
+    assert [t.update(s) for s in (2.0, 2.0, 2.0, 2.0)] == [False, False, True, False]
+    assert t.baseline_s == 0.45  # slow steps never enter the baseline
+    assert [t.update(s) for s in (0.4, 0.4, 0.4)] == [False] * 3  # the episode ends
+    assert [t.update(s) for s in (2.0, 2.0, 2.0)] == [False, False, True]
+    assert not any(SlowStepTracker(factor=0, num_steps=1).update(s) for s in (1, 1, 1, 50))
+
+
+@pytest.mark.parametrize(("transfers", "expected"), [
+    # 3 ranks, rank 1's uplink: both of its sends are slow, nothing else
+    ([(0, 1, .01), (1, 2, .5), (2, 0, .01), (0, 2, .01), (1, 0, .4), (2, 1, .01)],
+     (1, "uplink")),
+    # 3 ranks, rank 2's downlink
+    ([(0, 1, .01), (1, 2, .5), (2, 0, .01), (0, 2, .6), (1, 0, .01), (2, 1, .01)],
+     (2, "downlink")),
+    # 3 ranks, rank 0 slow both ways: every transfer touching it
+    ([(0, 1, .5), (1, 2, .01), (2, 0, .5), (0, 2, .5), (1, 0, .5), (2, 1, .01)],
+     (0, "both")),
+    # 2 ranks, one direction slow: the sender, with the other reading noted
+    ([(0, 1, .001), (1, 0, .17)], (1, "uplink")),
+])
+def test_the_slow_links_name_their_rank(transfers: list[tuple[int, int, float]],
+                                        expected: tuple[int, str]) -> None:
+    found = attribute_slow_links(transfers, factor=3.0)
+    assert found is not None and (found["straggler_rank"], found["link"]) == expected
+    if len({s for s, _d, _t in transfers}) == 2:
+        assert found["also_consistent_with"] == "the downlink of rank 0"
+
+
+@pytest.mark.parametrize("transfers", [
+    [(0, 1, .01), (1, 2, .012), (2, 0, .011)],  # nothing slow
+    [(0, 1, .5), (1, 0, .5)],  # two ranks, slow both ways: no culprit to name
+    [(0, 1, .5), (1, 2, .01), (2, 3, .5), (3, 0, .01)],  # two unrelated slow links
+])
+def test_no_single_culprit_names_no_one(transfers: list[tuple[int, int, float]]) -> None:
+    assert attribute_slow_links(transfers, factor=3.0) is None
