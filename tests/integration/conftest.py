@@ -1,52 +1,49 @@
-"""Golden (fault-free) runs, cached per session across xdist workers: the first worker to need
-one runs it under a file lock, the others reuse its events."""
+"""Golden (fault-free) runs, once per session and shared by the xdist workers.
+
+They come from faultlab's golden-run cache (``faultlab.engine.golden``) in the session's
+``golden_cache`` folder: the CLI and suite tests' shipped experiments have the same config
+(tiny, seed 0, 40 steps, a checkpoint every 10, 2 nodes of 1 rank), so one run of that job
+serves them and the trainer's tests alike.
+"""
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
-import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from scenarios import Outcome, Scenario, explain, run_scenario
+from scenarios import JOB_TIMEOUT_S, Outcome, Scenario
 
+from faultlab.engine.golden import golden_run
+from faultlab.spec import experiment_from_dict
 from reference_trainer.events import read_events
 from reference_trainer.launch import JobResult, LocalJob
 
-# Settings that change how a run is operated but not one bit of what it computes.
-NUMERICS_NEUTRAL = {"async_checkpoint", "keep_checkpoints", "watchdog_s", "pg_timeout_s",
-                    "min_step_time_s"}
+
+def _finished(scenario: Scenario, run_dir: Path, wall_s: float) -> Outcome:
+    """The outcome of a run that has already ended, read back from its folder."""
+    job = LocalJob(cfg=scenario.config(run_dir), nodes=scenario.nodes,
+                   procs_per_node=scenario.procs_per_node, min_nodes=scenario.min_nodes)
+    return Outcome(job=job, result=JobResult({}, set(), wall_s),
+                   events=read_events(run_dir / "events"), t_fault=None)
 
 
 @pytest.fixture(scope="session")
-def golden(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Scenario], Outcome]:
-    # Under xdist each worker's basetemp is <session>/popen-gwN: share the session's folder.
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "golden-runs"
-    shared.mkdir(exist_ok=True)
-
+def golden(golden_cache: Path) -> Callable[[Scenario], Outcome]:
     def get(scenario: Scenario) -> Outcome:
         assert scenario.fault is None, "a golden run has no fault"
-        numerics = {k: v for k, v in scenario.train.items() if k not in NUMERICS_NEUTRAL}
-        key = hashlib.sha256(json.dumps(
-            [scenario.steps, scenario.nodes, scenario.procs_per_node, numerics],
-            sort_keys=True).encode()).hexdigest()[:16]
-        run_dir = shared / key
-        with open(shared / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (shared / f"{key}.ok").exists():
-                shutil.rmtree(run_dir, ignore_errors=True)
-                outcome = run_scenario(scenario, run_dir)
-                with explain(outcome):
-                    assert outcome.result.ok and outcome.digest(), "golden run failed"
-                (shared / f"{key}.ok").touch()
-                return outcome
-        job = LocalJob(cfg=scenario.config(run_dir), nodes=scenario.nodes,
-                       procs_per_node=scenario.procs_per_node)
-        return Outcome(job=job, result=JobResult({}, set(), 0.0),
-                       events=read_events(run_dir / "events"), t_fault=None)
+        config = scenario.config(Path("unused"))  # the scenarios' preset, seed, interval
+        exp = experiment_from_dict({
+            "name": scenario.name, "seed": config.seed,
+            # faultlab leaves settings that change no bit (watchdog, async saving) out of the key
+            "target": {"trainer": "reference", "preset": config.preset,
+                       "overrides": dict(scenario.train)},
+            "topology": {"nodes": scenario.nodes, "procs_per_node": scenario.procs_per_node,
+                         "min_nodes": scenario.min_nodes},
+            "run": {"steps": scenario.steps, "checkpoint_every": config.checkpoint_every,
+                    "timeout_s": JOB_TIMEOUT_S}})
+        run = golden_run(exp, golden_cache, timeout_s=JOB_TIMEOUT_S)
+        assert run.digest, f"golden run failed; logs in {run.run_dir}/logs"
+        return _finished(scenario, Path(run.run_dir), run.wall_s)
 
     return get

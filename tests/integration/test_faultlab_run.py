@@ -1,7 +1,7 @@
 """`faultlab run` end to end: the shipped experiments, a violated SLA, interruption and clean-up.
 
 Each test runs the real CLI in a subprocess against real torchrun jobs. Golden runs are cached
-in one folder per test session, shared by the xdist workers.
+in one folder per test session, shared by the xdist workers (the ``golden_cache`` fixture).
 """
 
 from __future__ import annotations
@@ -25,12 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO / "experiments"
-
-
-@pytest.fixture(scope="session")
-def golden_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "golden-cache"
 
 
 class Faultlab:

@@ -1,7 +1,7 @@
 """`faultlab run SUITE` end to end on a suite of one cheap shipped experiment (rank_kill): one
 report folder, built from the real run's journal and events, and re-rendered by `faultlab
-report`. The golden run is shared with tests/integration (same session cache folder); the
-whole pre-launch suite runs in `make demo`."""
+report`. The golden run comes from the session's golden-run cache (tests/conftest.py), shared
+with tests/integration; the whole pre-launch suite runs in `make demo`."""
 
 from __future__ import annotations
 
@@ -20,12 +20,6 @@ from faultlab.testing import assert_no_job_processes
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def golden_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "golden-cache"
 
 
 def faultlab(*args: str | Path) -> tuple[int, str]:
