@@ -1,7 +1,9 @@
-"""`faultlab run` end to end: the shipped experiments, a violated SLA, interruption and clean-up.
+"""`faultlab run` end to end: a passing experiment, a violated SLA, interruption and clean-up.
 
 Each test runs the real CLI in a subprocess against real torchrun jobs. Golden runs are cached
 in one folder per test session, shared by the xdist workers (the ``golden_cache`` fixture).
+A shipped experiment through the CLI is tests/report/test_prelaunch_run.py (a suite of one);
+every shipped experiment also runs as a pytest item (make test).
 """
 
 from __future__ import annotations
@@ -75,25 +77,6 @@ def sla(j: dict[str, Any], name: str) -> dict[str, Any]:
     return next(s for s in j["slas"] if s["name"] == name)
 
 
-# Through the CLI here; every shipped experiment also runs as a pytest item (make test).
-@pytest.mark.parametrize("name", ["rank_hang"])  # rank_kill: tests/report runs it as a suite
-def test_shipped_experiment_passes(name: str, tmp_path: Path, golden_cache: Path) -> None:
-    rc, out = run("run", EXPERIMENTS / f"{name}.yaml", "--report-dir", tmp_path,
-                  "--golden-cache", golden_cache)
-    assert rc == 0, out
-    j = journal(tmp_path)
-    assert j["schema_version"] == 1 and j["verdict"] == "pass"
-    assert all(s["passed"] for s in j["slas"])
-    assert all(f["injected_t"] > 0 and f["error"] is None for f in j["faults"])
-    fault = j["faults"][0]
-    if name == "rank_hang":
-        assert fault["undone_t"] is not None  # continued once the job reacted
-        assert fault["undone_t"] - fault["injected_t"] < 60
-    report = next(tmp_path.glob("*/report.md")).read_text()
-    assert f"# {name}: PASS" in report
-    assert_no_job_processes(tmp_path)
-
-
 def test_hang_with_default_timeouts_is_an_sla_failure_not_a_wait(tmp_path: Path) -> None:
     t0 = time.monotonic()
     rc, out = run("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
@@ -165,9 +148,15 @@ def test_frozen_node_is_detected_continued_and_the_job_recovers(tmp_path: Path,
     rc, out = run("run", exp, "--report-dir", tmp_path / "reports",
                   "--golden-cache", golden_cache)
     assert rc == 0, out
-    [fault] = journal(tmp_path / "reports")["faults"]
+    j = journal(tmp_path / "reports")
+    assert j["schema_version"] == 1 and j["verdict"] == "pass"
+    assert all(s["passed"] for s in j["slas"])
+    [fault] = j["faults"]
+    assert fault["injected_t"] > 0 and fault["error"] is None
     assert fault["details"]["node"] == "node1" and len(fault["details"]["pids"]) >= 2
     assert sorted(fault["details"]["undo"]["continued"]) == sorted(fault["details"]["pids"])
+    assert fault["undone_t"] - fault["injected_t"] < 60  # continued once the job reacted
+    assert "# node_hang: PASS" in next((tmp_path / "reports").glob("*/report.md")).read_text()
     assert_no_job_processes(tmp_path)
 
 
