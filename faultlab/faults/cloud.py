@@ -36,6 +36,9 @@ class SpotPreemptionFault(Fault):
     type = "spot_preemption"
     family = "cloud"
     targets: ClassVar[tuple[str, ...]] = ("node",)
+    launchers: ClassVar[tuple[str, ...]] = ("local",)
+    launcher_reason = ("its fake metadata endpoints listen on this host's loopback, which a "
+                       "container node cannot reach")
 
     class Params(FaultParams):
         provider: Literal["aws", "gce", "azure"] = Field(
