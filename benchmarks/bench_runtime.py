@@ -89,25 +89,19 @@ def _worker(run_dir: Path, steps: int, delays_ms: list[float],
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from faultlab import runtime
     from faultlab.runtime import interposer
     from faultlab.runtime.plan import write_plan
     from reference_trainer.config import PRESETS
     from reference_trainer.data import GlobalBatchSampler, MarkovTokens
-    from reference_trainer.model import GPT
-    from reference_trainer.train import clip_grad_norm
+    from reference_trainer.train import build_sharded_model, clip_grad_norm
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (world_size,))
     cfg, global_batch = PRESETS["tiny"], 12
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = build_sharded_model(cfg, seed=0, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95),
                                   weight_decay=0.1)
     data = MarkovTokens(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, seed=0)

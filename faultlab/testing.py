@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import psutil
 
-__all__ = ["assert_no_job_processes", "job_processes"]
+__all__ = ["assert_no_job_processes", "job_processes", "require_docker_engine"]
 
 
 def job_processes(folder: Path) -> list[psutil.Process]:
@@ -48,3 +49,18 @@ def assert_no_job_processes(folder: Path, timeout_s: float = 15.0) -> None:
         except psutil.Error:
             continue
     assert described == [], f"processes of the job under {folder} are still alive"
+
+
+def require_docker_engine() -> None:
+    """Skip the calling test (with the reason) where no Docker engine answers; fail it instead
+    where the environment sets ``FAULTLAB_REQUIRE_DOCKER=1`` (``make test`` does under CI)."""
+    import pytest
+
+    from faultlab.targets.docker.engine import engine_problem
+
+    problem = engine_problem()
+    if problem is None:
+        return
+    if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"FAULTLAB_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
+    pytest.skip(f"docker launcher: {problem}")

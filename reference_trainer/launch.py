@@ -142,9 +142,8 @@ class LocalJob:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         try:
-            endpoint, conf = self._start_rendezvous()
-            for i in range(self.nodes):
-                self._nodes.append(self._spawn(i, endpoint, conf, logs))
+            endpoint, conf = self._start_rendezvous(self._store_host())
+            self._start_nodes(endpoint, conf, logs)
         except BaseException:
             self.stop()
             raise
@@ -157,18 +156,45 @@ class LocalJob:
         agent joins the rendezvous and the job grows back at its next re-rendezvous. Returns
         the new agent's pid."""
         old = self._node(node)
-        if old.popen.poll() is None:
-            raise LaunchError(f"{node} is still running (agent pid {old.popen.pid})")
+        if self._alive(old):
+            raise LaunchError(f"{node} is still running (pid {self._root_pid(old)})")
         index = self._nodes.index(old)
+        self._retire(old)
         self._nodes[index] = self._spawn(index, self._endpoint, self._conf, self.run_dir / "logs")
         self._killed.discard(node)  # its new agent's exit code counts
         self._write_launch_json(self._endpoint)
-        return self._nodes[index].popen.pid
+        return self._root_pid(self._nodes[index])
 
     def mark_lost(self, node: str) -> None:
         """A node that left on purpose (preempted): its agent's exit code does not count."""
         self._node(node)
         self._killed.add(node)
+
+    # -- what a job whose nodes are not local processes changes (faultlab's DockerJob) --------
+
+    def _store_host(self) -> str:
+        """The address the rendezvous store listens on, as the nodes reach it."""
+        return "127.0.0.1"
+
+    def _start_nodes(self, endpoint: str, conf: str, logs: Path) -> None:
+        for i in range(self.nodes):  # one at a time: stop() reaps whatever did start
+            self._nodes.append(self._spawn(i, endpoint, conf, logs))
+
+    def _alive(self, n: _Node) -> bool:
+        return n.popen.poll() is None
+
+    def _root_pid(self, n: _Node) -> int:
+        """The node's topmost process: its agent."""
+        return n.popen.pid
+
+    def _returncode(self, n: _Node) -> int | None:
+        return n.popen.returncode
+
+    def _retire(self, n: _Node) -> None:
+        """Release what is left of a node that is gone before it is started again."""
+
+    def _node_info(self, n: _Node) -> dict[str, object]:
+        return {"node": n.name, "agent_pid": n.popen.pid, "log": str(n.log_path)}
 
     def _start_rendezvous(self, host: str = "127.0.0.1") -> tuple[str, str]:
         if self.torchrun_defaults:
@@ -251,16 +277,18 @@ class LocalJob:
             cmd += ["--no-python", *self.command]
         return cmd
 
-    def _write_launch_json(self, endpoint: str) -> None:
-        info = {
+    def _launch_info(self, endpoint: str) -> dict[str, object]:
+        return {
             "rdzv_endpoint": endpoint, "rdzv_id": self._rdzv_id,
             "store_pid": self._store.pid if self._store else None,
-            "nodes": [{"node": n.name, "agent_pid": n.popen.pid, "log": str(n.log_path)}
-                      for n in self._nodes],
+            "nodes": [self._node_info(n) for n in self._nodes],
             "procs_per_node": self.procs_per_node, "min_nodes": self.min_nodes,
             "max_restarts": self.max_restarts, "launcher_pid": os.getpid(),
             "started_t": time.time(),
         }
+
+    def _write_launch_json(self, endpoint: str) -> None:
+        info = self._launch_info(endpoint)
         path = self.run_dir / "launch.json"
         path.with_suffix(".tmp").write_text(json.dumps(info, indent=1))
         os.replace(path.with_suffix(".tmp"), path)
@@ -284,7 +312,7 @@ class LocalJob:
         return [n.name for n in self._nodes]
 
     def agent_pid(self, node: str) -> int:
-        return self._node(node).popen.pid
+        return self._root_pid(self._node(node))
 
     def worker_pids(self, node: str) -> list[int]:
         """Current worker processes of a node (children of its agent)."""
@@ -295,7 +323,7 @@ class LocalJob:
 
     def pids(self) -> set[int]:
         """Every live process of the job: store, agents, workers and their children."""
-        out = {p.pid for n in self._nodes for p in process_tree(n.popen.pid)}
+        out = {p.pid for n in self._nodes for p in process_tree(self._root_pid(n))}
         if self._store is not None and self._store.poll() is None:
             out.add(self._store.pid)
         return out
@@ -307,7 +335,7 @@ class LocalJob:
 
     def poll(self) -> bool:
         """True once every agent has exited (each one is reaped: no zombie lingers)."""
-        return all([n.popen.poll() is not None for n in self._nodes])
+        return all([not self._alive(n) for n in self._nodes])
 
     def wait(self, timeout_s: float | None = None) -> JobResult:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -319,7 +347,7 @@ class LocalJob:
         return self.result()
 
     def result(self) -> JobResult:
-        return JobResult(returncodes={n.name: n.popen.returncode for n in self._nodes},
+        return JobResult(returncodes={n.name: self._returncode(n) for n in self._nodes},
                          killed=set(self._killed), wall_s=time.monotonic() - self._t0)
 
     def stop(self, grace_s: float = 5.0) -> None:

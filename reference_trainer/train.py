@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -48,7 +48,13 @@ from reference_trainer.checkpoint import (
     list_checkpoints,
     seed_rank_rng,
 )
-from reference_trainer.config import ConfigError, TrainConfig, add_train_args, config_from_args
+from reference_trainer.config import (
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    add_train_args,
+    config_from_args,
+)
 from reference_trainer.data import GlobalBatchSampler, MarkovTokens
 from reference_trainer.digest import state_digest
 from reference_trainer.events import EventLog
@@ -98,6 +104,19 @@ def lr_lambda(cfg: TrainConfig):  # noqa: ANN201 - a closure for LambdaLR
         cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
         return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
     return f
+
+
+def build_sharded_model(mcfg: ModelConfig, *, seed: int, mesh: DeviceMesh,
+                        mp_policy: MixedPrecisionPolicy | None = None) -> GPT:
+    """The trainer's model recipe: seeded init (identical on every rank; ``fully_shard`` keeps
+    each rank's shard of it), then ``fully_shard`` per block and at the root."""
+    mp_policy = mp_policy or MixedPrecisionPolicy()
+    torch.manual_seed(seed)
+    model = GPT(mcfg)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    return model
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
@@ -183,13 +202,9 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
 
     # --- model, optimizer, schedule, data ---------------------------------------------------
     mcfg = cfg.model
-    torch.manual_seed(cfg.seed)  # identical init on every rank; fully_shard keeps each shard
-    model = GPT(mcfg)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if use_cuda else MixedPrecisionPolicy()
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    model = build_sharded_model(mcfg, seed=cfg.seed, mesh=mesh, mp_policy=mp)
     if use_cuda:
         model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),

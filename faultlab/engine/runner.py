@@ -125,15 +125,10 @@ stops them (a node cut off by a partition may wait minutes for its store connect
 def _training_done(stream: Any) -> bool:
     """Has every rank of the newest incarnation exited with reason ``completed``?"""
     ranks = stream.current_ranks()
-    if not ranks:
-        return False
-    for rank in ranks:
-        start = stream.latest_start(rank)
-        if not any(e.get("rank") == rank and e.get("reason") == "completed"
-                   and e["t"] >= start["t"] for e in stream.events[-200:]
-                   if e.get("kind") == "exit"):
-            return False
-    return True
+    completed = {e.get("rank"): e["t"] for e in stream.of_kind("exit")
+                 if e.get("reason") == "completed"}
+    return bool(ranks) and all(completed.get(r, 0.0) >= stream.latest_start(r)["t"]
+                               for r in ranks)
 
 
 def _reacted(events: list[dict[str, Any]], since_t: float, known_pids: set[int]) -> bool:

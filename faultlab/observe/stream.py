@@ -190,6 +190,10 @@ class EventStream:
                 ranks.add(rank)
         return sorted(ranks)
 
+    def of_kind(self, kind: str) -> list[Record]:
+        """Every record of ``kind`` so far, in time order of arrival (a read-only view)."""
+        return list(self._by_kind.get(kind, ()))
+
     def count(self, kind: str, **match: Any) -> int:
         """How many records of ``kind`` have every field of ``match`` equal to the given value.
 

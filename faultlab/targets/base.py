@@ -71,10 +71,16 @@ class JobContext(ABC):
         if start is None:
             raise FaultError(f"rank {rank} has not started (yet); ranks seen: "
                              f"{self.stream.current_ranks() or 'none'}")
-        pid = int(start["pid"])
-        if not psutil.pid_exists(pid):
-            raise FaultError(f"rank {rank}'s process {pid} is gone (the job is restarting?)")
+        pid = self._host_pid(start)
+        if pid is None:
+            raise FaultError(f"rank {rank}'s process {start['pid']} (on {start.get('node')}) "
+                             f"is gone (the job is restarting?)")
         return pid
+
+    def _host_pid(self, start: dict[str, Any]) -> int | None:
+        """This host's pid of the live process a ``start`` record names (None if gone)."""
+        pid = int(start["pid"])
+        return pid if psutil.pid_exists(pid) else None
 
     def node_names(self) -> list[str]:
         return list(self.agent_pids())

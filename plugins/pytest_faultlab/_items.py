@@ -83,7 +83,9 @@ class ExperimentItem(pytest.Item):
         from faultlab.engine import run_experiment
 
         if self.experiment.topology.launcher == "docker":
-            _need_docker_engine()
+            from faultlab.testing import require_docker_engine
+
+            require_docker_engine()
         settings = self.config.stash[settings_key]
         view = NotesView()
         result = run_experiment(self.experiment, source=self.source,
@@ -201,17 +203,3 @@ def _name_of(path: Path) -> str:
     name = data.get("name") if isinstance(data, dict) else None
     return name if isinstance(name, str) and name.strip() else path.stem
 
-
-def _need_docker_engine() -> None:
-    """Skip (with the reason) where no Docker engine can be reached; fail instead where the
-    environment requires one (``FAULTLAB_REQUIRE_DOCKER=1``, as ``make test`` sets)."""
-    import os
-
-    from faultlab.targets.docker.engine import engine_problem
-
-    problem = engine_problem()
-    if problem is None:
-        return
-    if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
-        raise RuntimeError(f"FAULTLAB_REQUIRE_DOCKER=1 but {problem}")
-    pytest.skip(f"docker launcher: {problem}")

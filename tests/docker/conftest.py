@@ -4,19 +4,15 @@ after installing and starting the engine)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 
-from faultlab.targets.docker.engine import connect, engine_problem
+from faultlab.targets.docker.engine import connect
+from faultlab.testing import require_docker_engine
 
 
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
-    problem = engine_problem()
-    if problem is not None:
-        if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"FAULTLAB_REQUIRE_DOCKER=1 but {problem}")
-        pytest.skip(f"no Docker engine: {problem}")
+    require_docker_engine()
     return connect()

@@ -207,3 +207,36 @@ def test_killed_faultlab_leaves_no_container_network_or_image(docker_client: Any
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_no_engine_skips_with_the_reason_or_fails_where_one_is_required(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from faultlab.testing import require_docker_engine
+
+    # A real client against a socket nobody serves: the way a machine without an engine looks.
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    monkeypatch.delenv("FAULTLAB_REQUIRE_DOCKER", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no Docker engine answers.*docker.io"):
+        require_docker_engine()
+    monkeypatch.setenv("FAULTLAB_REQUIRE_DOCKER", "1")
+    with pytest.raises(pytest.fail.Exception, match="FAULTLAB_REQUIRE_DOCKER=1 but no Docker"):
+        require_docker_engine()
+
+
+def test_docker_clean_removes_what_a_run_left(docker_client: Any) -> None:
+    run_id = f"cleantest{os.getpid()}"
+    labels = {"faultlab": "1", "faultlab.run": run_id}
+    docker_client.networks.create(f"faultlab-{run_id}", driver="bridge", internal=True,
+                                  labels=labels)
+    other = docker_client.networks.create(f"faultlab-{run_id}-other", driver="bridge",
+                                          internal=True, labels={"faultlab": "1",
+                                                                 "faultlab.run": "other"})
+    try:
+        done = subprocess.run([sys.executable, "-m", "faultlab.cli", "docker", "clean",
+                               "--run", run_id], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert f"removed 1 networks: faultlab-{run_id}" in done.stdout
+        assert run_resources(docker_client, run_id)["networks"] == []
+        assert run_resources(docker_client, "other")["networks"] == [other.name]  # not its run
+    finally:
+        other.remove()

@@ -12,10 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
 
 from reference_trainer.config import ModelConfig
-from reference_trainer.model import GPT
+from reference_trainer.train import build_sharded_model
 
 #: A model small enough that saving and loading it takes milliseconds.
 TINY_MODEL = ModelConfig(vocab_size=32, seq_len=8, d_model=16, num_layers=2, num_heads=2)
@@ -23,12 +22,8 @@ TINY_MODEL = ModelConfig(vocab_size=32, seq_len=8, d_model=16, num_layers=2, num
 
 def build_fsdp(mesh: DeviceMesh, *, seed: int = 0,
                cfg: ModelConfig = TINY_MODEL) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The trainer's recipe on one rank: seeded init, ``fully_shard`` per block and at the root."""
-    torch.manual_seed(seed)
-    model = GPT(cfg)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    """The trainer's model recipe on one rank, with an AdamW optimizer."""
+    model = build_sharded_model(cfg, seed=seed, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95),
                                   weight_decay=0.1)
     return model, optimizer

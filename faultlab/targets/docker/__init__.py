@@ -11,6 +11,7 @@ run ends (also by the guard process if faultlab itself dies, and by ``faultlab d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from faultlab.errors import FaultError
 from faultlab.spec import Experiment
@@ -36,29 +37,11 @@ class DockerTarget(LocalTarget):
     def run_id(self) -> str:
         return self.job.run_id
 
-    # -- FaultContext: ranks live in their container's PID namespace ---------------------------
+    # -- FaultContext: ranks log their pid in their container's PID namespace ---------------
 
-    def rank_pid(self, rank: int) -> int:
-        self.refresh()
-        start = self.stream.latest_start(rank)
-        if start is None:
-            raise FaultError(f"rank {rank} has not started (yet); ranks seen: "
-                             f"{self.stream.current_ranks() or 'none'}")
-        node, ns_pid = str(start["node"]), int(start["pid"])
-        pid = self._job_call(self.job.host_pid, node, ns_pid)
-        if pid is None:
-            raise FaultError(f"rank {rank}'s process ({ns_pid} in {node}'s container) is gone "
-                             f"(the job is restarting?)")
-        return pid
-
-    def node_pids(self, node: str) -> list[int]:
-        self._job_call(self.job.agent_pid, node)
-        return sorted(self.job.pids() & {p for p in self._tree(node)})
-
-    def _tree(self, node: str) -> set[int]:
-        from reference_trainer.launch import process_tree
-
-        return {p.pid for p in process_tree(self.job.agent_pid(node))}
+    def _host_pid(self, start: dict[str, Any]) -> int | None:
+        return self._job_call(self.job.host_pid, str(start["node"]),  # type: ignore[no-any-return]
+                              int(start["pid"]))
 
     # -- what only containers can do -----------------------------------------------------------
 

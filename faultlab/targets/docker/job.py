@@ -18,10 +18,8 @@ every process and every engine object reaped on ``stop``. What changes:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ from faultlab.targets.docker.engine import (
     connect,
     remove_run,
 )
-from reference_trainer.launch import LaunchError, LocalJob, preflight, process_tree
+from reference_trainer.launch import LaunchError, LocalJob, process_tree
 
 __all__ = ["DockerJob", "host_mounts"]
 
@@ -87,33 +85,51 @@ class DockerJob(LocalJob):
         if self.cfg is not None:  # the ranks must find it at the same path inside
             self.cfg = dataclasses.replace(self.cfg, run_dir=self.run_dir_)
 
-    # -- lifecycle -----------------------------------------------------------------------------
+    # -- LocalJob's hooks --------------------------------------------------------------------
 
-    def start(self) -> DockerJob:
-        if self.cfg is not None:
-            preflight(self.cfg)
-        self._t0 = time.monotonic()
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+    def _store_host(self) -> str:
+        """The run's image and network first: the store listens on the network's gateway."""
+        self._client = connect()
+        self._image = build_image(self._client, self.run_id)
+        self._network = self._client.networks.create(
+            f"faultlab-{self.run_id}", driver="bridge", internal=True,
+            labels={LABEL: "1", RUN_LABEL: self.run_id})
+        self._network.reload()
+        self._gateway = self._network.attrs["IPAM"]["Config"][0]["Gateway"].split("/")[0]
+        return self._gateway
+
+    def _start_nodes(self, endpoint: str, conf: str, logs: Path) -> None:
+        # In parallel (a container takes seconds to start); one that fails to start is still
+        # removed by stop(), by its label.
+        with ThreadPoolExecutor(max_workers=self.nodes) as pool:
+            started = list(pool.map(lambda i: self._start_node(i, endpoint, conf, logs),
+                                    range(self.nodes)))
+        self._nodes.extend(started)  # type: ignore[arg-type]
+
+    def _alive(self, n: _DockerNode) -> bool:  # type: ignore[override]
         try:
-            self._client = connect()
-            self._image = build_image(self._client, self.run_id)
-            self._network = self._client.networks.create(
-                f"faultlab-{self.run_id}", driver="bridge", internal=True,
-                labels={LABEL: "1", RUN_LABEL: self.run_id})
-            self._network.reload()
-            self._gateway = self._network.attrs["IPAM"]["Config"][0]["Gateway"].split("/")[0]
-            endpoint, conf = self._start_rendezvous(self._gateway)
-            self._endpoint, self._conf = endpoint, conf
-            with ThreadPoolExecutor(max_workers=self.nodes) as pool:
-                started = list(pool.map(lambda i: self._start_node(i, endpoint, conf, logs),
-                                        range(self.nodes)))
-            self._nodes.extend(started)  # type: ignore[arg-type]
-        except BaseException:
-            self.stop()
-            raise
-        self._write_launch_json(endpoint)
-        return self
+            return psutil.Process(n.init_pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _root_pid(self, n: _DockerNode) -> int:  # type: ignore[override]
+        """The host pid of the node's PID 1 (its init; the agent is its child)."""
+        return n.init_pid
+
+    def _returncode(self, n: _DockerNode) -> int | None:  # type: ignore[override]
+        return None if self._alive(n) else self._exit_code(n)
+
+    def _retire(self, n: _DockerNode) -> None:  # type: ignore[override]
+        self._remove_container(n)  # its name is taken until it is removed
+
+    def _node_info(self, n: _DockerNode) -> dict[str, object]:  # type: ignore[override]
+        return {"node": n.name, "container": n.container.name, "init_pid": n.init_pid,
+                "log": str(n.log_path)}
+
+    def _launch_info(self, endpoint: str) -> dict[str, object]:
+        return {**super()._launch_info(endpoint), "launcher": "docker", "run_id": self.run_id,
+                "network": self._network.name if self._network else None,
+                "image": self._image}
 
     def _start_node(self, index: int, endpoint: str, conf: str,  # type: ignore[override]
                     logs: Path) -> _DockerNode:
@@ -149,36 +165,6 @@ class DockerJob(LocalJob):
             raise TargetError(f"{name} ({container_name}) exited at once; see {log_path}")
         return _DockerNode(name, container, log_path, argv, pid)
 
-    def _spawn(self, index: int, endpoint: str, conf: str, logs: Path) -> Any:
-        return self._start_node(index, endpoint, conf, logs)  # no parent-death signal involved
-
-    def restart_node(self, node: str) -> int:
-        old = self._dnode(node)
-        if self._running(old):
-            raise LaunchError(f"{node} is still running (container {old.container.name})")
-        self._remove_container(old)
-        index = self._nodes.index(old)  # type: ignore[arg-type]
-        new = self._start_node(index, self._endpoint, self._conf, self.run_dir / "logs")
-        self._nodes[index] = new  # type: ignore[call-overload]
-        self._killed.discard(node)
-        self._write_launch_json(self._endpoint)
-        return new.init_pid
-
-    def _write_launch_json(self, endpoint: str) -> None:
-        info = {
-            "launcher": "docker", "rdzv_endpoint": endpoint, "rdzv_id": self._rdzv_id,
-            "run_id": self.run_id, "network": self._network.name if self._network else None,
-            "image": self._image, "store_pid": self._store.pid if self._store else None,
-            "nodes": [{"node": n.name, "container": n.container.name, "init_pid": n.init_pid,
-                       "log": str(n.log_path)} for n in self._dnodes()],
-            "procs_per_node": self.procs_per_node, "min_nodes": self.min_nodes,
-            "max_restarts": self.max_restarts, "launcher_pid": os.getpid(),
-            "started_t": time.time(),
-        }
-        path = self.run_dir / "launch.json"
-        path.with_suffix(".tmp").write_text(json.dumps(info, indent=1))
-        os.replace(path.with_suffix(".tmp"), path)
-
     # -- observing -----------------------------------------------------------------------------
 
     def describe(self) -> str:
@@ -187,19 +173,9 @@ class DockerJob(LocalJob):
         return "\n".join(f"{n.name}: container {n.container.name} on network "
                          f"{self._network.name}: {shlex.join(n.cmd)}" for n in self._dnodes())
 
-    def agent_pid(self, node: str) -> int:
-        """The host pid of the node's PID 1 (its init; the agent is its child)."""
-        return self._dnode(node).init_pid
-
     def worker_pids(self, node: str) -> list[int]:
         tree = process_tree(self.agent_pid(node))
         return [p.pid for p in tree[2:]] if len(tree) > 2 else []
-
-    def pids(self) -> set[int]:
-        out = {p.pid for n in self._dnodes() for p in process_tree(n.init_pid)}
-        if self._store is not None and self._store.poll() is None:
-            out.add(self._store.pid)
-        return out
 
     def host_pid(self, node: str, ns_pid: int) -> int | None:
         """The host pid of the process that is ``ns_pid`` in ``node``'s PID namespace."""
@@ -214,17 +190,6 @@ class DockerJob(LocalJob):
             except (OSError, ValueError):
                 continue
         return None
-
-    def poll(self) -> bool:
-        return all([not self._running(n) for n in self._dnodes()])
-
-    def result(self):  # type: ignore[no-untyped-def]
-        from reference_trainer.launch import JobResult
-
-        codes = {n.name: (self._exit_code(n) if not self._running(n) else None)
-                 for n in self._dnodes()}
-        return JobResult(returncodes=codes, killed=set(self._killed),
-                         wall_s=time.monotonic() - self._t0)
 
     # -- breaking ------------------------------------------------------------------------------
 
@@ -267,7 +232,7 @@ class DockerJob(LocalJob):
 
     def netns_pid(self, node: str) -> int:
         n = self._dnode(node)
-        if not self._running(n):
+        if not self._alive(n):
             raise LaunchError(f"{node} is not running (container {n.container.name})")
         return n.init_pid
 
@@ -283,7 +248,7 @@ class DockerJob(LocalJob):
         import docker.errors
 
         n = self._dnode(node)
-        if self.node_address(node) is not None or not self._running(n):
+        if self.node_address(node) is not None or not self._alive(n):
             return False
         try:
             self._network.connect(n.container)
@@ -305,7 +270,7 @@ class DockerJob(LocalJob):
                     p.send_signal(_signal.SIGCONT)
                 except psutil.Error:
                     pass
-        running = [n for n in self._dnodes() if self._running(n)]
+        running = [n for n in self._dnodes() if self._alive(n)]
         if running:
             with ThreadPoolExecutor(max_workers=len(running)) as pool:
                 list(pool.map(lambda n: self._stop_container(n, grace_s), running))
@@ -326,13 +291,6 @@ class DockerJob(LocalJob):
 
     def _dnode(self, name: str) -> _DockerNode:
         return self._node(name)  # type: ignore[return-value]
-
-    @staticmethod
-    def _running(n: _DockerNode) -> bool:
-        try:
-            return psutil.Process(n.init_pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
 
     def _exit_code(self, n: _DockerNode) -> int | None:
         import docker.errors
