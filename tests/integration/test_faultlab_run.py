@@ -169,21 +169,10 @@ def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path) -> None
     assert not (tmp_path / "reports").exists()
 
 
-def hung_forever(folder: Path) -> Path:
-    """rank_hang_default_timeouts without its own 35 s timeout: under a loaded CI machine the
-    job can take 20 s to reach the fault, and the signal a test sends must not race the
-    experiment's timeout (seen once: the signal landed in the timeout's clean-up)."""
-    text = (EXPERIMENTS / "rank_hang_default_timeouts.yaml").read_text()
-    assert "timeout_s: 35\n" in text
-    folder.mkdir()
-    path = folder / "rank_hang_default_timeouts.yaml"
-    path.write_text(text.replace("timeout_s: 35\n", "timeout_s: 600\n"))
-    return path
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupted_run_leaves_no_process_and_none_stopped(sig: int, tmp_path: Path) -> None:
-    fl = Faultlab("run", hung_forever(tmp_path / "experiment"), "--report-dir", tmp_path)
+    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
+                  "--report-dir", tmp_path)
     fl.wait_for("injected freeze-rank-1")
     stopped = [p for p in job_processes(tmp_path) if p.status() == psutil.STATUS_STOPPED]
     assert stopped, "the hang fault should have stopped a rank"
@@ -197,7 +186,7 @@ def test_interrupted_run_leaves_no_process_and_none_stopped(sig: int, tmp_path: 
 
 
 def test_killed_faultlab_is_cleaned_up_by_its_guard(tmp_path: Path) -> None:
-    fl = Faultlab("run", hung_forever(tmp_path / "experiment"),
+    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
                   "--report-dir", tmp_path)
     fl.wait_for("injected freeze-rank-1")
     time.sleep(1.0)  # the guard's pid file is refreshed every 0.5 s
