@@ -29,6 +29,14 @@ REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO / "experiments"
 
 
+def _as_at_a_terminal() -> None:
+    """Ctrl-C reaches faultlab as it would at a terminal. A test run started in the background
+    of a non-interactive shell (``cmd &``) inherits SIGINT *ignored*, and so would faultlab:
+    Python then installs no KeyboardInterrupt handler, as ``nohup`` and background jobs
+    expect."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Faultlab:
     """``faultlab`` in a subprocess whose output is collected line by line as it comes."""
 
@@ -37,7 +45,8 @@ class Faultlab:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "faultlab.cli", *map(str, args)], cwd=REPO,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+            preexec_fn=_as_at_a_terminal)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
