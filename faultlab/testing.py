@@ -62,5 +62,20 @@ def require_docker_engine() -> None:
     if problem is None:
         return
     if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"FAULTLAB_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
+        pytest.fail(f"FAULTLAB_REQUIRE_DOCKER=1 but {problem}{_engine_log_tail()}", pytrace=False)
     pytest.skip(f"docker launcher: {problem}")
+
+
+# Where scripts/docker-engine.sh (``make test``) sends containerd's and dockerd's output.
+ENGINE_LOG = Path("/var/log/faultlab-dockerd.log")
+
+
+def _engine_log_tail(lines: int = 3) -> str:
+    """The last lines of the engine log ``make test`` started, so that a CI failure says why the
+    engine is not there (it once said: a stale containerd socket made the start script skip
+    containerd); empty where there is no such log."""
+    try:
+        tail = ENGINE_LOG.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"; the end of {ENGINE_LOG}: " + " | ".join(line.strip() for line in tail)
