@@ -31,7 +31,8 @@ from reference_trainer.config import ConfigError, TrainConfig, add_train_args, c
 from reference_trainer.config import train_argv as _train_argv
 from reference_trainer.rdzv_store import die_with_parent
 
-__all__ = ["LaunchError", "LocalJob", "JobResult", "main", "preflight", "process_tree"]
+__all__ = ["LaunchError", "LocalJob", "JobResult", "main", "pid_alive", "preflight",
+           "process_tree", "signal_tree"]
 
 
 class LaunchError(ValueError):
@@ -331,7 +332,7 @@ class LocalJob:
     def kill_node(self, node: str, sig: int = signal.SIGKILL) -> list[int]:
         """Kill a node as a machine loss would: its agent and every worker at once."""
         self._killed.add(node)
-        return _signal_tree(self.agent_pid(node), sig)
+        return signal_tree(self.agent_pid(node), sig)
 
     def poll(self) -> bool:
         """True once every agent has exited (each one is reaped: no zombie lingers)."""
@@ -397,6 +398,14 @@ def _spawner() -> ThreadPoolExecutor:
     return _SPAWNER
 
 
+def pid_alive(pid: int) -> bool:
+    """Is ``pid`` a live process (not gone, not an unreaped zombie)?"""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def process_tree(pid: int) -> list[psutil.Process]:
     """A process and all its descendants (empty if it is gone, or an unreaped zombie)."""
     try:
@@ -422,7 +431,7 @@ def _send_pid(pid: int, sig: int) -> None:
         pass
 
 
-def _signal_tree(pid: int, sig: int) -> list[int]:
+def signal_tree(pid: int, sig: int) -> list[int]:
     """Signal a process and all its descendants, snapshotting the tree first."""
     procs = process_tree(pid)
     for p in procs:

@@ -133,6 +133,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -503,15 +504,9 @@ def _slowdown(before: list[Record], after: list[Record], undone_t: float | None)
     """Median step time while the fault was in force over the median before it."""
     during = [r for r in after if undone_t is None or r["t"] <= undone_t]
     base, slow = _step_times(before), _step_times(during)
-    if len(base) < 3 or not slow or _median(base) <= 0:
+    if len(base) < 3 or not slow or statistics.median(base) <= 0:
         return None
-    return round(_median(slow) / _median(base), 3)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return round(statistics.median(slow) / statistics.median(base), 3)
 
 
 def _completes(records: list[Record]) -> bool:

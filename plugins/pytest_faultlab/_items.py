@@ -202,4 +202,3 @@ def _name_of(path: Path) -> str:
         return path.stem
     name = data.get("name") if isinstance(data, dict) else None
     return name if isinstance(name, str) and name.strip() else path.stem
-

@@ -12,7 +12,6 @@ resumes or damages its own copy.
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -56,11 +55,10 @@ def golden(golden_cache: Path) -> Callable[[Scenario], Outcome]:
 
 
 @pytest.fixture(scope="session")
-def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Scenario, Path], Outcome]:
+def stopped_run(session_tmp: Path) -> Callable[[Scenario, Path], Outcome]:
     """``stopped_run(scenario, run_dir)``: a copy, in ``run_dir``, of the run of ``scenario``
     (which must stop itself cleanly: ``train={"stop_after": N}``)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "stopped-runs"
+    shared = session_tmp / "stopped-runs"
     shared.mkdir(exist_ok=True)
 
     def get(scenario: Scenario, run_dir: Path) -> Outcome:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_trainer.health import EXIT_CODES
+from reference_trainer.health import EXIT_CODES, SlowStepTracker, attribute_slow_links
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,9 +108,6 @@ def test_noise_and_a_single_fast_peer_are_not_stragglers() -> None:
 
 
 # --- slow steps and slow links ----------------------------------------------------------------
-
-from reference_trainer.health import SlowStepTracker, attribute_slow_links  # noqa: E402
-
 
 def test_slow_step_tracker_flags_once_per_episode_after_warm_up() -> None:
     t = SlowStepTracker(factor=3.0, num_steps=3)

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from faultlab.errors import TargetError
 from faultlab.targets.docker.engine import (
     LABEL,
@@ -36,7 +34,7 @@ from faultlab.targets.docker.engine import (
     connect,
     remove_run,
 )
-from reference_trainer.launch import LaunchError, LocalJob, process_tree
+from reference_trainer.launch import LaunchError, LocalJob, pid_alive, process_tree, signal_tree
 
 __all__ = ["DockerJob", "host_mounts"]
 
@@ -107,10 +105,7 @@ class DockerJob(LocalJob):
         self._nodes.extend(started)  # type: ignore[arg-type]
 
     def _alive(self, n: _DockerNode) -> bool:  # type: ignore[override]
-        try:
-            return psutil.Process(n.init_pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        return pid_alive(n.init_pid)
 
     def _root_pid(self, n: _DockerNode) -> int:  # type: ignore[override]
         """The host pid of the node's PID 1 (its init; the agent is its child)."""
@@ -261,15 +256,16 @@ class DockerJob(LocalJob):
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop every node (a paused one is unpaused, a stopped process continued, first),
         then remove the run's containers, network and image, then the store. Idempotent."""
-        import signal as _signal
+        import signal
+
+        import docker.errors
 
         for n in self._dnodes():
-            self._unpause_quietly(n)
-            for p in process_tree(n.init_pid):
-                try:
-                    p.send_signal(_signal.SIGCONT)
-                except psutil.Error:
-                    pass
+            try:
+                self.unpause_node(n.name)
+            except docker.errors.APIError:
+                pass
+            signal_tree(n.init_pid, signal.SIGCONT)  # a stopped process must act on SIGTERM
         running = [n for n in self._dnodes() if self._alive(n)]
         if running:
             with ThreadPoolExecutor(max_workers=len(running)) as pool:
@@ -303,17 +299,6 @@ class DockerJob(LocalJob):
             except docker.errors.NotFound:
                 pass
         return n.exit_code
-
-    @staticmethod
-    def _unpause_quietly(n: _DockerNode) -> None:
-        import docker.errors
-
-        try:
-            n.container.reload()
-            if n.container.status == "paused":
-                n.container.unpause()
-        except docker.errors.APIError:
-            pass
 
     @staticmethod
     def _stop_container(n: _DockerNode, grace_s: float) -> None:
