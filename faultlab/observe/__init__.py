@@ -3,7 +3,8 @@
 ``EventStream`` tails ``RUN_DIR/events/*.jsonl`` (the event protocol of DESIGN.md) for the
 engine; ``compute_metrics`` turns the records and the injected faults into ``Metrics`` —
 detection latency, resume and recovery time, lost steps, goodput, sample accounting — with
-every definition spelled out in ``faultlab.observe.metrics``.
+every definition spelled out in ``faultlab.observe.timeline`` (per fault) and
+``faultlab.observe.metrics`` (run level).
 """
 
 from faultlab.observe.metrics import FaultMetrics, FaultRecord, Metrics, compute_metrics

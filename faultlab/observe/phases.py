@@ -1,13 +1,13 @@
 """Where a recovery's time goes: the recovery time of one fault cut into consecutive phases.
 
 Pure functions over the same event records as :mod:`faultlab.observe.metrics`, whose
-definitions (detection, came back, recovery) they reuse. For a fault injected at ``T`` the
-boundaries are, in order (wall clock, seconds):
+per-fault definitions (detection, came back, recovery: :mod:`faultlab.observe.timeline`) they
+reuse. For a fault injected at ``T`` the boundaries are, in order (wall clock, seconds):
 
 injected_t
     ``T``, the fault's injection time.
 detected_t
-    ``T`` + detection_latency_s: the first reaction record (metrics module).
+    ``T`` + detection_latency_s: the first reaction record (timeline module).
 torn_down_t
     The last ``exit`` record, with ``T < t <=`` came_back_t, of an *old* process (a pid with a
     record at or before ``T``): the last of the broken incarnation has gone. A SIGKILLed process

@@ -598,3 +598,21 @@ def test_metrics_never_raise_and_latencies_are_non_negative(
             assert (f.resume_time_s, f.recovery_time_s, f.lost_steps) == (None, None, 0)
     assert m.goodput is None or m.goodput >= 0
     assert_json_safe(m)
+
+
+def test_faults_may_come_as_a_generator_and_pids_garbled() -> None:
+    """Found while splitting the module: the faults were read twice (a generator came back
+    empty for the corrupt-checkpoint check) and an unhashable pid raised in the step times."""
+    ckpt = "/run/checkpoints/step_00000010"
+    fault = FaultRecord(id="f", type="ckpt_bitflip", injected_t=5.0,
+                        details={"checkpoints": [ckpt]})
+    events = [{"t": 1.0, "kind": "start", "rank": 0, "pid": [1], "world_size": 1},
+              *({"t": 1.0 + s, "kind": "step", "rank": 0, "pid": [1], "step": s,
+                 "step_time_s": 0.1} for s in range(1, 6)),
+              {"t": 7.0, "kind": "checkpoint_loaded", "rank": 0, "pid": 9, "step": 10,
+               "path": ckpt}]
+    as_list = compute_metrics(events, [fault])
+    assert as_list.corrupt_checkpoint_never_loaded is False
+    assert compute_metrics(events, iter([fault])).to_dict() == as_list.to_dict()
+    slow = FaultRecord(id="s", type="collective_delay", injected_t=4.5)
+    compute_metrics(events, [slow])  # must not raise on the list-valued pid
