@@ -1,5 +1,8 @@
 """Jobs this ``chaos`` process launched, and how any job is addressed by its run directory.
 
+A job is launched from a faultlab experiment: an experiment file, or one built from the job's
+shape (``start_training``'s arguments) with defaults (``build_experiment``).
+
 A job launched here (``start_training``, or the run-context control) is a ``LocalTarget``
 kept in a process-wide registry, so that every activity of the experiment acts on the same
 object and the control can stop it. Any other run directory is a job that was already running
@@ -25,16 +28,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaosfaultlab._state import STATE_DIR
-from faultlab.errors import TargetError
-from faultlab.spec import Experiment
+from faultlab.errors import InvalidExperimentError, TargetError
+from faultlab.spec import Experiment, experiment_from_dict, load_experiment
 from faultlab.targets.attach import AttachedTarget
 from faultlab.targets.base import JobContext
 
 if TYPE_CHECKING:  # the local target imports torch (through the launcher): only when launching
     from faultlab.targets.local import LocalTarget
 
-__all__ = ["CONFIG_KEY", "EXPERIMENT_FILE", "Launched", "job_context", "job_running", "launch",
-           "launched", "resolve_run_dir", "stop", "stop_all", "wait_until"]
+__all__ = ["CONFIG_KEY", "EXPERIMENT_FILE", "Launched", "build_experiment", "job_context",
+           "job_running", "launch", "launched", "resolve_run_dir", "stop", "stop_all",
+           "wait_until"]
 
 CONFIG_KEY = "faultlab_run_dir"
 """The ``configuration`` key the run-context control sets to the job's run directory."""
@@ -99,6 +103,33 @@ def job_running(run_dir: Path) -> bool:
         return AttachedTarget(run_dir).running()
     except TargetError:
         return False
+
+
+def build_experiment(experiment_file: str | None, *, name: str = "chaos",
+                     **shape: Any) -> Experiment:
+    """The faultlab experiment a job is launched from (file, or shape with defaults)."""
+    given = {k: v for k, v in shape.items() if v is not None}
+    try:
+        if experiment_file:
+            if given:
+                raise TargetError(f"experiment_file: {experiment_file!r} defines the job; "
+                                  f"leave out {', '.join(sorted(given))} (or the file)")
+            return load_experiment(experiment_file)
+        data: dict[str, Any] = {
+            "name": name, "seed": given.get("seed", 0),
+            "target": {"trainer": "reference", "preset": given.get("preset", "tiny"),
+                       "overrides": given.get("overrides") or {}},
+            "topology": {"nodes": given.get("nodes", 2),
+                         "procs_per_node": given.get("procs_per_node", 1),
+                         "min_nodes": given.get("min_nodes")},
+            "run": {"steps": given.get("steps", 30),
+                    "checkpoint_every": given.get("checkpoint_every", 10)},
+        }
+        return experiment_from_dict(data)
+    except InvalidExperimentError as e:
+        raise TargetError(f"the training job is invalid: {e}") from None
+    except OSError as e:
+        raise TargetError(f"experiment_file: cannot read {experiment_file!r}: {e}") from None
 
 
 def launch(exp: Experiment, run_dir: Path) -> Launched:

@@ -1,44 +1,33 @@
 """Chaos Toolkit actions: launch a training job, inject faultlab faults into it, undo them.
 
 Every fault goes through :func:`inject_fault`, which takes any registered faultlab fault type
-(``faultlab list faults``) with its ``params`` exactly as in a faultlab experiment; the other
-fault actions are named shortcuts for the built-in process faults. Each injection is journaled
-in ``RUN_DIR/faultlab-actions/faults.jsonl`` (see ``chaosfaultlab._state``) before and after it
-happens, so :func:`undo_faults` — the rollback — can undo it from this process or from a later
-``chaos`` process that only knows the run directory.
+(``faultlab list faults``) with its ``params`` exactly as in a faultlab experiment (a
+third-party fault included); the other fault actions are named shortcuts for built-in faults.
+Each injection is journaled in ``RUN_DIR/faultlab-actions/faults.jsonl`` (see
+``chaosfaultlab._state``) before and after it happens, so :func:`undo_faults` — the rollback —
+can undo it from this process or from a later ``chaos`` process that only knows the run
+directory.
 
 ``run_dir`` is the job's run directory: one launched by :func:`start_training` or by the
 ``chaosfaultlab.control`` run context (which sets ``${faultlab_run_dir}`` in the
 configuration; ``run_dir`` may then be left out), or that of a job already running, which is
 attached to through its ``launch.json`` and event stream.
 
-Not here yet, on purpose: shortcuts for the fault families faultlab does not ship yet (NaN
-injection, collective delay/partition, checkpoint corruption, spot notices). Once a plugin
-registers such a fault type, ``inject_fault`` injects it by name.
+This module is the extension's contract: the activities, their arguments and docstrings. What
+they do beneath lives in private modules: ``chaosfaultlab._inject`` (argument checks and the
+journaled injection), ``chaosfaultlab._undo`` (undoing a fault, here or from the journal) and
+``chaosfaultlab._jobs`` (the job: its experiment, launch, stop and address).
 
 (No ``from __future__ import annotations`` here: Chaos Toolkit's discovery reads the real
 annotation objects to report argument types.)
 """
 
-import os
-import re
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from signal import SIGCONT
-from typing import Any
 
-from pydantic import ValidationError
-
-from chaosfaultlab import _jobs
-from chaosfaultlab._state import ActionLog, InjectionState
+from chaosfaultlab import _inject, _jobs, _undo
+from chaosfaultlab._state import ActionLog
 from faultlab.engine.runner import new_run_folder
-from faultlab.errors import FaultError, FaultlabError, InvalidExperimentError, TargetError
-from faultlab.faults import Fault, Victim, fault_types
-from faultlab.faults.runtime_base import RuntimeFault
-from faultlab.spec import Experiment, experiment_from_dict, load_experiment
-from faultlab.targets.base import JobContext
+from faultlab.errors import FaultError, TargetError
 
 __all__ = [
     "continue_all",
@@ -56,71 +45,6 @@ __all__ = [
     "stop_training",
     "undo_faults",
 ]
-
-TARGET_FORMS = '{"rank": N}, {"node": N} (index or name, e.g. "node1") or "all"'
-
-
-@dataclass
-class _Live:
-    fault: Fault
-    ctx: JobContext
-
-
-# Reversible faults injected by this process, with the object that knows how to undo them.
-_LIVE: dict[tuple[Path, str], _Live] = {}
-_UNDO_LOCK = threading.RLock()
-
-
-# --- validation -------------------------------------------------------------------------------
-
-def _fault_class(fault_type: Any) -> type[Fault]:
-    types = fault_types()
-    if not isinstance(fault_type, str) or fault_type not in types:
-        raise FaultError(f"fault_type: {fault_type!r} is not an installed faultlab fault type; "
-                         f"installed: {', '.join(types)} (see `faultlab list faults`)")
-    return types[fault_type]
-
-
-def _params(cls: type[Fault], params: Any) -> Any:
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise FaultError(f"params: expected a mapping of {cls.type}'s parameters, got "
-                         f"{params!r}")
-    try:
-        return cls.Params.model_validate(params)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"params.{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})"
-            for err in e.errors())
-        valid = ", ".join(cls.Params.model_fields) or "none"
-        raise FaultError(f"{cls.type}: {problems}; its parameters are: {valid}") from None
-
-
-def _target(cls: type[Fault], target: Any) -> tuple[str, int | str | None]:
-    """(kind, value) of a target argument; a node may be given by name (resolved later)."""
-    if target == "all":
-        kind, value = "all", None
-    elif isinstance(target, dict) and len(target) == 1:
-        [(kind, value)] = target.items()
-        if kind not in ("rank", "node"):
-            raise FaultError(f"target: unknown key {kind!r}; expected {TARGET_FORMS}")
-        by_name = kind == "node" and isinstance(value, str) and re.fullmatch(r"node\d+", value)
-        if not by_name and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise FaultError(f"target: {kind} must be an integer >= 0"
-                             f"{' or a node name' if kind == 'node' else ''}, got {value!r}")
-    else:
-        raise FaultError(f"target: expected {TARGET_FORMS}, got {target!r}")
-    if kind not in cls.targets:
-        forms = " or ".join(f'{{"{k}": N}}' if k != "all" else '"all"' for k in cls.targets)
-        raise FaultError(f"target: {cls.type} cannot hit {kind!r}; it takes {forms}")
-    return kind, value
-
-
-def _number(name: str, value: Any, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise FaultError(f"{name}: expected a number >= {minimum:g}, got {value!r}")
-    return float(value)
 
 
 # --- injecting --------------------------------------------------------------------------------
@@ -140,69 +64,22 @@ def inject_fault(fault_type: str, target: dict | str, params: dict | None = None
     Returns ``{id, type, target, injected_t, details}``; the injection is journaled in
     ``RUN_DIR/faultlab-actions/faults.jsonl`` for rollbacks and for ``recovered_within``.
     """
-    cls = _fault_class(fault_type)
-    fault_params = _params(cls, params)
-    kind, value = _target(cls, target)
+    cls = _inject.fault_class(fault_type)
+    fault_params = _inject.fault_params(cls, params)
+    kind, value = _inject.parse_target(cls, target)
     if isinstance(after_step, bool) or not isinstance(after_step, int) or after_step < 0:
         raise FaultError(f"after_step: expected an integer >= 0, got {after_step!r}")
-    timeout_s = _number("timeout_s", timeout_s)
+    timeout_s = _inject.check_number("timeout_s", timeout_s)
     if duration_s is not None:
-        duration_s = _number("duration_s", duration_s)
+        duration_s = _inject.check_number("duration_s", duration_s)
         if not cls.reversible:
             raise FaultError(f"duration_s: {cls.type} cannot be undone, so it takes no "
                              f"duration; leave duration_s out")
     path = _jobs.resolve_run_dir(run_dir, configuration)
     ctx = _jobs.job_context(path)
-    _wait_for_job(ctx, path, kind, value, after_step, timeout_s)
-    if kind == "node" and isinstance(value, str):
-        names = ctx.node_names()
-        if value not in names:
-            raise FaultError(f"target: no node {value!r} in the job; nodes are "
-                             f"{', '.join(names)}")
-        value = names.index(value)
-    elif kind == "node" and not int(value or 0) < len(ctx.node_names()):  # type: ignore[arg-type]
-        raise FaultError(f"target: node {value} does not exist; the job has "
-                         f"{len(ctx.node_names())} nodes (0..{len(ctx.node_names()) - 1})")
-    victim = Victim(kind, value)  # type: ignore[arg-type]
-    fault = cls(fault_params)
-    log = ActionLog(path)
-    fid = log.begin(cls.type, str(victim), cls.reversible, time.time())
-    injected_t = time.time()
-    try:
-        details = fault.inject(ctx, victim)
-    except FaultlabError as e:
-        log.injected(fid, cls.type, str(victim), cls.reversible, injected_t,
-                     {"error": str(e)})
-        raise FaultError(f"{fid} ({cls.type} on {victim}) could not be injected: {e}") from None
-    log.injected(fid, cls.type, str(victim), cls.reversible, injected_t, details)
-    if cls.reversible:
-        with _UNDO_LOCK:
-            _LIVE[(path, fid)] = _Live(fault, ctx)
-        if duration_s is not None:
-            timer = threading.Timer(duration_s, _undo_by_id, args=(path, fid))
-            timer.daemon = True
-            timer.start()
-    return {"id": fid, "type": cls.type, "target": str(victim), "injected_t": injected_t,
-            "details": details}
-
-
-def _wait_for_job(ctx: JobContext, run_dir: Path, kind: str, value: Any, after_step: int,
-                  timeout_s: float) -> None:
-    """Until the job reached ``after_step`` and the victim rank runs; FaultError if not."""
-
-    def ready() -> bool:
-        ctx.stream.poll()
-        if ctx.stream.max_step() < after_step or not ctx.stream.current_ranks():
-            return False
-        return kind != "rank" or ctx.stream.latest_start(value) is not None
-
-    if _jobs.wait_until(lambda: ready() or not _jobs.job_running(run_dir), timeout_s) \
-            and ready():
-        return
-    state = "has ended" if not _jobs.job_running(run_dir) else f"still runs after {timeout_s:g} s"
-    raise FaultError(f"the job in {run_dir} {state} at step {ctx.stream.max_step()} with ranks "
-                     f"{ctx.stream.current_ranks() or 'none'}; the fault needed step >= "
-                     f"{after_step}{f' and rank {value} started' if kind == 'rank' else ''}")
+    _inject.wait_for_job(ctx, path, kind, value, after_step, timeout_s)
+    victim = _inject.resolve_victim(ctx, kind, value)
+    return _inject.inject(path, ctx, cls(fault_params), victim, duration_s)
 
 
 def kill_rank(rank: int, run_dir: str | None = None, signal: str = "KILL", after_step: int = 0,
@@ -304,7 +181,7 @@ def send_spot_notice(metadata_url: str, control_token: str, notice_s: float = 12
     import urllib.error
     import urllib.request
 
-    notice_s = _number("notice_s", notice_s)
+    notice_s = _inject.check_number("notice_s", notice_s)
     req = urllib.request.Request(
         metadata_url.rstrip("/") + "/_faultlab/preempt", method="POST",
         data=_json.dumps({"notice_s": notice_s}).encode(),
@@ -330,7 +207,7 @@ def undo_faults(run_dir: str | None = None, configuration: dict | None = None) -
     path = _jobs.resolve_run_dir(run_dir, configuration)
     undone, errors = [], {}
     for state in ActionLog(path).active():
-        details = _undo_by_id(path, state.id)
+        details = _undo.undo_by_id(path, state.id)
         if details is None:
             continue
         if "undo_error" in details:
@@ -347,54 +224,6 @@ def continue_all(run_dir: str | None = None, configuration: dict | None = None) 
     pids = sorted(ctx.pids())
     ctx.continue_all()
     return pids
-
-
-def _undo_by_id(run_dir: Path, fid: str) -> dict | None:
-    """Undo one journaled fault if it is still active; None if it was not."""
-    log = ActionLog(run_dir)
-    with _UNDO_LOCK:
-        state = next((f for f in log.active() if f.id == fid), None)
-        if state is None:
-            return None
-        live = _LIVE.pop((run_dir, fid), None)
-        try:
-            details = live.fault.undo(live.ctx) if live else _undo_from_journal(run_dir, state)
-        except FaultlabError as e:
-            details = {"undo_error": str(e)}
-        log.undone(fid, time.time(), details)
-        return details
-
-
-def _undo_from_journal(run_dir: Path, state: InjectionState) -> dict:
-    """Undo a fault injected by another process: only what the journal says can be undone."""
-    cls = fault_types().get(state.type)
-    if cls is not None and issubclass(cls, RuntimeFault):  # the agents undo by the fault's id
-        ctx = _jobs.job_context(run_dir)
-        fault_id, ranks = state.details.get("fault_id"), state.details.get("ranks")
-        if not isinstance(fault_id, str) or not isinstance(ranks, list):
-            raise FaultError(f"{state.id} ({state.type}): the journal lacks its fault id or "
-                             f"ranks (the injector died mid-way); restart the job to clear it")
-        fault = cls(cls.Params())
-        fault.fault_id, fault._sent = fault_id, [int(r) for r in ranks]
-        return fault.undo(ctx)
-    if cls is None or cls.family != "process":
-        raise FaultError(f"{state.id} ({state.type}) was injected by another process and "
-                         f"only that process could undo it; restart the job to clear it")
-    ctx = _jobs.job_context(run_dir)
-    pids = state.details.get("pids")
-    if not isinstance(pids, list):  # the injector died before journaling its pids
-        ctx.continue_all()
-        return {"continued": "every process of the job"}
-    owned = ctx.pids()
-    continued = []
-    for pid in pids:
-        if pid in owned:  # never signal a pid that has since left the job (or was reused)
-            try:
-                os.kill(pid, SIGCONT)
-                continued.append(pid)
-            except ProcessLookupError:
-                pass
-    return {"continued": continued}
 
 
 # --- the job ----------------------------------------------------------------------------------
@@ -415,10 +244,10 @@ def start_training(experiment_file: str | None = None, preset: str | None = None
     ``<report_dir>/<name>-<timestamp>``. The job lives as long as this ``chaos`` process, or
     until ``stop_training`` / the run context's end.
     """
-    exp = _build_experiment(experiment_file, preset=preset, steps=steps, nodes=nodes,
-                           procs_per_node=procs_per_node, min_nodes=min_nodes,
-                           checkpoint_every=checkpoint_every, seed=seed, overrides=overrides,
-                           name=name)
+    exp = _jobs.build_experiment(experiment_file, preset=preset, steps=steps, nodes=nodes,
+                                 procs_per_node=procs_per_node, min_nodes=min_nodes,
+                                 checkpoint_every=checkpoint_every, seed=seed,
+                                 overrides=overrides, name=name)
     path = Path(run_dir) if run_dir else new_run_folder(Path(report_dir), exp.name)
     if (path / "launch.json").exists() and _jobs.job_running(path):
         raise TargetError(f"run_dir: a job is already running in {str(path)!r}; attach to it "
@@ -435,29 +264,3 @@ def stop_training(run_dir: str | None = None, configuration: dict | None = None)
                           f"process; chaosfaultlab stops only jobs it launched")
     return _jobs.stop(path)
 
-
-def _build_experiment(experiment_file: str | None, *, name: str = "chaos",
-                     **shape: Any) -> Experiment:
-    """The faultlab experiment a job is launched from (file, or shape with defaults)."""
-    given = {k: v for k, v in shape.items() if v is not None}
-    try:
-        if experiment_file:
-            if given:
-                raise TargetError(f"experiment_file: {experiment_file!r} defines the job; "
-                                  f"leave out {', '.join(sorted(given))} (or the file)")
-            return load_experiment(experiment_file)
-        data: dict[str, Any] = {
-            "name": name, "seed": given.get("seed", 0),
-            "target": {"trainer": "reference", "preset": given.get("preset", "tiny"),
-                       "overrides": given.get("overrides") or {}},
-            "topology": {"nodes": given.get("nodes", 2),
-                         "procs_per_node": given.get("procs_per_node", 1),
-                         "min_nodes": given.get("min_nodes")},
-            "run": {"steps": given.get("steps", 30),
-                    "checkpoint_every": given.get("checkpoint_every", 10)},
-        }
-        return experiment_from_dict(data)
-    except InvalidExperimentError as e:
-        raise TargetError(f"the training job is invalid: {e}") from None
-    except OSError as e:
-        raise TargetError(f"experiment_file: cannot read {experiment_file!r}: {e}") from None

@@ -21,7 +21,7 @@ from typing import Any
 import chaosfaultlab
 import psutil
 import pytest
-from chaosfaultlab import actions, control, probes
+from chaosfaultlab import _undo, actions, control, probes
 from chaosfaultlab._state import ActionLog
 from chaoslib.exceptions import InvalidActivity
 
@@ -230,7 +230,7 @@ def test_hang_is_undone_by_a_rollback_in_another_process(fake_job: dict[str, Any
     assert _stopped(worker)
     [active] = ActionLog(run_dir).active()
     assert active.id == "rank_hang-1" and active.details["pids"] == [worker]
-    actions._LIVE.clear()  # what a later `chaos` process knows: only the run directory
+    _undo._LIVE.clear()  # what a later `chaos` process knows: only the run directory
     assert actions.undo_faults(str(run_dir)) == {"undone": ["rank_hang-1"], "errors": {}}
     assert not _stopped(worker, False)
     assert ActionLog(run_dir).active() == []
