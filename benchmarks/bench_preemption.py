@@ -38,9 +38,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from faultlab.metadata import MetadataServer  # noqa: E402
+from faultlab.targets.launcher import LocalJob  # noqa: E402
 from reference_trainer.config import TrainConfig  # noqa: E402
 from reference_trainer.events import read_events  # noqa: E402
-from reference_trainer.launch import LocalJob  # noqa: E402
+from reference_trainer.plugin import command  # noqa: E402
 
 
 def trial(preset: str, seed: int, base: Path) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def trial(preset: str, seed: int, base: Path) -> dict[str, Any]:
     servers = {n: MetadataServer("aws", node=n, imds_v2_required=True).start()
                for n in ("node0", "node1")}
     try:
-        with LocalJob(cfg=cfg, nodes=2, procs_per_node=1, min_nodes=1, max_restarts=0,
+        with LocalJob(command=command(cfg), run_dir=cfg.run_dir, nodes=2, procs_per_node=1,
+                      min_nodes=1, max_restarts=0,
                       node_env={n: s.env() for n, s in servers.items()}) as job:
             steps: list[dict[str, Any]] = []
             deadline = time.monotonic() + 600

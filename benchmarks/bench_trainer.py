@@ -4,7 +4,7 @@
     python benchmarks/bench_trainer.py --quick              # tiny only, 1 repetition, ~4 min
     python benchmarks/bench_trainer.py --only throughput checkpoint --out results.json
 
-Every job is a ``reference_trainer.launch.LocalJob`` in a fresh temporary run directory; every
+Every job is a ``faultlab.targets.launcher.LocalJob`` in a fresh temporary run directory; every
 number comes from the trainer's own event records (``reference_trainer/events.py``), read after
 (or, for the fault sections, while) the job runs. The sections:
 
@@ -78,9 +78,10 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from _table import print_table  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 
+from faultlab.targets.launcher import JobResult, LocalJob  # noqa: E402
 from reference_trainer.config import PRESETS, TrainConfig  # noqa: E402
 from reference_trainer.events import read_events  # noqa: E402
-from reference_trainer.launch import JobResult, LocalJob  # noqa: E402
+from reference_trainer.plugin import command  # noqa: E402
 
 Event = dict[str, Any]
 SECTIONS = ("throughput", "checkpoint", "rank-kill", "node-loss")
@@ -211,7 +212,8 @@ def run_job(label: str, *, cfg: dict[str, Any], nodes: int, procs_per_node: int,
     t0 = time.monotonic()
     result, error, measured = None, None, {}
     try:
-        with LocalJob(cfg=TrainConfig(run_dir=run_dir, **COMMON_CFG, **cfg), nodes=nodes,
+        train_cfg = TrainConfig(run_dir=run_dir, **COMMON_CFG, **cfg)
+        with LocalJob(command=command(train_cfg), run_dir=run_dir, nodes=nodes,
                       procs_per_node=procs_per_node, min_nodes=min_nodes,
                       torchrun_defaults=torchrun_defaults) as job:
             if during is not None:
@@ -581,7 +583,7 @@ def pick_victim_rank(node_of_rank: dict[int, str], store_host: str | None) -> in
     Under plain torchrun one agent hosts the store (whichever bound the port first, not
     necessarily node0), and killing it ends the job by design. Rank 0's node is avoided as
     well: with the store shared with the workers, survivors then disagree on MASTER_PORT and
-    hang (see reference_trainer/launch.py), which is a different failure from a node loss.
+    hang (see faultlab/targets/launcher.py), which is a different failure from a node loss.
     """
     for rank in sorted(node_of_rank, key=lambda r: (r == 0, r != 1, r)):
         if node_of_rank[rank] != store_host:

@@ -22,7 +22,7 @@ _WHERE = {
     "load_experiment": "faultlab.spec",
     "load_experiments": "faultlab.spec",
     "RunResult": "faultlab.engine",
-    "SLAResult": "faultlab.engine",
+    "SLAResult": "faultlab.judge",
     "run_experiment": "faultlab.engine",
     "FaultError": "faultlab.errors",
     "FaultlabError": "faultlab.errors",

@@ -1,6 +1,7 @@
 """`faultlab` command line.
 
     faultlab run EXPERIMENT... [--report-dir DIR] [--seed N] [--dry-run] [--golden-cache DIR]
+    faultlab launch [--nodes N] [--min-nodes M] ... --run-dir DIR -- COMMAND...
     faultlab validate EXPERIMENT...
     faultlab list faults
     faultlab report RUN_DIR        (a suite's folder: rebuilds report.json, .md and .html)
@@ -53,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="validate and print the schedule; inject nothing")
     run.add_argument("--golden-cache", type=Path, default=None,
                      help="golden-run cache (default: REPORT_DIR/.golden)")
+    sub.add_parser("launch", add_help=False,
+                   help="run any command as a local elastic job (torchrun agents, own store): "
+                        "faultlab launch --help")
     val = sub.add_parser("validate", help="validate experiment files")
     val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT")
     lst = sub.add_parser("list", help="list registered things")
@@ -113,6 +117,11 @@ def _seconds(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:  # its command after `--` is not ours to parse
+        from faultlab.targets.launcher import main as launch_main
+
+        return launch_main(argv[1:])
     args = _parser().parse_args(argv)
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

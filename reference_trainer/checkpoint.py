@@ -21,9 +21,9 @@ nothing, never a ``step_*`` directory without a complete manifest.
 Why not let DCP pickle the small state: DCP loads non-tensor entries with
 ``torch.load(weights_only=False)``, which executes whatever a tampered file says. Everything
 that is not a tensor is JSON here; DCP's own pickled ``.metadata`` is read by an unpickler that
-resolves only DCP's metadata classes; and nothing of a checkpoint is parsed before the manifest
-has vouched for every byte (DCP itself stores no content hash, so a flipped bit would otherwise
-load silently).
+resolves only DCP's metadata classes (``faultlab.runtime.dcp.SafeReader``); and nothing of a
+checkpoint is parsed before the manifest has vouched for every byte (DCP itself stores no
+content hash, so a flipped bit would otherwise load silently).
 
 On load, candidates are tried newest first; each rank hashes a share of the files and the
 verdict is all-reduced, so every rank picks the same checkpoint. ``latest`` is only reported
@@ -36,9 +36,7 @@ import base64
 import hashlib
 import json
 import os
-import pickle
 import random
-import re
 import shutil
 import threading
 import time
@@ -52,8 +50,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from faultlab.runtime.dcp import SafeReader
+from faultlab.runtime.manifest import (
+    CheckpointError,
+    fsync_dir,
+    list_checkpoints,
+    read_manifest,
+    verify_checkpoint,
+    write_json_atomic,
+    write_manifest,
+)
 
 __all__ = [
     "CheckpointError",
@@ -64,14 +72,6 @@ __all__ = [
     "verify_checkpoint",
 ]
 
-FORMAT = "faultlab-reference-trainer-checkpoint/1"
-MANIFEST = "MANIFEST.json"
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-_CHUNK = 1 << 20
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint can be loaded, or one cannot be written; the message says which and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,156 +83,6 @@ class LoadResult:
     rng: str
     """``restored`` or ``reseeded`` (the world size changed, so rank RNGs are re-derived)."""
     world_size_saved: int
-
-
-# ---------------------------------------------------------------------------------------------
-# files: hashing, the manifest, listing
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _canonical_json(obj: object) -> bytes:
-    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
-
-
-def _write_json_atomic(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(_canonical_json(obj))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _manifest_checksum(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _data_files(ckpt_dir: Path) -> list[str]:
-    """Every file of a checkpoint but its top-level manifest, as relative paths."""
-    names = (str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*") if p.is_file())
-    return sorted(n for n in names if n != MANIFEST)
-
-
-def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Committed-looking checkpoint directories, newest first (not yet verified)."""
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir():
-            found.append((int(m.group(1)), p))
-    return sorted(found, reverse=True)
-
-
-def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
-    """Parse and self-check a manifest; raises ``CheckpointError`` with the reason."""
-    path = ckpt_dir / MANIFEST
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{ckpt_dir.name}: no {MANIFEST} (save never committed)") from None
-    try:
-        manifest = json.loads(raw)
-        body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-        # The checksum covers the content; the byte comparison catches a flip that parses to
-        # the same content (whitespace, an escaped character): every byte is accounted for.
-        ok = manifest.get("format") == FORMAT and \
-            manifest.get("manifest_sha256") == _manifest_checksum(body) and \
-            raw == _canonical_json(manifest)
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        ok = False
-    if not ok:
-        raise CheckpointError(f"{ckpt_dir.name}: {MANIFEST} is corrupt "
-                              "(checksum or canonical-form mismatch)")
-    return manifest
-
-
-def verify_checkpoint(ckpt_dir: Path, *, shard: int = 0, num_shards: int = 1) -> str | None:
-    """``None`` if the checkpoint is intact, else the first reason it is not.
-
-    With ``num_shards > 1`` only every ``num_shards``-th file (from ``shard``) is hashed, so
-    the ranks can share the work; the manifest and the file list are checked by every caller.
-    """
-    try:
-        manifest = read_manifest(ckpt_dir)
-    except CheckpointError as e:
-        return str(e)
-    files: dict[str, dict[str, Any]] = manifest["files"]
-    present = set(_data_files(ckpt_dir))
-    missing = sorted(set(files) - present)
-    if missing:
-        return f"{ckpt_dir.name}: missing file {missing[0]}"
-    extra = sorted(present - set(files))
-    if extra:
-        return f"{ckpt_dir.name}: unexpected file {extra[0]} (not in the manifest)"
-    for i, name in enumerate(sorted(files)):
-        path = ckpt_dir / name
-        if path.stat().st_size != files[name]["size"]:
-            return f"{ckpt_dir.name}: {name} has {path.stat().st_size} bytes, " \
-                   f"manifest says {files[name]['size']}"
-        if i % num_shards == shard and _sha256(path) != files[name]["sha256"]:
-            return f"{ckpt_dir.name}: {name} fails its SHA-256 check"
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# DCP's pickled index, read without arbitrary code
-
-
-# Everything DCP 2.13 writes into ``.metadata``; any other global is refused.
-_DCP_METADATA_GLOBALS = {
-    ("torch", "Size"), ("pathlib", "PosixPath"), ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    *{("torch.distributed.checkpoint.metadata", n) for n in (
-        "BytesStorageMetadata", "ChunkStorageMetadata", "Metadata", "MetadataIndex",
-        "StorageMeta", "TensorProperties", "TensorStorageMetadata", "_MEM_FORMAT_ENCODING")},
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """A pickle reader that resolves only DCP's metadata classes and torch dtypes.
-
-    ``torch.load(weights_only=True)`` cannot read this file (DCP pickles it with protocol 4,
-    which the weights-only unpickler refuses), so the same guarantee — no global outside an
-    allow-list is ever imported or called — is given by ``find_class`` here."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _DCP_METADATA_GLOBALS or (
-                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's DCP "
-                                     f"metadata")
-
-
-class _SafeReader(dcp.FileSystemReader):
-    """DCP's file reader with its pickled ``.metadata`` read by ``_MetadataUnpickler``
-    (mirrors FileSystemReader.read_metadata of torch 2.13 otherwise)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,9 +172,9 @@ class CheckpointManager:
         tmp = self.root / f".tmp-step_{step:08d}-{token[0]}"
         (tmp / "rng").mkdir(parents=True, exist_ok=True)
         # Small state first: by the time DCP's coordinator finishes, these files are written.
-        _write_json_atomic(tmp / "rng" / f"rank{self.rank}.json", rng or capture_rng())
+        write_json_atomic(tmp / "rng" / f"rank{self.rank}.json", rng or capture_rng())
         if self.rank == 0:
-            _write_json_atomic(tmp / "trainer_state.json", trainer_state)
+            write_json_atomic(tmp / "trainer_state.json", trainer_state)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
@@ -373,19 +223,12 @@ class CheckpointManager:
         blocked training (a synchronous save), so the stall is the full duration."""
         if self.rank != 0:
             return
-        files = {}
-        for name in _data_files(tmp):
-            p = tmp / name
-            files[name] = {"size": p.stat().st_size, "sha256": _sha256(p)}
-        body = {"format": FORMAT, "step": step, "world_size": self.world_size,
-                "torch_version": torch.__version__, "created_t": time.time(), "files": files}
-        _write_json_atomic(tmp / MANIFEST, {**body, "manifest_sha256": _manifest_checksum(body)})
-        _fsync_dir(tmp)
+        files = write_manifest(tmp, step=step, world_size=self.world_size)["files"]
         final = self.root / f"step_{step:08d}"
         if final.exists():  # an invalid one that this run is now replacing
             self._quarantine(final, "replaced by a fresh save of the same step")
         os.rename(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         _write_latest(self.root, final.name)
         seconds = time.monotonic() - t0
         self.emit("checkpoint_saved", step=step, path=str(final), seconds=round(seconds, 4),
@@ -468,7 +311,7 @@ class CheckpointManager:
         trainer_state = json.loads((path / "trainer_state.json").read_text())
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=_SafeReader(str(path)), process_group=self.pg)
+        dcp.load(state, storage_reader=SafeReader(path), process_group=self.pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
         saved_ws = int(manifest["world_size"])

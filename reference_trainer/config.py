@@ -187,8 +187,8 @@ class TrainConfig:
         _positive("--straggler-threshold-s", self.straggler_threshold_s)
         _at_least("--straggler-steps", self.straggler_steps, 1)
         if self.link_probe_slowdown != 0 and self.link_probe_slowdown <= 1:
-            raise ConfigError(f"--link-probe-slowdown: {self.link_probe_slowdown!r} must be 0 "
-                              f"(off) or > 1 (a slowdown factor)")
+            raise ConfigError("--link-probe-slowdown", f"{self.link_probe_slowdown!r} must be 0 "
+                                                       f"(off) or > 1 (a slowdown factor)")
         _at_least("--link-probe-bytes", self.link_probe_bytes, 4)
         for step, _rank in self.inject_nonfinite:
             if not 1 <= step <= self.steps:

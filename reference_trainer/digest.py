@@ -14,14 +14,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+from faultlab.runtime.dcp import tensor_sha256
+
 __all__ = ["state_digest", "tensor_sha256"]
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    t = t.detach().to("cpu").contiguous()
-    h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _flatten(prefix: str, obj: Any, out: dict[str, Any]) -> None:

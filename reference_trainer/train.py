@@ -1,7 +1,8 @@
 """The reference FSDP2 trainer: one loop, read top to bottom.
 
-Run one rank per process under torchrun; ``python -m reference_trainer.launch`` sets up a local
-elastic job (see README.md beside this file). Each rank:
+Run one rank per process under torchrun; ``faultlab launch ... -- python -m
+reference_trainer.train ...`` sets up a local elastic job (see README.md beside this file).
+Each rank:
 
 1. parses and validates its config (a bad flag is one line on stderr and exit code 2);
 2. joins the process group (gloo on CPU, NCCL on CUDA) and a second gloo group for checkpoints;

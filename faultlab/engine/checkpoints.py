@@ -2,18 +2,17 @@
 
 A NaN that slipped past the trainer's checks is worst when it is *saved*: every later resume
 starts from poisoned state. ``scan_checkpoints`` reads each committed ``step_*`` checkpoint
-(DCP, through ``format_utils.dcp_to_torch_save`` into a temporary file, then
-``torch.load(weights_only=True)``) and checks every floating-point tensor and float of the model
-and optimizer state. A checkpoint is read only after its manifest verified (the same check the
-trainer makes: DCP unpickles its metadata, so unverified bytes are never handed to it); one that
-does not verify is listed as not read. Experiments that assert ``checkpoints_all_finite`` keep
+(DCP, read whole without a process group by ``faultlab.runtime.dcp.read_checkpoint``) and
+checks every floating-point tensor and float of the model and optimizer state. A checkpoint is
+read only after its manifest verified (the same check the trainer makes), and DCP's pickled
+metadata only through the allow-listed unpickler; one that does not verify, or cannot be read,
+is listed as not read. Experiments that assert ``checkpoints_all_finite`` keep
 every checkpoint (``keep_checkpoints``), so "every checkpoint" means every one ever saved.
 """
 
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +40,9 @@ class CheckpointScan:
 
 def scan_checkpoints(root: Path) -> CheckpointScan:
     import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
+    from faultlab.runtime.dcp import read_checkpoint
+    from faultlab.runtime.manifest import list_checkpoints, verify_checkpoint
 
     scan = CheckpointScan()
     for _step, path in sorted(list_checkpoints(root)):
@@ -51,10 +50,11 @@ def scan_checkpoints(root: Path) -> CheckpointScan:
         if reason is not None:
             scan.not_read[str(path)] = reason
             continue
-        with tempfile.TemporaryDirectory(prefix="faultlab-scan-") as tmp:
-            out = Path(tmp) / "state.pt"
-            dcp_to_torch_save(str(path), str(out))
-            state = torch.load(out, weights_only=True, map_location="cpu")
+        try:
+            state = read_checkpoint(path)
+        except ValueError as e:
+            scan.not_read[str(path)] = str(e)
+            continue
         bad: list[str] = []
         _walk(state, "", bad, torch)
         scan.checked.append(str(path))

@@ -1,9 +1,10 @@
 """The golden run: the same experiment without faults, cached so it runs once per code version.
 
-The cache key covers everything that decides the final bits: the target's full config (preset,
-every override, the command for a user's trainer), the seed, the steps, the topology and the
-code version (a hash of the reference trainer's sources, faultlab's version and torch's, or for
-a user's command the git commit and uncommitted diff of the working directory). Entries are
+The cache key covers everything that decides the final bits: the target's full config (trainer,
+preset, every override, the command for a user's trainer), the seed, the steps, the topology
+and the code version (a hash of the registered trainer's source files, faultlab's version and
+torch's, or for a user's command the git commit and uncommitted diff of the working
+directory). Entries are
 written atomically under a per-key file lock, so parallel experiments (pytest-xdist) that need
 the same golden run it once.
 
@@ -28,10 +29,10 @@ from typing import Any
 import torch
 
 import faultlab
-import reference_trainer
 from faultlab.errors import TargetError
 from faultlab.observe import compute_metrics
 from faultlab.spec import Experiment
+from faultlab.spec.trainers import get_trainer
 
 __all__ = ["GoldenRun", "code_version", "golden_key", "golden_run"]
 
@@ -51,8 +52,8 @@ def code_version(exp: Experiment) -> str:
     if exp.target.command:
         h.update(_git_state(Path.cwd()).encode())
     else:
-        src = Path(reference_trainer.__file__).parent
-        for path in sorted(src.glob("*.py")):
+        assert exp.target.trainer is not None
+        for path in get_trainer(exp.target.trainer).source_files():
             h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -68,18 +69,13 @@ def _git_state(cwd: Path) -> str:
         return "no-git"
 
 
-# Trainer settings that change how a run is operated, never one bit of what it computes (the
-# trainer's tests check async saving and the watchdog against the same golden digest).
-NUMERICS_NEUTRAL = frozenset({"async_checkpoint", "keep_checkpoints", "watchdog_s",
-                              "pg_timeout_s", "min_step_time_s", "preemption_provider",
-                              "preemption_poll_s", "straggler_threshold_s", "straggler_steps"})
-
-
 def golden_key(exp: Experiment) -> str:
     t = exp.target
-    overrides = {k: v for k, v in (t.overrides or {}).items() if k not in NUMERICS_NEUTRAL}
+    # Settings that change how a run is operated, never one bit of what it computes, stay out.
+    neutral = get_trainer(t.trainer).numerics_neutral if t.trainer else frozenset()
+    overrides = {k: v for k, v in (t.overrides or {}).items() if k not in neutral}
     ident = {
-        "target": {"preset": t.preset, "overrides": overrides,
+        "target": {"trainer": t.trainer, "preset": t.preset, "overrides": overrides,
                    "command": list(t.command or [])},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
         "topology": exp.topology.model_dump(mode="json", exclude={"launcher"}),

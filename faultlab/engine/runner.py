@@ -33,27 +33,14 @@ from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
 from faultlab.faults import Fault, Victim
 from faultlab.faults.runtime_base import RuntimeFault
+from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.report.journal import environment, write_journal
-from faultlab.spec import SLA_KINDS, SLAS, Experiment, resolve_selector
-from faultlab.targets.local import LocalTarget, make_target
+from faultlab.spec import Experiment, resolve_selector
+from faultlab.targets import make_target
+from faultlab.targets.local import LocalTarget
 
-__all__ = ["RunResult", "SLAResult", "judge", "new_run_folder", "run_experiment"]
-
-@dataclass(frozen=True, slots=True)
-class SLAResult:
-    name: str
-    bound: Any
-    measured: Any
-    passed: bool
-    note: str = ""
-
-    def describe(self) -> str:
-        kind = SLA_KINDS.get(self.name, "bool")
-        op = {"max": "<=", "min": ">=", "bool": "=="}[kind]
-        measured = "not measured" if self.measured is None else repr(self.measured)
-        return f"{self.name}: measured {measured}, required {op} {self.bound!r}" + \
-            (f" ({self.note})" if self.note else "")
+__all__ = ["RunResult", "new_run_folder", "run_experiment"]
 
 
 @dataclass
@@ -86,35 +73,6 @@ class _Active:
     deadline: float | None
     until_reaction: bool
     known_pids: set[int] = field(default_factory=set)
-
-
-def judge(exp: Experiment, metrics: Metrics, golden: GoldenRun | None, *,
-          timed_out: bool, faults: list[FaultRecord]) -> list[SLAResult]:
-    """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
-    fault was injected at least once (an experiment whose fault never fired proved nothing)."""
-    out = []
-    fired = {f.id.split("#")[0] for f in faults if not f.details.get("error")}
-    for spec in exp.faults:
-        fid = spec.id
-        out.append(SLAResult(f"fault_injected[{fid}]", True, fid in fired, fid in fired,
-                             "" if fid in fired else "the trigger never fired or the "
-                                                     "injection failed"))
-    values = metrics.to_dict()
-    if golden is not None and metrics.final_digest is not None and golden.digest is not None:
-        values["bitwise_equal_to_golden"] = metrics.final_digest == golden.digest
-    for name, bound in exp.expect.items():
-        sla = SLAS[name]
-        measured = values.get(sla.metric)
-        note = ""
-        if name == "bitwise_equal_to_golden" and golden is None:
-            note = "no golden run"
-        if name == "completes" and timed_out:
-            measured, note = False, f"timed out after {exp.run.timeout_s:g} s"
-        if measured is None:
-            note = note or "not measured: the run ended without the events it needs"
-        passed = measured is not None and sla.holds(measured, bound)
-        out.append(SLAResult(name, bound, measured, passed, note))
-    return out
 
 
 LINGER_S = 10.0

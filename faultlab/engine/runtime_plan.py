@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.faults.runtime_base import RuntimeFault
-from faultlab.runtime.client import new_secret
+from faultlab.runtime.client import new_secret, read_secret
 from faultlab.runtime.plan import write_plan
 from faultlab.spec import Experiment
 
-__all__ = ["RuntimeSetup", "planned_victim_ranks"]
+__all__ = ["RuntimeSetup", "planned_victim_ranks", "read_secret"]
 
 
 def planned_victim_ranks(exp: Experiment, index: int) -> list[int] | None | bool:
@@ -91,8 +91,3 @@ class RuntimeSetup:
                 "FAULTLAB_RUNTIME_PLAN": str(self.job_dir / "runtime" / "plan.json")}
 
 
-def read_secret(run_dir: Path) -> str | None:
-    try:
-        return (run_dir / "runtime" / "secret").read_text().strip() or None
-    except FileNotFoundError:
-        return None

@@ -47,7 +47,8 @@ class Victim:
 
 
 class FaultContext(Protocol):
-    """What a fault may use of the running experiment (the engine provides it)."""
+    """What a fault may use of the running experiment: a subset of the target contract
+    (``faultlab.targets.base.Target``), which every target implements."""
 
     run_dir: Path
     """The job's run directory: ``events/``, ``checkpoints/``, ``logs/``."""
@@ -75,6 +76,19 @@ class FaultContext(Protocol):
 
     def assert_owned(self, pid: int) -> None:
         """Raise FaultError unless ``pid`` belongs to the job faultlab launched."""
+
+    def signal(self, pid: int, sig: int) -> bool:
+        """Send ``sig`` to one process of the job (``assert_owned`` first, FaultError if it is
+        not the job's); False if it was already gone. The target decides how the signal
+        reaches the process's node."""
+
+    def host_path(self, path: Path, node: str | None = None) -> Path:
+        """Where this host reads and damages the file a node of the job sees at ``path`` (the
+        target contract's ``host_path``); FaultError where this host cannot reach it."""
+
+    def checkpoints(self) -> list[tuple[int | None, Path]]:
+        """The job's existing checkpoints, oldest first, as ``(step, host path)``: the ones its
+        ``checkpoint_saved`` events name, else the ``step_N`` directories of the run."""
 
     def runtime(self, rank: int, message: dict[str, Any]) -> dict[str, Any]:
         """Send ``message`` to ``rank``'s in-rank runtime agent (``faultlab.runtime``) over its

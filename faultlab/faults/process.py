@@ -7,12 +7,12 @@ job reacts, or when the experiment ends for any reason.
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from faultlab.errors import FaultError
 from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
 
 __all__ = ["NodeHangFault", "NodeKillFault", "NodePauseFault", "RankHangFault", "RankKillFault"]
@@ -24,11 +24,12 @@ def _signal(name: str) -> signal.Signals:
     return signal.Signals[f"SIG{name}"]
 
 
-def _send(pid: int, sig: int) -> bool:
+def _continue(ctx: FaultContext, pid: int) -> bool:
+    """SIGCONT through the target; a process that is gone (or no longer the job's) is skipped:
+    undo must never raise."""
     try:
-        os.kill(pid, sig)
-        return True
-    except ProcessLookupError:
+        return ctx.signal(pid, signal.SIGCONT)
+    except FaultError:
         return False
 
 
@@ -52,8 +53,7 @@ class RankKillFault(Fault):
         done = {}
         for rank in _victim_ranks(ctx, victim):
             pid = ctx.rank_pid(rank)
-            ctx.assert_owned(pid)
-            if _send(pid, sig):
+            if ctx.signal(pid, sig):
                 done[rank] = pid
         return {"signal": sig.name, "pids_by_rank": done}
 
@@ -89,11 +89,11 @@ class _StopFault(Fault):
         for pid in pids:
             # Record before signalling: if faultlab dies right here, undo still knows the pid.
             self._stopped.append(pid)
-            _send(pid, signal.SIGSTOP)
+            ctx.signal(pid, signal.SIGSTOP)
         return pids
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
-        continued = [pid for pid in self._stopped if _send(pid, signal.SIGCONT)]
+        continued = [pid for pid in self._stopped if _continue(ctx, pid)]
         self._stopped = []
         return {"continued": continued}
 

@@ -1,11 +1,13 @@
 """Storage faults: rot, truncate, zero, delete or tear the job's checkpoints on disk.
 
-They act on ``RUN_DIR/checkpoints`` in the layout the event protocol's ``checkpoint_saved``
-records point at (one directory per checkpoint). Which checkpoint: ``latest`` (the newest
-committed one), a step number, or ``all``. Which files (``region``): ``tensor_data`` (the DCP
-shards, ``*.distcp``), ``metadata`` (everything else but the manifest: DCP's ``.metadata``,
-trainer state, RNG state), ``manifest`` (``MANIFEST.json``) or ``any``. Every random choice —
-file, offset, bit — comes from the experiment seed, so a run corrupts the same bytes again.
+They act on the checkpoints the job reported (the paths of its ``checkpoint_saved`` records,
+whatever the trainer: a DCP directory or a ``torch.save`` file), else on the ``step_N``
+directories of ``RUN_DIR/checkpoints`` (``FaultContext.checkpoints``). Which checkpoint:
+``latest`` (the newest committed one), a step number, or ``all``. Which files (``region``):
+``tensor_data`` (the DCP shards, ``*.distcp``; a ``torch.save`` file is all of it), ``metadata``
+(everything else but the manifest: DCP's ``.metadata``, trainer state, RNG state), ``manifest``
+(``MANIFEST.json``) or ``any``. Every random choice — file, offset, bit — comes from the
+experiment seed, so a run corrupts the same bytes again.
 
 A corrupted checkpoint matters only when it is read: pair these faults with one that makes the
 job restart (a ``rank_kill`` a few steps later), as the shipped experiments do. Each fault's
@@ -51,9 +53,7 @@ class _Which(FaultParams):
 
 
 def _checkpoints(ctx: FaultContext, which: Literal["latest", "all"] | int) -> list[Path]:
-    root = ctx.run_dir / "checkpoints"
-    found = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
-                   if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+    found = ctx.checkpoints()
     if which == "latest":
         chosen = [p for _s, p in found[-1:]]
     elif which == "all":
@@ -62,12 +62,17 @@ def _checkpoints(ctx: FaultContext, which: Literal["latest", "all"] | int) -> li
         chosen = [p for s, p in found if s == which]
     if not chosen:
         have = ", ".join(p.name for _s, p in found) or "none"
-        raise FaultError(f"no checkpoint {which!r} in {root} to corrupt (committed: {have}); "
-                         f"trigger the fault after the first checkpoint_saved event")
+        raise FaultError(f"no checkpoint {which!r} of the job in {ctx.run_dir} to corrupt "
+                         f"(found: {have}); trigger the fault after the first checkpoint_saved "
+                         f"event")
     return chosen
 
 
 def _files(ckpt: Path, region: Region) -> list[Path]:
+    if ckpt.is_file():  # a torch.save checkpoint: tensors and metadata in one archive
+        if region == "manifest" or ckpt.stat().st_size == 0:
+            raise FaultError(f"{ckpt.name} is a single file and has no {region} to corrupt")
+        return [ckpt]
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.stat().st_size > 0)
     if region == "tensor_data":
         files = [p for p in files if p.suffix == ".distcp"]
@@ -104,7 +109,12 @@ def _one_file_each(ctx: FaultContext, victim: Victim, fault_type: str,
 
 
 def _rel(ctx: FaultContext, path: Path) -> str:
-    return str(path.relative_to(ctx.run_dir))
+    """The path relative to the run directory where it lies inside it, else absolute (a user's
+    trainer may checkpoint anywhere)."""
+    try:
+        return str(path.relative_to(ctx.run_dir))
+    except ValueError:
+        return str(path)
 
 
 class _StorageFault(Fault):
@@ -244,7 +254,7 @@ class CkptTornWriteFault(_StorageFault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         p: Any = self.params
-        root = ctx.run_dir / "checkpoints"
+        root = ctx.host_path(ctx.run_dir / "checkpoints")
         committed = {d.name for d in root.glob("step_*")} if root.is_dir() else set()
         pid = ctx.rank_pid(p.rank)
         ctx.assert_owned(pid)
@@ -252,7 +262,7 @@ class CkptTornWriteFault(_StorageFault):
         while time.monotonic() < deadline:  # a save lasts ~0.1 s for tiny: poll tightly
             for tmp in root.glob(".tmp-step_*"):
                 final = tmp.name.split("-")[1]  # .tmp-step_00000020-<id> -> step_00000020
-                os.kill(pid, signal.SIGKILL)
+                ctx.signal(pid, signal.SIGKILL)
                 return {"checkpoints": [str(tmp)], "at_t": time.time(), "killed_pid": pid,
                         "rank": p.rank, "torn": tmp.name, "step_dir": final,
                         "committed_before": sorted(committed)}

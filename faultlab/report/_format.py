@@ -63,7 +63,7 @@ def timestamp(t: Any) -> str:
 
 def sla_bound(name: str, bound: Any) -> str:
     """``≤ 40 s``, ``≥ 0.3``, ``= yes``: the SLA's comparison and bound."""
-    from faultlab.spec import SLA_KINDS
+    from faultlab.judge import SLA_KINDS
 
     kind = SLA_KINDS.get(name, "bool")
     op = {"max": "≤", "min": "≥", "bool": "="}[kind]

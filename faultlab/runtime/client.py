@@ -23,7 +23,7 @@ import psutil
 
 from faultlab.runtime.plan import write_plan
 
-__all__ = ["RuntimeControlError", "address_file", "new_secret", "send", "write_plan"]
+__all__ = ["RuntimeControlError", "address_file", "new_secret", "read_secret", "send", "write_plan"]
 
 _MAX_REPLY_BYTES = 4 * 1024 * 1024
 
@@ -95,3 +95,12 @@ def _pid_alive(pid: int) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+def read_secret(run_dir: Path) -> str | None:
+    """The control channel's secret of the job in ``run_dir`` (``runtime/secret``, written by
+    whoever launched it); None if the job has none."""
+    try:
+        return (run_dir / "runtime" / "secret").read_text().strip() or None
+    except FileNotFoundError:
+        return None

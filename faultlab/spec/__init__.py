@@ -7,6 +7,8 @@ located (``experiments/x.yaml:14 faults[1].trigger.at_step: expected an integer,
 """
 
 from faultlab.spec._suite import Plan, PlannedSuite, SuiteSpec
+from faultlab.spec.expect import Expect
+from faultlab.spec.faults import EVENT_KINDS, AfterEvent, Every, FaultSpec, Selector, Trigger
 from faultlab.spec.loader import (
     experiment_from_dict,
     load_document,
@@ -15,29 +17,12 @@ from faultlab.spec.loader import (
     parse_document,
     parse_experiment,
 )
-from faultlab.spec.model import (
-    EVENT_KINDS,
-    SLA_KINDS,
-    SLAS,
-    AfterEvent,
-    Every,
-    Expect,
-    Experiment,
-    FaultSpec,
-    RunSpec,
-    Selector,
-    Sla,
-    Suite,
-    TargetSpec,
-    Topology,
-    Trigger,
-)
+from faultlab.spec.model import Experiment, Suite
 from faultlab.spec.schedule import arrival_times_s, describe_schedule, resolve_selector
+from faultlab.spec.target import RunSpec, TargetSpec, Topology
 
 __all__ = [
     "EVENT_KINDS",
-    "SLAS",
-    "SLA_KINDS",
     "AfterEvent",
     "Every",
     "Expect",
@@ -47,7 +32,6 @@ __all__ = [
     "PlannedSuite",
     "RunSpec",
     "Selector",
-    "Sla",
     "Suite",
     "SuiteSpec",
     "TargetSpec",

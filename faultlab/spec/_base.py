@@ -1,4 +1,5 @@
-"""What every schema model shares: the pydantic configuration and located errors.
+"""What every schema model shares: the pydantic configuration, located errors and the small
+value checks several sections use.
 
 Validators that need to point at a place other than the field they run on (``faults[1].
 target.rank`` from the ``faults`` validator) raise ``located(...)``: pydantic merges the
@@ -76,6 +77,23 @@ def show(value: Any, limit: int = 80) -> str:
     except Exception:  # int too large to convert, a broken __repr__: say what it is instead
         return f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 4] + " ..."
+
+
+NAME_RE = re.compile(r"[a-z0-9_-]+")
+"""An experiment's or suite's name."""
+
+
+def as_tuple(value: Any) -> Any:
+    """A YAML list as a tuple (the models are frozen); anything else is left to pydantic."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def slug_name(value: str, what: str, pattern: re.Pattern[str] = NAME_RE) -> str:
+    if not pattern.fullmatch(value):
+        slug = re.sub(r"[^a-z0-9_-]+", "_", value.lower()).strip("_") or "my_experiment"
+        raise ValueError(f"{show(value)} is not a valid {what}: use only lowercase letters, "
+                         f"digits, '_' and '-' (e.g. {slug!r})")
+    return value
 
 
 def choices(names: Iterable[object]) -> str:

@@ -21,7 +21,7 @@ from faultlab.errors import Problem
 from faultlab.faults import fault_types
 from faultlab.spec._base import SPEC_ERROR, SpecModel, choices, did_you_mean, render_path, show
 from faultlab.spec._yaml import Key, YamlDoc
-from faultlab.spec.model import FaultSpec
+from faultlab.spec.faults import FaultSpec
 
 __all__: list[str] = []
 

@@ -28,8 +28,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from faultlab.spec._base import SpecModel, located, spec_error
-from faultlab.spec.model import _as_tuple, _slug_name
+from faultlab.spec._base import SpecModel, as_tuple, located, slug_name, spec_error
 
 __all__ = ["Plan", "PlannedSuite", "SuiteSpec"]
 
@@ -80,7 +79,7 @@ class SuiteSpec(SpecModel):
     description: str | None = None
     """What the suite vouches for, in a sentence or two."""
     experiments: Annotated[tuple[Annotated[str, Field(min_length=1)], ...],
-                           BeforeValidator(_as_tuple), Field(min_length=1)]
+                           BeforeValidator(as_tuple), Field(min_length=1)]
     """Experiment files, relative to the suite file, run in this order."""
     plan: Plan
     """The planned run the report projects the measurements to."""
@@ -88,7 +87,7 @@ class SuiteSpec(SpecModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        return _slug_name(value, "suite name")
+        return slug_name(value, "suite name")
 
     @field_validator("experiments")
     @classmethod

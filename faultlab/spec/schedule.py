@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from faultlab.spec.model import Experiment, FaultSpec, Trigger
+from faultlab.spec.faults import FaultSpec, Trigger
+from faultlab.spec.model import Experiment
 
 __all__ = ["arrival_times_s", "describe_schedule", "resolve_selector"]
 

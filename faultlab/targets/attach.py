@@ -1,7 +1,7 @@
 """The attach target: a job that is already running, found by its run directory.
 
 The staging-cluster case: the job was launched by someone else (``python -m
-reference_trainer.launch``, an earlier ``chaos`` process, a CI step), and faultlab is pointed at
+faultlab launch``, an earlier ``chaos`` process, a CI step), and faultlab is pointed at
 its run directory. Everything it needs is there:
 
 - ``RUN_DIR/launch.json`` (written by ``LocalJob``): the nodes and their agents' pids, the
@@ -26,7 +26,7 @@ import psutil
 from faultlab.errors import TargetError
 from faultlab.observe import EventStream
 from faultlab.targets.base import JobContext
-from reference_trainer.launch import process_tree
+from faultlab.targets.procs import process_tree
 
 __all__ = ["AttachedTarget", "read_launch_info"]
 
@@ -43,7 +43,7 @@ def read_launch_info(run_dir: Path) -> dict[str, Any]:
         info = json.loads(path.read_text())
     except FileNotFoundError:
         raise TargetError(f"{path} does not exist: {str(run_dir)!r} is not the run directory "
-                          f"of a job launched by reference_trainer.launch / faultlab (or it "
+                          f"of a job launched by faultlab (run or launch) (or it "
                           f"has not started yet)") from None
     except (OSError, ValueError) as e:
         raise TargetError(f"{path}: cannot read it: {e}") from None
@@ -95,7 +95,7 @@ class AttachedTarget(JobContext):
 
     def extra_pids(self) -> set[int]:
         store = self.info.get("store_pid")
-        if isinstance(store, int) and self._is_ours(store, "reference_trainer.rdzv_store"):
+        if isinstance(store, int) and self._is_ours(store, "faultlab.targets.rdzv_store"):
             return {store}
         return set()
 

@@ -1,13 +1,19 @@
-"""What every target shares: the ``FaultContext`` of a job, built from its agents and events.
+"""The target contract: how a job is launched and addressed, whatever runs its nodes.
 
-A job is known by two things: the pid of each node's torchrun agent (by node name) and its
-event stream. Ranks are mapped to processes from the job's own ``start`` events; a node's
-processes are its agent and the agent's descendants; the job's processes are every node's
-plus whatever else the target owns (the rendezvous store). Nothing outside that set is ever
-signalled: ``assert_owned`` is checked before any signal a fault sends.
+Every way of running a job — torchrun agents on this host (``local``), one container per node
+(``docker``), a job that is already running (``attach``) — implements ``Target`` below. The
+engine, the faults, the Chaos Toolkit extension and the golden run talk to a job only through
+it. Each method's docstring is the contract (in the style of a pluggy hookspec): what it must
+do, what it returns, what it raises. Faults see the narrower ``FaultContext``
+(``faultlab.faults.base``), which every ``Target`` is.
 
-``LocalTarget`` (a job faultlab launched) and ``AttachedTarget`` (a job found by its run
-directory) differ only in where the agents and the extra processes come from.
+``JobContext`` implements the addressing half for any job whose nodes are process trees this
+host can see: a node is its torchrun agent's pid (by node name), ranks are mapped to processes
+from the job's own ``start`` events, and nothing outside the job's process tree is ever
+signalled (``assert_owned`` is checked before every signal).
+
+This module may import ``faultlab.errors``, ``faultlab.observe`` and ``faultlab.runtime``; no
+target imports the engine, and none imports a trainer.
 """
 
 from __future__ import annotations
@@ -17,15 +23,113 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
 from faultlab.errors import FaultError
 from faultlab.observe import EventStream
-from reference_trainer.launch import process_tree
+from faultlab.targets.procs import process_tree, send_pid, signal_tree
 
-__all__ = ["JobContext"]
+__all__ = ["JobContext", "JobResult", "Target"]
+
+
+class Target(Protocol):
+    """One job under test. The engine calls ``start`` once, polls ``finished`` and the
+    ``stream``, injects through the ``FaultContext`` methods, and calls ``stop`` exactly once
+    on every exit path (an exception and Ctrl-C included)."""
+
+    # -- where events and logs are -------------------------------------------------------------
+
+    run_dir: Path
+    """The job's run directory as this host sees it: ``events/`` (one JSON-lines file per
+    process, the event protocol), ``logs/`` (one log per node), ``launch.json``."""
+    stream: EventStream
+    """The job's event stream (``run_dir/events``), polled by whoever drives the job."""
+
+    def log_tail(self, num_lines: int = 50) -> str:
+        """The last ``num_lines`` lines of every node's log, for a failure message."""
+
+    def describe(self) -> str:
+        """The exact command lines of every node, for a person reproducing a run by hand."""
+
+    # -- start, poll, stop, result ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the job and return once every node was started (not once ranks run).
+        Raises ``TargetError`` with the reason if it cannot; whatever did start is stopped."""
+
+    def finished(self) -> bool:
+        """True once every node has exited (exited nodes are reaped, never left as zombies)."""
+
+    def result(self) -> JobResult:
+        """Exit code of every node, the nodes lost on purpose, and the wall time so far."""
+
+    def stop(self) -> None:
+        """Stop and reap everything the job started — stopped processes are continued first,
+        paused nodes thawed, containers and networks removed. Idempotent; never raises for
+        what is already gone."""
+
+    # -- nodes and ranks -------------------------------------------------------------------
+
+    def node_names(self) -> list[str]:
+        """The job's nodes in launch order, ``node0`` ...; a lost node keeps its name."""
+
+    def ranks(self) -> list[int]:
+        """Ranks of the job's current incarnation (from its ``start`` events, else from its
+        workers' environment: torchrun's ``RANK``)."""
+
+    def node_of_rank(self, rank: int) -> str:
+        """The node currently holding ``rank``; FaultError if it has not started."""
+
+    def rank_pid(self, rank: int) -> int:
+        """This host's pid of the process running ``rank`` now; FaultError if none."""
+
+    def node_pids(self, node: str) -> list[int]:
+        """Every live process of ``node`` that belongs to the job (agent and workers)."""
+
+    def pids(self) -> set[int]:
+        """Every live process of the job, on every node, and its helpers (the store)."""
+
+    # -- how a signal reaches a process on a node -----------------------------------------
+
+    def assert_owned(self, pid: int) -> None:
+        """FaultError unless ``pid`` is a live process of this job."""
+
+    def signal(self, pid: int, sig: int) -> bool:
+        """Send ``sig`` to one process of the job (``assert_owned`` first); False if it was
+        already gone. A target whose nodes are remote delivers it on the node."""
+
+    def kill_node(self, node: str, sig: int) -> list[int]:
+        """Signal a node's agent and every worker at once, as a machine loss would; the node's
+        exit code is then not held against the result. Returns the pids signalled."""
+
+    def continue_all(self) -> None:
+        """SIGCONT every process of the job: nothing may be left stopped."""
+
+    # -- how a file on a node is read or damaged ---------------------------------------------
+
+    def host_path(self, path: Path, node: str | None = None) -> Path:
+        """Where faultlab, on this host, reads and writes the file a node sees at ``path``
+        (a checkpoint on the job's shared filesystem). FaultError where this host cannot reach
+        that node's files."""
+
+    def checkpoints(self) -> list[tuple[int | None, Path]]:
+        """The job's checkpoints that still exist, oldest first, as ``(step, host path)``:
+        those its ``checkpoint_saved`` events name (any trainer's saves, seen by the runtime
+        agent), else the ``step_N`` directories of ``run_dir/checkpoints``."""
+
+
+class JobResult(Protocol):
+    """What ``Target.result`` returns (``faultlab.targets.launcher.JobResult``)."""
+
+    returncodes: dict[str, int | None]
+    killed: set[str]
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        """Every node not lost on purpose exited 0."""
 
 
 class JobContext(ABC):
@@ -63,15 +167,17 @@ class JobContext(ABC):
 
     def ranks(self) -> list[int]:
         self.refresh()
-        return self.stream.current_ranks()
+        return self.stream.current_ranks() or sorted(self.worker_ranks())
 
     def rank_pid(self, rank: int) -> int:
         self.refresh()
         start = self.stream.latest_start(rank)
+        pid = None if start is None else self._host_pid(start)
+        if pid is None and rank in (workers := self.worker_ranks()):
+            return workers[rank][1]  # no (live) start record: the worker's own environment
         if start is None:
             raise FaultError(f"rank {rank} has not started (yet); ranks seen: "
                              f"{self.stream.current_ranks() or 'none'}")
-        pid = self._host_pid(start)
         if pid is None:
             raise FaultError(f"rank {rank}'s process {start['pid']} (on {start.get('node')}) "
                              f"is gone (the job is restarting?)")
@@ -89,27 +195,86 @@ class JobContext(ABC):
         self.refresh()
         start = self.stream.latest_start(rank)
         if start is None:
+            if rank in (workers := self.worker_ranks()):
+                return workers[rank][0]
             raise FaultError(f"rank {rank} has not started (yet)")
         return str(start["node"])
+
+    def worker_ranks(self) -> dict[int, tuple[str, int]]:
+        """Rank → (node, pid) of every live torchrun worker, read from the environment torchrun
+        gave it (``RANK``): what a job that writes no ``start`` events is addressed by. The
+        topmost process with a rank counts (a data-loader worker inherits its rank's RANK)."""
+        out: dict[int, tuple[str, int]] = {}
+        for node, agent in self.agent_pids().items():
+            tree = process_tree(agent)
+            ranks: dict[int, int] = {}
+            for proc in tree:
+                try:
+                    raw = proc.environ().get("RANK", "")
+                except psutil.Error:
+                    continue
+                if raw.isdigit():
+                    ranks[proc.pid] = int(raw)
+            for proc in tree:
+                rank = ranks.get(proc.pid)
+                if rank is None:
+                    continue
+                try:
+                    parent_rank = ranks.get(proc.ppid())
+                except psutil.Error:
+                    continue
+                if parent_rank != rank:
+                    out[rank] = (node, proc.pid)
+        return out
 
     def node_pids(self, node: str) -> list[int]:
         return [p.pid for p in process_tree(self._agent_pid(node))]
 
     def kill_node(self, node: str, sig: int) -> list[int]:
         """Signal a node's agent and every worker at once (tree snapshotted first)."""
-        procs = process_tree(self._agent_pid(node))
-        for p in procs:
-            try:
-                p.send_signal(sig)
-            except psutil.Error:
-                pass
-        return [p.pid for p in procs]
+        return signal_tree(self._agent_pid(node), sig)
+
+    def signal(self, pid: int, sig: int) -> bool:
+        self.assert_owned(pid)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def host_path(self, path: Path, node: str | None = None) -> Path:
+        # Every node of a job on this host (processes, or containers with the run directory
+        # bind-mounted at the same path) sees the files where this host does.
+        return Path(path)
+
+    def checkpoints(self) -> list[tuple[int | None, Path]]:
+        self.refresh()
+        by_path: dict[str, tuple[int | None, float]] = {}
+        for e in self.stream.events:
+            if e.get("kind") == "checkpoint_saved" and isinstance(e.get("path"), str):
+                step = e.get("step")
+                by_path[e["path"]] = (step if isinstance(step, int) else None, float(e["t"]))
+        found = [(step, t, self.host_path(Path(path))) for path, (step, t) in by_path.items()]
+        found = [f for f in found if f[2].exists()]
+        if found:  # by step where known, else by when it was saved
+            found.sort(key=lambda f: (f[0] is None, f[0] or 0, f[1]))
+            return [(step, path) for step, _t, path in found]
+        from faultlab.runtime.manifest import list_checkpoints
+
+        root = self.host_path(self.run_dir / "checkpoints")
+        return [(step, path) for step, path in reversed(list_checkpoints(root))]
+
+    def log_tail(self, num_lines: int = 50) -> str:
+        out = []
+        for log in sorted((self.run_dir / "logs").glob("node*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-num_lines:]
+            out.append(f"--- {log} (last {len(lines)} lines)\n" + "\n".join(lines))
+        return "\n".join(out)
 
     def runtime(self, rank: int, message: dict[str, Any]) -> dict[str, Any]:
         """Send ``message`` to ``rank``'s runtime agent over its control channel (the secret is
         the job's ``runtime/secret``, written at launch); raises FaultError if unreachable."""
-        from faultlab.engine.runtime_plan import read_secret
-        from faultlab.runtime.client import RuntimeControlError, send
+        from faultlab.runtime.client import RuntimeControlError, read_secret, send
 
         secret = read_secret(self.run_dir)
         if secret is None:
@@ -171,10 +336,7 @@ class JobContext(ABC):
     def continue_all(self) -> None:
         """SIGCONT every process of the job (nothing may be left stopped)."""
         for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            send_pid(pid, signal.SIGCONT)
 
     def _agent_pid(self, node: str) -> int:
         agents = self.agent_pids()

@@ -1,8 +1,9 @@
 """The local target: the job's nodes are torchrun agents on this host.
 
-It launches the reference trainer or a user's command through ``reference_trainer.launch``'s
-``LocalJob`` (its own rendezvous store, one agent per node, every process reaped on stop) and
-implements the ``FaultContext`` that faults act through (``targets.base.JobContext``): ranks are
+It launches a registered trainer (``target.trainer``, e.g. the reference trainer, whose command
+line its plugin builds) or a user's command (``target.command``) through the launcher
+(``faultlab.targets.launcher.LocalJob``: its own rendezvous store, one agent per node, every
+process reaped on stop) and implements the rest of ``Target`` through ``JobContext``: ranks are
 mapped to processes from the job's own ``start`` events, and nothing outside the job's process
 tree is ever signalled.
 """
@@ -15,27 +16,44 @@ from typing import Any
 from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
 from faultlab.spec import Experiment
+from faultlab.spec.trainers import get_trainer
 from faultlab.targets.base import JobContext
-from reference_trainer.config import ConfigError, TrainConfig
-from reference_trainer.launch import JobResult, LaunchError, LocalJob
+from faultlab.targets.launcher import JobResult, LaunchError, LocalJob
 
-__all__ = ["LocalTarget", "make_target", "train_config"]
+__all__ = ["LocalTarget", "job_command", "train_config"]
 
 _DEVICE_FOR_BACKEND = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
 
 
-def train_config(exp: Experiment, run_dir: Path) -> TrainConfig:
-    """The reference trainer's config for an experiment."""
+def train_config(exp: Experiment, run_dir: Path) -> Any:
+    """The registered trainer's config for an experiment (``target.trainer``)."""
     t = exp.target
-    kwargs: dict[str, Any] = {
+    assert t.trainer is not None, "a command target has no trainer config"
+    trainer = get_trainer(t.trainer)
+    fields = getattr(trainer.config_class, "__dataclass_fields__", {})
+    settings: dict[str, Any] = {
         "preset": t.preset, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
-        "seed": exp.seed, "device": _DEVICE_FOR_BACKEND[exp.topology.backend],
-        **dict(t.overrides or {}),
-    }
+        "seed": exp.seed, "device": _DEVICE_FOR_BACKEND[exp.topology.backend]}
+    settings = {k: v for k, v in settings.items() if k in fields}
     try:
-        return TrainConfig(run_dir=run_dir, **kwargs)
-    except ConfigError as e:  # the spec validated overrides; this is a last line of defence
+        return trainer.make_config(run_dir, **settings, **dict(t.overrides or {}))
+    except ValueError as e:  # the spec validated overrides; this is a last line of defence
         raise TargetError(f"target.overrides: {e}") from None
+
+
+def job_command(exp: Experiment, run_dir: Path) -> list[str]:
+    """One rank's command line: the user's ``target.command``, or the registered trainer's,
+    after its preflight (a launch that could only crash-loop is refused here)."""
+    if exp.target.command:
+        return list(exp.target.command)
+    assert exp.target.trainer is not None
+    trainer = get_trainer(exp.target.trainer)
+    cfg = train_config(exp, run_dir)
+    try:
+        trainer.preflight(cfg, exp.topology.world_size)
+    except ValueError as e:
+        raise TargetError(str(e)) from None
+    return trainer.command(cfg)
 
 
 class LocalTarget(JobContext):
@@ -49,16 +67,11 @@ class LocalTarget(JobContext):
         self.run_dir = run_dir
         self.seed = exp.seed
         topo = exp.topology
-        common = dict(nodes=topo.nodes, procs_per_node=topo.procs_per_node,
-                      min_nodes=topo.min_nodes, max_restarts=topo.max_restarts,
-                      node_env=node_env or {})
         try:
-            if exp.target.command:
-                self.job = self.job_class(command=list(exp.target.command), run_dir_=run_dir,
-                                          **common)  # type: ignore[arg-type]
-            else:
-                self.job = self.job_class(cfg=train_config(exp, run_dir),
-                                          **common)  # type: ignore[arg-type]
+            self.job = self.job_class(
+                command=job_command(exp, run_dir), run_dir=run_dir, nodes=topo.nodes,
+                procs_per_node=topo.procs_per_node, min_nodes=topo.min_nodes,
+                max_restarts=topo.max_restarts, node_env=node_env or {})
         except LaunchError as e:
             raise TargetError(str(e)) from None
         self.stream = EventStream(run_dir / "events")
@@ -83,6 +96,9 @@ class LocalTarget(JobContext):
 
     def describe(self) -> str:
         return self.job.describe()
+
+    def log_tail(self, num_lines: int = 50) -> str:
+        return self.job.log_tail(num_lines)
 
     # -- FaultContext (the rest is JobContext's) ----------------------------------------------
 
@@ -110,13 +126,3 @@ class LocalTarget(JobContext):
             self.job.mark_lost(node)
         except KeyError as e:
             raise FaultError(str(e)) from None
-
-
-def make_target(exp: Experiment, run_dir: Path,
-                node_env: dict[str, dict[str, str]] | None = None) -> LocalTarget:
-    """The target ``topology.launcher`` asks for."""
-    if exp.topology.launcher == "docker":
-        from faultlab.targets.docker import DockerTarget
-
-        return DockerTarget(exp, run_dir, node_env=node_env)
-    return LocalTarget(exp, run_dir, node_env=node_env)

@@ -149,7 +149,7 @@ def latest_checkpoint_valid(run_dir: str | None = None,
                             configuration: dict | None = None) -> bool:
     """True if the newest committed checkpoint passes the full manifest and SHA-256 check
     (the check the trainer makes before loading); False if it fails it or there is none."""
-    from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
+    from faultlab.runtime.manifest import list_checkpoints, verify_checkpoint
 
     path = _jobs.resolve_run_dir(run_dir, configuration)
     candidates = list_checkpoints(path / "checkpoints")

@@ -138,7 +138,7 @@ def _fmt(value: Any) -> str:
 
 def sla_table(result: Any) -> str:
     """The SLA table as plain text: name, bound, measured, result, note; then the journal."""
-    from faultlab.spec import SLA_KINDS
+    from faultlab.judge import SLA_KINDS
 
     failed = len(result.failures())
     head = SLA_FAILED.format(name=result.name, failed=failed, total=len(result.slas)) \

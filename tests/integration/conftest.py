@@ -21,14 +21,16 @@ from scenarios import JOB_TIMEOUT_S, Outcome, Scenario, explain, run_scenario
 
 from faultlab.engine.golden import golden_run
 from faultlab.spec import experiment_from_dict
+from faultlab.targets.launcher import JobResult, LocalJob
 from reference_trainer.events import read_events
-from reference_trainer.launch import JobResult, LocalJob
+from reference_trainer.plugin import command
 
 
 def _finished(scenario: Scenario, run_dir: Path, wall_s: float) -> Outcome:
     """The outcome of a run that has already ended, read back from its folder."""
-    job = LocalJob(cfg=scenario.config(run_dir), nodes=scenario.nodes,
-                   procs_per_node=scenario.procs_per_node, min_nodes=scenario.min_nodes)
+    job = LocalJob(command=command(scenario.config(run_dir)), run_dir=run_dir,
+                   nodes=scenario.nodes, procs_per_node=scenario.procs_per_node,
+                   min_nodes=scenario.min_nodes)
     return Outcome(job=job, result=JobResult({}, set(), wall_s),
                    events=read_events(run_dir / "events"), t_fault=None)
 

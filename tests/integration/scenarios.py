@@ -1,7 +1,7 @@
 """One runner for every integration scenario: launch a real local elastic job, break it, report.
 
 A scenario is a config plus a fault plus what must come out. ``run_scenario`` launches the job
-with ``reference_trainer.launch.LocalJob`` (real torchrun agents, real FSDP2 ranks), applies
+with faultlab's ``LocalJob`` launcher (real torchrun agents, real FSDP2 ranks), applies
 the fault when its trigger is seen in the event stream, and returns the events. When an
 assertion about the outcome fails, the test prints the exact agent command lines and the last
 50 lines of every node's log (``explain``).
@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlab.targets.launcher import JobResult, LocalJob
 from reference_trainer.config import TrainConfig
 from reference_trainer.events import read_events
-from reference_trainer.launch import JobResult, LocalJob
+from reference_trainer.plugin import command
 
 JOB_TIMEOUT_S = 240
 
@@ -110,7 +111,8 @@ class Scenario:
 
 
 def run_scenario(scenario: Scenario, run_dir: Path) -> Outcome:
-    job = LocalJob(cfg=scenario.config(run_dir), nodes=scenario.nodes,
+    cfg = scenario.config(run_dir)
+    job = LocalJob(command=command(cfg), run_dir=run_dir, nodes=scenario.nodes,
                    procs_per_node=scenario.procs_per_node, min_nodes=scenario.min_nodes,
                    max_restarts=scenario.max_restarts)
     t_fault = None

@@ -19,9 +19,10 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from faultlab.metadata import MetadataServer
+from faultlab.targets.launcher import LocalJob
 from reference_trainer.config import TrainConfig
 from reference_trainer.events import read_events
-from reference_trainer.launch import LocalJob
+from reference_trainer.plugin import command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -62,7 +63,8 @@ def test_mid_step_emergency_checkpoint_equals_a_clean_stop_at_that_step(tmp_path
                for n in ("node0", "node1")}
     preempted = tmp_path / "preempted"
     try:
-        with LocalJob(cfg=TrainConfig(run_dir=preempted, **cfg), nodes=2, min_nodes=1,
+        with LocalJob(command=command(TrainConfig(run_dir=preempted, **cfg)), run_dir=preempted,
+                      nodes=2, min_nodes=1,
                       max_restarts=0, node_env={n: s.env() for n, s in servers.items()}) as job:
             wait_for(preempted, lambda ev: any(e["kind"] == "step" and e["step"] >= 6
                                                for e in ev))
@@ -84,7 +86,8 @@ def test_mid_step_emergency_checkpoint_equals_a_clean_stop_at_that_step(tmp_path
     assert k == last_done  # nothing completed is lost, nothing half-done is saved
 
     clean = tmp_path / "clean"
-    with LocalJob(cfg=TrainConfig(run_dir=clean, stop_after=k, **cfg), nodes=2) as job:
+    with LocalJob(command=command(TrainConfig(run_dir=clean, stop_after=k, **cfg)),
+                  run_dir=clean, nodes=2) as job:
         assert job.wait(timeout_s=240).ok
 
     name = f"step_{k:08d}"

@@ -32,8 +32,8 @@ from scenarios import (
     run_scenario,
 )
 
-from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
-from reference_trainer.launch import LocalJob
+from faultlab.runtime.manifest import list_checkpoints, verify_checkpoint
+from faultlab.targets.launcher import LocalJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from fsdp_helpers import Recorder, build_fsdp, full_params, train_step
 from torch.distributed.device_mesh import DeviceMesh
 
+from faultlab.runtime.manifest import MANIFEST
 from reference_trainer.checkpoint import (
-    MANIFEST,
     CheckpointError,
     CheckpointManager,
     capture_rng,
@@ -33,7 +33,7 @@ from reference_trainer.checkpoint import (
 )
 from reference_trainer.config import TrainConfig
 from reference_trainer.digest import state_digest
-from reference_trainer.launch import preflight
+from reference_trainer.plugin import preflight
 
 #: The documented layout of a checkpoint written by one rank.
 FILES = {"__0_0.distcp", ".metadata", "trainer_state.json", "rng/rank0.json", MANIFEST}

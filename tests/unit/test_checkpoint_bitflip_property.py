@@ -67,7 +67,7 @@ def test_dcp_metadata_is_read_without_running_foreign_globals(two_checkpoints: P
     """Even a .metadata whose manifest was rewritten to match is never unpickled freely."""
     import pickle
 
-    from reference_trainer.checkpoint import _SafeReader
+    from faultlab.runtime.dcp import SafeReader as _SafeReader
 
     ckpt = tmp_path / "step_00000020"
     shutil.copytree(two_checkpoints / "step_00000020", ckpt)

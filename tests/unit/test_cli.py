@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_trainer import launch
+from faultlab.targets import launcher
 from reference_trainer.health import EXIT_CODES
 from reference_trainer.train import parse_config
 
@@ -26,10 +26,10 @@ def _names_flag_and_value(line: str, flag: str, value: str) -> bool:
 # A real interpreter per case (each pays for importing torch): kept to a handful.
 SUBPROCESS_CASES = [
     ("reference_trainer.train", ["--steps", "ten"], "--steps", "'ten'"),
-    ("reference_trainer.launch", ["--nodes", "0"], "--nodes", "0"),
-    ("reference_trainer.launch", ["--checkpoint-every", "0"], "--checkpoint-every", "0"),
-    ("reference_trainer.launch", ["--preset", "huge"], "--preset", "'huge'"),
-    ("reference_trainer.launch", ["--stop-after", "50", "--steps", "10"], "--stop-after", "50"),
+    ("reference_trainer.train", ["--checkpoint-every", "0"], "--checkpoint-every", "0"),
+    ("reference_trainer.train", ["--preset", "huge"], "--preset", "'huge'"),
+    ("reference_trainer.train", ["--stop-after", "50", "--steps", "10"], "--stop-after", "50"),
+    ("faultlab.cli", ["--nodes", "0", "--", "true"], "--nodes", "0"),
 ]
 
 
@@ -39,7 +39,8 @@ def test_bad_flag_in_a_real_process(tmp_path: Path, module: str, args: list[str]
                                     value: str) -> None:
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "FAULTLAB_RUN_DIR"}
-    proc = subprocess.run([sys.executable, "-m", module, "--run-dir", str(run_dir), *args],
+    sub = ["launch"] if module == "faultlab.cli" else []
+    proc = subprocess.run([sys.executable, "-m", module, *sub, "--run-dir", str(run_dir), *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == EXIT_CODES["usage"] == 2, proc.stderr
     lines = proc.stderr.splitlines()
@@ -94,15 +95,13 @@ def test_parse_config_takes_the_run_dir_from_the_environment(
     (["--nodes", "2", "--min-nodes", "0"], "--min-nodes", "0"),
     (["--max-restarts", "-1"], "--max-restarts", "-1"),
     (["--rdzv-last-call-s", "-1"], "--rdzv-last-call-s", "-1"),
-    (["--nodes", "2", "--procs-per-node", "2", "--global-batch", "3"], "--global-batch", "3"),
     (["--nodes", "two"], "--nodes", "'two'"),
-    (["--preset", "huge"], "--preset", "'huge'"),
 ])
 def test_launch_main_usage_errors(tmp_path: Path, args: list[str], flag: str, value: str,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as info:
-        launch.main(["--run-dir", str(run_dir), *args])
+        launcher.main(["--run-dir", str(run_dir), *args, "--", "python", "train.py"])
     assert info.value.code == 2
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
@@ -112,15 +111,12 @@ def test_launch_main_usage_errors(tmp_path: Path, args: list[str], flag: str, va
     assert not run_dir.exists()
 
 
-def test_launch_main_reports_an_unusable_run_dir(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir = tmp_path / "run"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "checkpoints" / "step_00000010").mkdir()
-    with pytest.raises(SystemExit) as info:
-        launch.main(["--run-dir", str(run_dir), "--nodes", "1"])
-    assert info.value.code == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1, lines
-    assert "step_00000010" in lines[0] and "--on-no-valid-checkpoint scratch" in lines[0]
-    assert not (run_dir / "launch.json").exists()
+def test_launch_main_needs_a_command(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    for tail in ([], ["--"]):
+        with pytest.raises(SystemExit) as info:
+            launcher.main(["--run-dir", str(tmp_path / "run"), *tail])
+        assert info.value.code == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and "give the job's command after --" in lines[0], lines
+    assert not (tmp_path / "run").exists()

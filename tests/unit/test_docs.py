@@ -1,4 +1,4 @@
-"""The trainer's README explains every flag the launcher and the trainer accept."""
+"""The trainer's README explains every flag the trainer and faultlab's launcher accept."""
 
 from __future__ import annotations
 
@@ -6,13 +6,16 @@ import re
 from pathlib import Path
 
 import reference_trainer
-from reference_trainer.launch import _parser
+from faultlab.targets.launcher import _parser as launch_parser
+from reference_trainer.config import add_train_args
 
 README = Path(reference_trainer.__file__).with_name("README.md").read_text()
 
 
 def test_every_flag_is_documented() -> None:
-    flags = {opt for action in _parser()._actions for opt in action.option_strings
+    parser = launch_parser()
+    add_train_args(parser)  # the trainer's flags, beside the launcher's own
+    flags = {opt for action in parser._actions for opt in action.option_strings
              if opt.startswith("--") and opt != "--help"}
     assert len(flags) > 25  # launch and training flags both came through
     documented = set(re.findall(r"`(--[a-z0-9-]+)", README))

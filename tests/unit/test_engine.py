@@ -14,8 +14,9 @@ import pytest
 
 from faultlab.cli import main as cli_main
 from faultlab.engine.golden import GoldenRun, golden_key
-from faultlab.engine.runner import _reacted, judge
+from faultlab.engine.runner import _reacted
 from faultlab.engine.triggers import TriggerState
+from faultlab.judge import judge
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.report.journal import SCHEMA_VERSION, read_journal, render_markdown, write_journal
 from faultlab.spec import arrival_times_s, parse_experiment

@@ -1,4 +1,5 @@
-"""reference_trainer.launch: LocalJob's argument checks and preflight() of the run directory.
+"""The launcher's argument checks (faultlab.targets.launcher.LocalJob) and the reference
+trainer's preflight() of the run directory (reference_trainer.plugin).
 
 Nothing here starts a process: LocalJob is only constructed, preflight only looks at files.
 """
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from faultlab.targets.launcher import JobResult, LaunchError, LocalJob
 from reference_trainer.config import TrainConfig
-from reference_trainer.launch import JobResult, LaunchError, LocalJob, preflight
+from reference_trainer.plugin import PreflightError, preflight
 
 
 def _cfg(run_dir: Path, **kw: object) -> TrainConfig:
@@ -44,7 +46,7 @@ def test_a_regular_file_where_a_directory_belongs(tmp_path: Path, what: str) -> 
         run_dir.mkdir()
         culprit = run_dir / what
         culprit.write_text("not a directory")
-    with pytest.raises(LaunchError) as info:
+    with pytest.raises(PreflightError) as info:
         preflight(_cfg(run_dir))
     assert str(info.value).startswith("--run-dir: ")
     assert repr(str(culprit)) in str(info.value)
@@ -78,7 +80,7 @@ MANIFESTS = {
 
 def test_checkpoint_without_manifest_fails_preflight(tmp_path: Path) -> None:
     _step_dir_without_manifest(tmp_path)
-    with pytest.raises(LaunchError) as info:
+    with pytest.raises(PreflightError) as info:
         preflight(_cfg(tmp_path, on_no_valid_checkpoint="fail"))
     msg = str(info.value)
     assert "step_00000010" in msg and "MANIFEST.json" in msg
@@ -88,7 +90,7 @@ def test_checkpoint_without_manifest_fails_preflight(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", sorted(MANIFESTS))
 def test_checkpoint_with_corrupt_manifest_fails_preflight(tmp_path: Path, kind: str) -> None:
     _step_dir_with_corrupt_manifest(tmp_path, MANIFESTS[kind])
-    with pytest.raises(LaunchError) as info:
+    with pytest.raises(PreflightError) as info:
         preflight(_cfg(tmp_path, on_no_valid_checkpoint="fail"))
     assert "step_00000010" in str(info.value) and "corrupt" in str(info.value)
 
@@ -108,7 +110,7 @@ def test_every_invalid_checkpoint_is_named(tmp_path: Path) -> None:
     other = tmp_path / "checkpoints" / "step_00000020"
     other.mkdir()
     (other / "MANIFEST.json").write_text("garbage")
-    with pytest.raises(LaunchError) as info:
+    with pytest.raises(PreflightError) as info:
         preflight(_cfg(tmp_path))
     assert "step_00000010" in str(info.value) and "step_00000020" in str(info.value)
 
@@ -135,17 +137,25 @@ def test_unfinished_saves_and_quarantine_are_not_checkpoints(tmp_path: Path) -> 
 def test_local_job_rejects_bad_arguments(tmp_path: Path, kw: dict[str, int], flag: str,
                                          value: int) -> None:
     with pytest.raises(LaunchError) as info:
-        LocalJob(cfg=_cfg(tmp_path / "run"), **kw)  # type: ignore[arg-type]
+        LocalJob(command=["true"], run_dir=tmp_path / "run", **kw)  # type: ignore[arg-type]
     assert str(info.value).startswith(f"{flag}: {value!r} ")
     assert not (tmp_path / "run").exists()
 
 
-def test_local_job_needs_a_sample_per_rank(tmp_path: Path) -> None:
-    with pytest.raises(LaunchError, match=r"^--global-batch: 5 "):
-        LocalJob(cfg=_cfg(tmp_path, global_batch=5), nodes=3, procs_per_node=2)
-    job = LocalJob(cfg=_cfg(tmp_path, global_batch=6), nodes=3, procs_per_node=2)
-    assert job.min_nodes == 3  # defaults to --nodes
-    assert LocalJob(cfg=_cfg(tmp_path), nodes=3, min_nodes=2).min_nodes == 2
+def test_preflight_needs_a_sample_per_rank(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError, match=r"^--global-batch: 5 "):
+        preflight(_cfg(tmp_path, global_batch=5), world_size=6)
+    preflight(_cfg(tmp_path, global_batch=6), world_size=6)
+
+
+def test_local_job_defaults_and_command(tmp_path: Path) -> None:
+    job = LocalJob(command=["python", "train.py"], run_dir=tmp_path, nodes=3, procs_per_node=2)
+    assert job.min_nodes == 3 and job.world_size == 6  # min_nodes defaults to --nodes
+    assert LocalJob(command=["x"], run_dir=tmp_path, nodes=3, min_nodes=2).min_nodes == 2
+    argv = job.agent_argv("127.0.0.1:1", "", "127.0.0.1")
+    assert argv[-3:] == ["--no-python", "python", "train.py"]  # run as given, no interpreter
+    with pytest.raises(LaunchError, match="^command: empty"):
+        LocalJob(command=[], run_dir=tmp_path)
 
 
 def test_job_result_ok_ignores_killed_nodes_only() -> None:

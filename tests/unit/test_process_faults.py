@@ -6,6 +6,7 @@ these tests also show that a fault never signals a process outside its job.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -77,6 +78,14 @@ class Ctx:
     def assert_owned(self, pid: int) -> None:
         if pid not in self.owned():
             raise FaultError(f"process {pid} is not part of the job")
+
+    def signal(self, pid: int, sig: int) -> bool:
+        self.assert_owned(pid)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def cleanup(self) -> None:
         continue_and_kill(sorted(self.owned()))

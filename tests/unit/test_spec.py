@@ -13,9 +13,8 @@ import pytest
 import faultlab.spec as spec
 from faultlab.errors import InvalidExperimentError, Problem
 from faultlab.faults import fault_types
+from faultlab.judge import SLA_KINDS, SLAS
 from faultlab.spec import (
-    SLA_KINDS,
-    SLAS,
     Expect,
     Experiment,
     Selector,
@@ -164,7 +163,10 @@ def test_command_target_as_a_list_or_a_shell_string() -> None:
 
 
 def test_the_sla_table_covers_every_expect_key() -> None:
+    # The spec owns the keys (Expect), the judge what each means (SLAS): same keys, same order.
     assert list(SLAS) == list(Expect.model_fields) == list(SLA_KINDS)
+    exp = parse_experiment("name: e\nexpect: {goodput: 0.5, completes: true, lost_steps: 3}\n")
+    assert [k for k, _ in exp.expect.items()] == ["completes", "lost_steps", "goodput"]
     assert SLA_KINDS["goodput"] == "min" and SLA_KINDS["lost_steps"] == "max"
     assert SLA_KINDS["completes"] == "bool"
     assert SLAS["max_restarts"].holds(2, 2) and not SLAS["max_restarts"].holds(3, 2)
@@ -176,11 +178,12 @@ def test_all_is_the_public_api() -> None:
     # ("@py_builtins" and friends: pytest rewrites the asserts of the whole faultlab
     # distribution, since it ships a pytest11 plugin.)
     public = {n for n in vars(spec) if not n.startswith(("_", "@"))} - {
-        "loader", "model", "schedule"}
+        "loader", "model", "schedule", "target", "faults", "expect", "trainers"}
     assert set(spec.__all__) == public
     assert {"load_document", "load_experiments", "parse_experiment", "Experiment", "Suite",
             "FaultSpec", "Selector", "Trigger", "Expect", "Topology", "RunSpec",
-            "TargetSpec", "SLA_KINDS", "describe_schedule", "resolve_selector"} <= public
+            "TargetSpec", "describe_schedule", "resolve_selector"} <= public
+    assert not {"SLAS", "SLA_KINDS", "Sla"} & public  # the judge's (faultlab.judge)
 
 
 def test_python_construction_is_as_strict_as_yaml() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -27,7 +28,7 @@ from faultlab.faults.storage import (
     CkptZeroRangeFault,
 )
 from faultlab.observe import FaultRecord, compute_metrics
-from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
+from faultlab.runtime.manifest import list_checkpoints, verify_checkpoint
 
 ALL = type("V", (), {"kind": "all", "value": None})()
 
@@ -47,6 +48,17 @@ class Ctx:
     def assert_owned(self, pid: int) -> None:
         if pid != self.pid:
             raise FaultError(f"process {pid} is not part of the job")
+
+    def signal(self, pid: int, sig: int) -> bool:
+        self.assert_owned(pid)
+        os.kill(pid, sig)
+        return True
+
+    def host_path(self, path: Path, node: str | None = None) -> Path:
+        return path
+
+    def checkpoints(self) -> list[tuple[int | None, Path]]:
+        return [(s, p) for s, p in reversed(list_checkpoints(self.run_dir / "checkpoints"))]
 
 
 @pytest.fixture(scope="module")

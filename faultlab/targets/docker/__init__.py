@@ -17,8 +17,8 @@ from faultlab.errors import FaultError
 from faultlab.spec import Experiment
 from faultlab.targets.docker.engine import connect, remove_run, run_resources
 from faultlab.targets.docker.job import DockerJob
+from faultlab.targets.launcher import LaunchError
 from faultlab.targets.local import LocalTarget
-from reference_trainer.launch import LaunchError
 
 __all__ = ["DockerJob", "DockerTarget", "connect", "remove_run", "run_resources"]
 

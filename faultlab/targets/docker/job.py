@@ -1,6 +1,6 @@
 """A local elastic job whose nodes are Docker containers: ``DockerJob``.
 
-Same contract as ``reference_trainer.launch.LocalJob`` (it is one, with the nodes swapped):
+Same contract as ``faultlab.targets.launcher.LocalJob`` (it is one, with the nodes swapped):
 one torchrun agent per node, the rendezvous store in a process of its own *outside* the nodes,
 every process and every engine object reaped on ``stop``. What changes:
 
@@ -17,7 +17,6 @@ every process and every engine object reaped on ``stop``. What changes:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import uuid
@@ -34,7 +33,8 @@ from faultlab.targets.docker.engine import (
     connect,
     remove_run,
 )
-from reference_trainer.launch import LaunchError, LocalJob, pid_alive, process_tree, signal_tree
+from faultlab.targets.launcher import LaunchError, LocalJob
+from faultlab.targets.procs import pid_alive, process_tree, signal_tree
 
 __all__ = ["DockerJob", "host_mounts"]
 
@@ -79,9 +79,7 @@ class DockerJob(LocalJob):
         super().__post_init__()
         if self.torchrun_defaults:
             raise LaunchError("torchrun_defaults: not supported by the docker launcher")
-        self.run_dir_ = self.run_dir.resolve()
-        if self.cfg is not None:  # the ranks must find it at the same path inside
-            self.cfg = dataclasses.replace(self.cfg, run_dir=self.run_dir_)
+        self.run_dir = self.run_dir.resolve()  # the ranks find it at the same path inside
 
     # -- LocalJob's hooks --------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ agents join it with ``is_host=false``. It prints its port on stdout (``port=N``)
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import sys
@@ -19,19 +18,11 @@ from pathlib import Path
 
 from torch.distributed import TCPStore
 
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
-    except OSError:
-        pass
+from faultlab.targets.procs import die_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="reference_trainer.rdzv_store")
+    parser = argparse.ArgumentParser(prog="python -m faultlab.targets.rdzv_store")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path)

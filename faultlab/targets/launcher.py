@@ -1,12 +1,16 @@
 """Launch a local elastic job: N torchrun agents ("nodes") on this host, one rendezvous store.
 
-    python -m reference_trainer.launch --nodes 3 --procs-per-node 1 --min-nodes 2 \\
-        --run-dir runs/demo --preset tiny --steps 40 --checkpoint-every 10
+    faultlab launch --nodes 3 --min-nodes 2 --run-dir runs/demo -- \\
+        python -m reference_trainer.train --preset tiny --steps 40 --checkpoint-every 10
 
-Each node is a torchrun agent in its own session with its own workers; the c10d rendezvous
-store runs in a separate process so that no node's death takes the store with it. The elastic
-pitfalls this works around are listed in reference_trainer/README.md. ``LocalJob`` is the same
-thing as a Python object, for tests and for faultlab's local target.
+Any command torchrun can start is a job: each node is a torchrun agent in its own session with
+its own workers, started with ``--no-python`` so the command is run as given, and every worker
+finds its run directory in ``FAULTLAB_RUN_DIR``. The c10d rendezvous store runs in a process of
+its own (``faultlab.targets.rdzv_store``) so that no node's death takes the store with it, and
+the agents are torchrun's own with a faster rendezvous poll (``faultlab.targets.torchrun_agent``).
+The elastic pitfalls this works around are listed in ``node_environment`` and
+``_start_rendezvous`` below (and in DESIGN.md). ``LocalJob`` is the same thing as a Python
+object, for tests and for the local and docker targets.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ from pathlib import Path
 
 import psutil
 
-from reference_trainer.checkpoint import list_checkpoints, verify_checkpoint
-from reference_trainer.config import ConfigError, TrainConfig, add_train_args, config_from_args
-from reference_trainer.config import train_argv as _train_argv
-from reference_trainer.rdzv_store import die_with_parent
+from faultlab.targets.procs import (
+    die_with_parent,
+    process_tree,
+    send_pid,
+    send_signal,
+    signal_tree,
+)
 
-__all__ = ["LaunchError", "LocalJob", "JobResult", "main", "pid_alive", "preflight",
-           "process_tree", "signal_tree"]
+__all__ = ["JobResult", "LaunchError", "LocalJob", "main"]
 
 
 class LaunchError(ValueError):
@@ -65,15 +71,15 @@ class _Node:
 class LocalJob:
     """A local elastic job. Use as a context manager: leaving it always reaps every process.
 
-    Runs the reference trainer (``cfg``) or any other training command (``command`` plus
-    ``run_dir``) under the same agents; a command is started by torchrun without ``python``
-    and finds its run directory in ``FAULTLAB_RUN_DIR``.
+    ``command`` is the job's whole command line (``["python", "train.py", ...]``), started by
+    every node's torchrun agent as given (``--no-python``) in ``nproc_per_node`` workers.
     """
 
-    cfg: TrainConfig | None = None
-    command: list[str] | None = None
-    """A user's trainer, e.g. ``["python", "train.py"]``, instead of the reference trainer."""
-    run_dir_: Path | None = None
+    command: list[str]
+    """The trainer's command line, e.g. ``[sys.executable, "-m", "reference_trainer.train"]``."""
+    run_dir: Path
+    """The job's run directory: ``logs/`` and ``launch.json`` go here, and every worker gets it
+    as ``FAULTLAB_RUN_DIR``."""
     nodes: int = 2
     procs_per_node: int = 1
     min_nodes: int | None = None
@@ -96,14 +102,10 @@ class LocalJob:
                           init=False)
 
     def __post_init__(self) -> None:
-        if (self.cfg is None) == (self.command is None):
-            raise LaunchError("give exactly one of cfg (the reference trainer) or command")
-        if self.cfg is not None:
-            self.run_dir_ = self.cfg.run_dir
-        elif self.run_dir_ is None:
-            raise LaunchError("a command target needs run_dir_")
-        elif not self.command:
+        self.command = [str(a) for a in (self.command or [])]
+        if not self.command:
             raise LaunchError("command: empty; give the trainer's command line")
+        self.run_dir = Path(self.run_dir)
         if self.min_nodes is None:
             self.min_nodes = self.nodes
         if self.nodes < 1:
@@ -117,11 +119,11 @@ class LocalJob:
             raise LaunchError(f"--max-restarts: {self.max_restarts!r} must be >= 0")
         if self.last_call_timeout_s < 0:
             raise LaunchError(f"--rdzv-last-call-s: {self.last_call_timeout_s!r} must be >= 0")
-        if self.cfg is not None and self.cfg.global_batch < self.nodes * self.procs_per_node:
-            raise LaunchError(
-                f"--global-batch: {self.cfg.global_batch!r} is smaller than the world size "
-                f"({self.nodes} nodes x {self.procs_per_node} procs): some rank would get no "
-                f"samples")
+
+    @property
+    def world_size(self) -> int:
+        """The world size the job starts with."""
+        return self.nodes * self.procs_per_node
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -131,14 +133,7 @@ class LocalJob:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    @property
-    def run_dir(self) -> Path:
-        assert self.run_dir_ is not None
-        return self.run_dir_
-
     def start(self) -> LocalJob:
-        if self.cfg is not None:
-            preflight(self.cfg)
         self._t0 = time.monotonic()
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -171,7 +166,7 @@ class LocalJob:
         self._node(node)
         self._killed.add(node)
 
-    # -- what a job whose nodes are not local processes changes (faultlab's DockerJob) --------
+    # -- what a job whose nodes are not local processes changes (the docker target's job) -----
 
     def _store_host(self) -> str:
         """The address the rendezvous store listens on, as the nodes reach it."""
@@ -206,7 +201,7 @@ class LocalJob:
             return f"127.0.0.1:{port}", ""
         port_file = self.run_dir / "logs" / f"rdzv-store-{uuid.uuid4().hex[:8]}.port"
         self._store = subprocess.Popen(
-            [sys.executable, "-m", "reference_trainer.rdzv_store", "--host", host,
+            [sys.executable, "-m", "faultlab.targets.rdzv_store", "--host", host,
              "--port-file", str(port_file)],
             stdout=subprocess.DEVNULL, stderr=open(self.run_dir / "logs" / "rdzv-store.log", "ab"),
             start_new_session=True,
@@ -261,7 +256,8 @@ class LocalJob:
 
     def agent_argv(self, endpoint: str, conf: str, local_addr: str) -> list[str]:
         """A node's agent command line after the interpreter (``-m ...``)."""
-        agent = "torch.distributed.run" if self.torchrun_defaults else "reference_trainer.agent"
+        agent = "torch.distributed.run" if self.torchrun_defaults else \
+            "faultlab.targets.torchrun_agent"
         cmd = ["-m", agent,
                "--nnodes", f"{self.min_nodes}:{self.nodes}",
                "--nproc-per-node", str(self.procs_per_node),
@@ -271,12 +267,7 @@ class LocalJob:
                "--local-addr", local_addr]
         if conf:
             cmd += ["--rdzv-conf", conf, "--monitor-interval", "0.1"]
-        if self.cfg is not None:
-            cmd += ["-m", "reference_trainer.train", *_train_argv(self.cfg)]
-        else:
-            assert self.command is not None
-            cmd += ["--no-python", *self.command]
-        return cmd
+        return [*cmd, "--no-python", *self.command]
 
     def _launch_info(self, endpoint: str) -> dict[str, object]:
         return {
@@ -357,13 +348,13 @@ class LocalJob:
         for n in self._nodes:
             procs += process_tree(n.popen.pid)
         for p in procs:  # a SIGSTOPped worker must run to act on SIGTERM
-            _send(p, signal.SIGCONT)
+            send_signal(p, signal.SIGCONT)
         for n in self._nodes:
             if n.popen.poll() is None:
-                _send_pid(n.popen.pid, signal.SIGTERM)  # the agent stops its own workers
+                send_pid(n.popen.pid, signal.SIGTERM)  # the agent stops its own workers
         _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
         for p in alive:
-            _send(p, signal.SIGKILL)
+            send_signal(p, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)
         for n in self._nodes:
             try:
@@ -398,125 +389,62 @@ def _spawner() -> ThreadPoolExecutor:
     return _SPAWNER
 
 
-def pid_alive(pid: int) -> bool:
-    """Is ``pid`` a live process (not gone, not an unreaped zombie)?"""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr and exit code 2 (no usage dump)."""
 
-
-def process_tree(pid: int) -> list[psutil.Process]:
-    """A process and all its descendants (empty if it is gone, or an unreaped zombie)."""
-    try:
-        root = psutil.Process(pid)
-        if root.status() == psutil.STATUS_ZOMBIE:
-            return []
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _send(p: psutil.Process, sig: int) -> None:
-    try:
-        p.send_signal(sig)
-    except psutil.Error:
-        pass
-
-
-def _send_pid(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def signal_tree(pid: int, sig: int) -> list[int]:
-    """Signal a process and all its descendants, snapshotting the tree first."""
-    procs = process_tree(pid)
-    for p in procs:
-        _send(p, sig)
-    return [p.pid for p in procs]
-
-
-def preflight(cfg: TrainConfig) -> None:
-    """Refuse to launch into a run directory the trainer could not use (no crash loop)."""
-    ckpt = cfg.run_dir / "checkpoints"
-    for path in (cfg.run_dir, ckpt, cfg.run_dir / "events"):
-        if path.exists() and not path.is_dir():
-            raise LaunchError(f"--run-dir: {str(path)!r} exists and is not a directory")
-    try:
-        for sub in ("events", "checkpoints", "logs"):
-            (cfg.run_dir / sub).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LaunchError(f"--run-dir: cannot create {str(cfg.run_dir)!r}: {e.strerror}") from None
-    if not os.access(ckpt, os.R_OK | os.W_OK | os.X_OK):
-        raise LaunchError(f"--run-dir: checkpoint directory {str(ckpt)!r} is not readable and "
-                          f"writable by this user")
-    try:
-        candidates = list_checkpoints(ckpt)
-    except OSError as e:
-        raise LaunchError(f"--run-dir: cannot list {str(ckpt)!r}: {e.strerror}") from None
-    if candidates and cfg.on_no_valid_checkpoint == "fail":
-        # The same full check the ranks make (newest first, stop at the first valid one): if
-        # it fails here, every restart of every rank would fail the same way.
-        reasons = []
-        for _step, path in candidates:
-            reason = verify_checkpoint(path)
-            if reason is None:
-                return
-            reasons.append(reason)
-        raise LaunchError(
-            f"--run-dir: no usable checkpoint in {str(ckpt)!r} ({'; '.join(reasons)}); pass "
-            f"--on-no-valid-checkpoint scratch to start over, or use a new --run-dir")
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from reference_trainer.train import _OneLineParser
-
-    p = _OneLineParser(prog="python -m reference_trainer.launch",
-                       description=__doc__.splitlines()[0],
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("launch")
-    g.add_argument("--run-dir", type=Path, required=True, help="where events, checkpoints and "
-                   "logs go; launching again with the same directory resumes")
-    g.add_argument("--nodes", type=int, default=2, help="torchrun agents to start (default 2)")
-    g.add_argument("--procs-per-node", type=int, default=1, help="workers per node (default 1)")
-    g.add_argument("--min-nodes", type=int, default=None,
+    p = _OneLineParser(
+        prog="faultlab launch", description=__doc__.splitlines()[0],
+        usage="faultlab launch [options] --run-dir DIR -- COMMAND [ARG ...]")
+    p.add_argument("--run-dir", type=Path, required=True, help="where events, checkpoints and "
+                   "logs go (the job finds it in FAULTLAB_RUN_DIR); the same directory resumes")
+    p.add_argument("--nodes", type=int, default=2, help="torchrun agents to start (default 2)")
+    p.add_argument("--procs-per-node", type=int, default=1, help="workers per node (default 1)")
+    p.add_argument("--min-nodes", type=int, default=None,
                    help="fewest nodes the job runs on after losing some (default: --nodes)")
-    g.add_argument("--max-restarts", type=int, default=3, help="worker-group restarts allowed")
-    g.add_argument("--rdzv-last-call-s", type=int, default=1, help="after --min-nodes joined, "
+    p.add_argument("--max-restarts", type=int, default=3, help="worker-group restarts allowed")
+    p.add_argument("--rdzv-last-call-s", type=int, default=1, help="after --min-nodes joined, "
                    "wait this long for the others (torchrun's default: 30)")
-    g.add_argument("--torchrun-defaults", action="store_true",
+    p.add_argument("--torchrun-defaults", action="store_true",
                    help="plain torchrun: agent-hosted store, default timeouts (for comparison)")
-    g.add_argument("--timeout-s", type=float, default=None, help="stop the job after this long")
-    add_train_args(p)
+    p.add_argument("--timeout-s", type=float, default=None, help="stop the job after this long")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``faultlab launch``: run a command as a local elastic job until it ends. Exit codes: 0
+    every counted node exited 0, 1 otherwise, 2 bad arguments, 124 timeout, 130 interrupted."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    own, sep, command = _split_command(argv)
+    args = parser.parse_args(own)
+    if not sep or not command:
+        parser.error("give the job's command after --, e.g. -- python train.py")
     try:
-        cfg = config_from_args(args, args.run_dir)
-        job = LocalJob(cfg=cfg, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                       min_nodes=args.min_nodes, max_restarts=args.max_restarts,
-                       last_call_timeout_s=args.rdzv_last_call_s,
+        job = LocalJob(command=command, run_dir=args.run_dir, nodes=args.nodes,
+                       procs_per_node=args.procs_per_node, min_nodes=args.min_nodes,
+                       max_restarts=args.max_restarts, last_call_timeout_s=args.rdzv_last_call_s,
                        torchrun_defaults=args.torchrun_defaults)
-        preflight(cfg)
-    except (ConfigError, LaunchError) as e:
-        parser.error(f"argument {e}" if isinstance(e, ConfigError) else str(e))
+    except LaunchError as e:
+        parser.error(str(e))
         return 2
 
     def on_term(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
-    print(f"launching {args.nodes} node(s) x {args.procs_per_node} proc(s) in {cfg.run_dir}",
+    print(f"launching {args.nodes} node(s) x {args.procs_per_node} proc(s) in {args.run_dir}",
           flush=True)
     try:
         with job:
             result = job.wait(timeout_s=args.timeout_s)
+    except LaunchError as e:
+        print(f"faultlab launch: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: every process of the job was stopped", file=sys.stderr)
         return 130
@@ -526,6 +454,14 @@ def main(argv: list[str] | None = None) -> int:
     codes = ", ".join(f"{k}={v}" for k, v in result.returncodes.items())
     print(f"job {'finished' if result.ok else 'FAILED'} in {result.wall_s:.1f} s ({codes})")
     return 0 if result.ok else 1
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], bool, list[str]]:
+    """``faultlab launch``'s own flags, whether ``--`` was given, and the job's command."""
+    if "--" not in argv:
+        return argv, False, []
+    i = argv.index("--")
+    return argv[:i], True, argv[i + 1:]
 
 
 if __name__ == "__main__":

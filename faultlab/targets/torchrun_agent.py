@@ -7,7 +7,7 @@ torch/distributed/elastic/rendezvous/dynamic_rendezvous.py. After a failure ever
 agent re-joins, and those seconds add straight to the job's recovery time (measured here: the
 re-rendezvous of two agents took 1.3-2.0 s; with these two changes, about 0.1 s). Polling a
 TCPStore ten times a second from a handful of agents costs nothing. Everything else is
-``torch.distributed.run`` unchanged: ``python -m reference_trainer.agent --help``.
+``torch.distributed.run`` unchanged: ``python -m faultlab.targets.torchrun_agent --help``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""The SLAs: for every key an experiment may state under ``expect``, the metric it is judged
+against and how (an upper bound, a lower bound, or an expected truth value).
+
+The spec's ``Expect`` model says which keys exist and what values they take; this table says
+what each one means. It has one entry per ``Expect`` field, in the same order (a test keeps
+the two in step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["SLAS", "SLA_KINDS", "Sla"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sla:
+    """How one ``expect`` key is judged against a measured metric."""
+
+    key: str
+    """The key under ``expect``."""
+    metric: str
+    """Name of the measured metric (faultlab.observe)."""
+    kind: Literal["max", "min", "bool"]
+    """``max``: measured <= bound; ``min``: measured >= bound; ``bool``: measured == expected."""
+    description: str
+
+    def holds(self, measured: float | bool, bound: float | bool) -> bool:
+        if self.kind == "max":
+            return measured <= bound
+        if self.kind == "min":
+            return measured >= bound
+        return bool(measured) == bool(bound)
+
+
+SLAS: dict[str, Sla] = {s.key: s for s in [
+    Sla(key="completes", metric="completes", kind="bool",
+        description="the job reached run.steps and exited cleanly"),
+    Sla(key="max_restarts", metric="restarts", kind="max",
+        description="restarts of the job (torchrun restarts of the worker group)"),
+    Sla(key="detection_latency_s", metric="detection_latency_s", kind="max",
+        description="fault injected → first sign the job noticed"),
+    Sla(key="resume_time_s", metric="resume_time_s", kind="max",
+        description="fault injected → first completed step after the job came back"),
+    Sla(key="recovery_time_s", metric="recovery_time_s", kind="max",
+        description="fault injected → the job is back at its highest step before the fault"),
+    Sla(key="lost_steps", metric="lost_steps", kind="max",
+        description="highest step before the fault − step it resumed from"),
+    Sla(key="goodput", metric="goodput", kind="min",
+        description="useful step time ÷ wall time over the run"),
+    Sla(key="bitwise_equal_to_golden", metric="bitwise_equal_to_golden", kind="bool",
+        description="final digest equals the fault-free golden run's"),
+    Sla(key="samples_exactly_once", metric="samples_exactly_once", kind="bool",
+        description="every sample was trained on exactly once"),
+    Sla(key="corrupt_checkpoint_never_loaded", metric="corrupt_checkpoint_never_loaded",
+        kind="bool", description="no checkpoint damaged by a storage fault was loaded"),
+    Sla(key="emergency_checkpoint_before_deadline",
+        metric="emergency_checkpoint_before_deadline", kind="bool",
+        description="after a preemption notice, an emergency checkpoint was committed before "
+                    "the termination deadline"),
+    Sla(key="emergency_checkpoint_s", metric="emergency_checkpoint_s", kind="max",
+        description="preemption notice → emergency checkpoint committed"),
+    Sla(key="checkpoints_all_finite", metric="checkpoints_all_finite", kind="bool",
+        description="every checkpoint the job left holds only finite values (read back after "
+                    "the run)"),
+    Sla(key="straggler_detected_within_s", metric="straggler_detected_within_s", kind="max",
+        description="a rank slowed down → the trainer names it in an anomaly"),
+    Sla(key="max_slowdown", metric="slowdown", kind="max",
+        description="median step time while a slowing fault is in force ÷ the median before "
+                    "it"),
+]}
+"""Every SLA an experiment may state under ``expect``; add a field to
+``faultlab.spec.Expect`` and an entry here to add one."""
+
+SLA_KINDS: dict[str, Literal["max", "min", "bool"]] = {k: s.kind for k, s in SLAS.items()}
+"""``expect`` key → comparison kind."""

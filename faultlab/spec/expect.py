@@ -1,0 +1,56 @@
+"""The ``expect`` section: the service-level assertions an experiment states.
+
+The spec validates each key's type and range. How a key is judged against a measured metric
+(which metric, which comparison) is decided by ``faultlab.judge``, whose SLA table has one
+entry per field here, in the same order (a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from faultlab.spec._base import SpecModel
+
+__all__ = ["Expect"]
+
+
+class Expect(SpecModel):
+    """Service-level assertions judged after the run; unset keys are not judged."""
+
+    completes: bool | None = None
+    """The job must (true) or must not (false) reach run.steps."""
+    max_restarts: int | None = Field(default=None, ge=0)
+    """At most this many restarts."""
+    detection_latency_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds."""
+    resume_time_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds."""
+    recovery_time_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds."""
+    lost_steps: int | None = Field(default=None, ge=0)
+    """Upper bound, steps."""
+    goodput: float | None = Field(default=None, gt=0, le=1)
+    """Lower bound, a fraction in (0, 1]."""
+    bitwise_equal_to_golden: bool | None = None
+    """Final state bitwise equal (or not) to the fault-free golden run's."""
+    samples_exactly_once: bool | None = None
+    """Every sample trained on exactly once (or not)."""
+    corrupt_checkpoint_never_loaded: bool | None = None
+    """No checkpoint a storage fault damaged was ever loaded (or, if false, one was)."""
+    emergency_checkpoint_before_deadline: bool | None = None
+    """After a preemption notice, an emergency checkpoint was (or was not) committed before
+    the deadline."""
+    emergency_checkpoint_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds from the notice to the committed emergency checkpoint."""
+    checkpoints_all_finite: bool | None = None
+    """Every checkpoint left in the job's folder holds (or not) only finite values; keep them
+    all with ``target.overrides.keep_checkpoints`` to cover every checkpoint ever saved."""
+    straggler_detected_within_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds from slowing a rank down to the trainer naming it."""
+    max_slowdown: float | None = Field(default=None, gt=0)
+    """Upper bound on the slowdown a slowing fault causes (step time during ÷ before)."""
+
+    def items(self) -> list[tuple[str, bool | int | float]]:
+        """``(key, bound)`` for every key that is set, in the order of the fields above."""
+        return [(k, getattr(self, k)) for k in type(self).model_fields
+                if getattr(self, k) is not None]
