@@ -22,13 +22,14 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import faultlab
+from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.errors import TargetError
 from faultlab.observe import compute_metrics
 from faultlab.spec import Experiment
@@ -45,6 +46,10 @@ class GoldenRun:
     wall_s: float
     run_dir: str
     cached: bool
+    tensors: dict[str, str] = field(default_factory=dict)
+    """Tensor name → SHA-256 of the final checkpoint (a job that writes no final_digest)."""
+    not_measured: str | None = None
+    """Why ``digest`` is None (a job that saved no final checkpoint)."""
 
 
 def code_version(exp: Experiment) -> str:
@@ -97,7 +102,9 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
             data = json.loads(entry.read_text())
             return GoldenRun(key=key, digest=data["digest"],
                              losses={int(k): v for k, v in data["losses"].items()},
-                             wall_s=data["wall_s"], run_dir=data["run_dir"], cached=True)
+                             wall_s=data["wall_s"], run_dir=data["run_dir"], cached=True,
+                             tensors=data.get("tensors") or {},
+                             not_measured=data.get("not_measured"))
         run_dir = cache_dir / key
         shutil.rmtree(run_dir, ignore_errors=True)
         target = LocalTarget(exp.model_copy(update={"faults": []}), run_dir)
@@ -112,16 +119,27 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
         finally:
             target.stop()
         target.stream.poll()
+        foreign = None
+        if exp.target.command:  # a user's trainer: judged by exit codes and its checkpoint
+            foreign = complete_events(run_dir, target.stream.events)
+            target.stream.poll()
         metrics = compute_metrics(target.stream.events, [])
-        if not metrics.completes or metrics.final_digest is None:
+        result = target.result()
+        failed = not result.ok if foreign is not None else \
+            not metrics.completes or metrics.final_digest is None
+        if failed:
             raise TargetError(f"the golden run of {exp.name!r} failed (exit codes "
-                              f"{target.result().returncodes}); logs in {run_dir / 'logs'}")
+                              f"{result.returncodes}); logs in {run_dir / 'logs'}")
         losses = {e["step"]: e["loss"] for e in target.stream.events
-                  if e["kind"] == "step" and e["rank"] == 0}
+                  if e["kind"] == "step" and e["rank"] == 0 and "loss" in e}
+        losses = losses or log_losses(exp, run_dir)
         data: dict[str, Any] = {"digest": metrics.final_digest, "losses": losses,
-                                "wall_s": time.monotonic() - t0, "run_dir": str(run_dir)}
+                                "wall_s": time.monotonic() - t0, "run_dir": str(run_dir),
+                                "tensors": foreign.tensors if foreign else {},
+                                "not_measured": foreign.not_measured if foreign else None}
         tmp = entry.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, entry)
         return GoldenRun(key=key, digest=data["digest"], losses=losses, wall_s=data["wall_s"],
-                         run_dir=str(run_dir), cached=False)
+                         run_dir=str(run_dir), cached=False, tensors=data["tensors"],
+                         not_measured=data["not_measured"])

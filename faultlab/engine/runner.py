@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.engine.checkpoints import scan_checkpoints
+from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.engine.golden import GoldenRun, golden_run
 from faultlab.engine.runtime_plan import RuntimeSetup
 from faultlab.engine.triggers import TriggerState
@@ -253,8 +254,14 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             view.stop()
 
     events = []
+    final_state = None
+    losses: dict[int, float] = {}
     if target is not None:
         target.stream.poll()
+        if exp.target.command:  # a user's trainer: its final state is its last checkpoint
+            final_state = complete_events(job_dir, target.stream.events)
+            target.stream.poll()
+            losses = log_losses(exp, job_dir)
         events = target.stream.events
     metrics = compute_metrics(events, records)
     scan = None
@@ -262,7 +269,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         view.note("reading every checkpoint back")
         scan = scan_checkpoints(job_dir / "checkpoints")
         metrics.checkpoints_all_finite = scan.all_finite
-    slas = judge(exp, metrics, golden, timed_out=timed_out or interrupted, faults=records)
+    slas = judge(exp, metrics, golden, timed_out=timed_out or interrupted, faults=records,
+                 events=events, final_state=final_state)
     verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"
     journal = {
         "verdict": verdict,
@@ -279,6 +287,9 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "exit_codes": target.result().returncodes if target else {},
                 "command": target.describe() if target else None,
                 "checkpoint_scan": scan.to_dict() if scan else None,
+                "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
+                                      if k != "tensors"} if final_state else None),
+                "log_losses": losses or None,
                 "stopped_after_completion": lingering},
         "environment": environment(),
     }

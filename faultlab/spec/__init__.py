@@ -18,6 +18,7 @@ from faultlab.spec.loader import (
     parse_experiment,
 )
 from faultlab.spec.model import Experiment, Suite
+from faultlab.spec.observation import ObserveSpec
 from faultlab.spec.schedule import arrival_times_s, describe_schedule, resolve_selector
 from faultlab.spec.target import RunSpec, TargetSpec, Topology
 
@@ -28,6 +29,7 @@ __all__ = [
     "Expect",
     "Experiment",
     "FaultSpec",
+    "ObserveSpec",
     "Plan",
     "PlannedSuite",
     "RunSpec",

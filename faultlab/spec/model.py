@@ -23,6 +23,7 @@ from faultlab.spec._base import SpecModel, as_tuple, located, slug_name, spec_er
 from faultlab.spec._trainer import check_train_config
 from faultlab.spec.expect import Expect
 from faultlab.spec.faults import FaultSpec, Selector, Trigger
+from faultlab.spec.observation import ObserveSpec
 from faultlab.spec.target import RunSpec, TargetSpec, Topology
 from faultlab.spec.trainers import get_trainer
 
@@ -49,6 +50,8 @@ class Experiment(SpecModel):
     """The faults to inject, in any order (each has its own trigger)."""
     expect: Expect = Expect()
     """SLAs judged after the run."""
+    observe: ObserveSpec = ObserveSpec()
+    """What faultlab reads from the job's output beside its events (``log_pattern``)."""
 
     @field_validator("name")
     @classmethod

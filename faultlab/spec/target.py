@@ -9,6 +9,8 @@ document's, in ``faultlab.spec.model``.
 from __future__ import annotations
 
 import shlex
+import shutil
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -90,6 +92,24 @@ class TargetSpec(SpecModel):
                 raise ValueError(f"cannot split {show(value)} into arguments: {e}; write "
                                  f"it as a list instead") from None
         return as_tuple(value)
+
+    @field_validator("command")
+    @classmethod
+    def _command_found(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        # Every rank would fail the same way, restart after restart: refuse it here.
+        if not value:
+            return value
+        exe = value[0]
+        if shutil.which(exe) is None:
+            raise ValueError(f"{show(exe)} is not found: not on PATH, and no executable file "
+                             f"of that name (relative paths start from the directory faultlab "
+                             f"runs in, {show(str(Path.cwd()))})")
+        script = value[1] if len(value) > 1 else ""
+        if Path(exe).name.startswith("python") and script.endswith(".py") and \
+                not Path(script).is_file():
+            raise ValueError(f"{show(script)}: no such file (relative paths start from the "
+                             f"directory faultlab runs in, {show(str(Path.cwd()))})")
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> TargetSpec:

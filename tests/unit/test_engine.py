@@ -165,6 +165,49 @@ def test_judge_fails_a_different_digest_a_timeout_and_a_fault_that_never_fired()
         "completes: measured False, required == True (timed out after 100 s)"
 
 
+def test_judge_notes_name_the_first_differing_tensor_and_the_loaded_damage() -> None:
+    """A job judged by its final checkpoint (level 0): the note says which tensor differs
+    first, and which damaged checkpoint was loaded at which step."""
+    from faultlab.observe.final_state import FinalState
+
+    exp = exp_with("  - {id: rot, type: ckpt_bitflip, target: all, trigger: {at_step: 2}}\n",
+                   "  bitwise_equal_to_golden: true\n  corrupt_checkpoint_never_loaded: true\n")
+    ckpt = "/ckpt/step_2"
+    rot = FaultRecord(id="rot", type="ckpt_bitflip", injected_t=2.5, details={
+        "checkpoints": [ckpt], "flips": [{"file": "/ckpt/step_2/__0_0.distcp", "offset": 77,
+                                          "bit": 3}]})
+    events = [*_run_events("xyz"), {"kind": "checkpoint_loaded", "rank": 0, "path": ckpt,
+                                    "step": 2, "t": 3.0, "pid": 2}]
+    golden = GoldenRun(key="k", digest="abc", losses={}, wall_s=1.0, run_dir="", cached=True,
+                       tensors={"model.a": "1", "model.b": "2"})
+    ours = FinalState(digest="xyz", tensors={"model.a": "1", "model.b": "3"})
+    slas = {s.name: s for s in judge(exp, compute_metrics(events, [rot]), golden,
+                                      timed_out=False, faults=[rot], events=events,
+                                      final_state=ours)}
+    assert slas["bitwise_equal_to_golden"].note == "first differing tensor: model.b"
+    loaded = slas["corrupt_checkpoint_never_loaded"]
+    assert not loaded.passed and loaded.note == (
+        "rank 0 loaded /ckpt/step_2 (step 2) after rot (ckpt_bitflip) damaged "
+        "/ckpt/step_2/__0_0.distcp at offset 77, and trained on")
+
+
+def test_judge_says_why_the_bitwise_verdict_was_not_measured() -> None:
+    from faultlab.observe.final_state import NO_FINAL_CHECKPOINT, FinalState
+
+    exp = exp_with(KILL, "  bitwise_equal_to_golden: true\n  completes: true\n")
+    events = [e for e in _run_events() if e["kind"] != "final_digest"]
+    slas = {s.name: s for s in judge(exp, compute_metrics(events, INJECTED), GOLDEN,
+                                      timed_out=False, faults=INJECTED, events=events,
+                                      final_state=FinalState(not_measured=NO_FINAL_CHECKPOINT))}
+    bitwise = slas["bitwise_equal_to_golden"]
+    assert bitwise.measured is None and not bitwise.passed
+    assert bitwise.note == f"not measured: {NO_FINAL_CHECKPOINT} (this run)"
+    stuck = {s.name: s for s in judge(exp, compute_metrics(events[:1], []), GOLDEN,
+                                       timed_out=True, faults=[])}
+    assert stuck["completes"].note == \
+        "timed out after 100 s without reaching a single step (see the nodes' logs)"
+
+
 def test_golden_key_ignores_operational_overrides_only() -> None:
     def exp(overrides: str) -> Any:
         return parse_experiment(BASE.replace("preset: tiny}", f"preset: tiny, overrides: "

@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "faults": {"errors", "spec", "runtime", "metadata", "targets"},
     "targets": {"errors", "spec", "observe", "runtime"},
     "metadata": {"errors"},
-    "observe": {"errors", "runtime"},
+    "observe": {"errors", "spec", "runtime"},
     "judge": {"errors", "spec", "observe"},
     "engine": {"errors", "spec", "faults", "targets", "runtime", "observe", "judge", "report",
                "metadata"},

@@ -154,7 +154,10 @@ def test_the_model_round_trips_through_python() -> None:
     assert Experiment.model_validate(dumped) == exp
 
 
-def test_command_target_as_a_list_or_a_shell_string() -> None:
+def test_command_target_as_a_list_or_a_shell_string(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
     listed = parse_experiment('name: c\ntarget: {command: ["python", "t.py", "--x=1 2"]}\n')
     split = parse_experiment("name: c\ntarget: {command: \"python t.py '--x=1 2'\"}\n")
     assert listed.target.command == split.target.command == ("python", "t.py", "--x=1 2")
@@ -178,7 +181,7 @@ def test_all_is_the_public_api() -> None:
     # ("@py_builtins" and friends: pytest rewrites the asserts of the whole faultlab
     # distribution, since it ships a pytest11 plugin.)
     public = {n for n in vars(spec) if not n.startswith(("_", "@"))} - {
-        "loader", "model", "schedule", "target", "faults", "expect", "trainers"}
+        "loader", "model", "schedule", "target", "faults", "expect", "trainers", "observation"}
     assert set(spec.__all__) == public
     assert {"load_document", "load_experiments", "parse_experiment", "Experiment", "Suite",
             "FaultSpec", "Selector", "Trigger", "Expect", "Topology", "RunSpec",
@@ -234,7 +237,7 @@ def test_all_problems_are_reported_at_once_sorted_by_line() -> None:
      (2, "topolgy", "unknown key 'topolgy'; did you mean 'topology'?")),
     ("name: t\nzzz: 1\n",
      (2, "zzz", "unknown key 'zzz'; valid keys: name, description, seed, topology, run, "
-                "target, faults, expect")),
+                "target, faults, expect, observe")),
     (doc("- {type: rank_kill, target: {rank: 1}, tigger: {at_step: 2}, trigger: {at_step: 2}}"),
      (5, "faults[0].tigger", "unknown key 'tigger'; did you mean 'trigger'?")),
     (doc(KILL, topology="topology: {nodes: 2, procs_per_nod: 1}"),
@@ -438,15 +441,29 @@ def test_names_are_slugs() -> None:
     ("{command: \"python 'unclosed\"}", 2, "target.command",
      "cannot split \"python 'unclosed\" into arguments: No closing quotation; write it as a "
      "list instead"),
-    ("{command: [t.py], trainer: reference}", 2, "target.command",
+    ("{command: [sleep, '1'], trainer: reference}", 2, "target.command",
      "set either trainer (the bundled reference trainer) or command (your own), not both"),
-    ("{command: [t.py], preset: tiny}", 2, "target.preset",
+    ("{command: [sleep, '1'], preset: tiny}", 2, "target.preset",
      "preset applies to the reference trainer only; pass your trainer's own flags in "
      "command"),
     ("{overrides: {1: 2}}", 2, "target.overrides[1]", "keys must be strings, got 1"),
 ])
 def test_target_problems(target: str, line: int, path: str, message: str) -> None:
     assert one_problem(f"name: t\ntarget: {target}\n") == (line, path, message)
+
+
+@pytest.mark.parametrize("target,message", [
+    ("{command: [no-such-trainer-xyz, --steps, '3']}",
+     "'no-such-trainer-xyz' is not found: not on PATH, and no executable file of that name "
+     "(relative paths start from the directory faultlab runs in, "),
+    ("{command: [python, no_such_train.py]}",
+     "'no_such_train.py': no such file (relative paths start from the directory faultlab "
+     "runs in, "),
+])
+def test_a_command_that_cannot_start_is_refused_at_load(target: str, message: str) -> None:
+    # every rank would fail the same way, restart after restart
+    line, path, text = one_problem(f"name: t\ntarget: {target}\n")
+    assert (line, path) == (2, "target.command") and text.startswith(message), text
 
 
 # ----------------------------------------------------------------- document-level
@@ -456,10 +473,10 @@ def test_target_problems(target: str, line: int, path: str, message: str) -> Non
     ("", 1, "the document is empty; an experiment needs at least a name"),
     ("# only a comment\n\n", 1, "the document is empty; an experiment needs at least a name"),
     ("- name: t\n", 1, "expected a mapping with keys name, description, seed, topology, run, "
-                       "target, faults, expect (or a suite: name, description, suite), got "
+                       "target, faults, expect, observe (or a suite: name, description, suite), got "
                        "[{'name': 't'}]"),
     ("just text\n", 1, "expected a mapping with keys name, description, seed, topology, run, "
-                       "target, faults, expect (or a suite: name, description, suite), got "
+                       "target, faults, expect, observe (or a suite: name, description, suite), got "
                        "'just text'"),
     ("name: t\nfaults: [\n", 3, "invalid YAML: while parsing a flow node expected the node "
                                 "content, but found '<stream end>'"),

@@ -1,0 +1,86 @@
+"""The final state of a job read back from its last checkpoint, for jobs that write no digest.
+
+A trainer at integration level 2 (the reference trainer) emits ``final_digest`` itself: the
+SHA-256 of every tensor of its full model and optimizer state. A trainer at level 0 or 1 does
+not, so faultlab reads the job's *final checkpoint* back after the run — the newest one its
+``checkpoint_saved`` records name (the runtime agent sees every DCP or ``torch.save`` save) —
+without a process group, as whole logical tensors (``faultlab.runtime.dcp``), and hashes it
+tensor by tensor. The result does not depend on the world size that wrote it.
+
+A checkpoint counts as final only if it was saved at or after the job's last step; otherwise
+the bitwise verdict is *not measured*, with the reason, never guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FinalState", "final_checkpoint_state", "first_difference"]
+
+NO_FINAL_CHECKPOINT = ("the job saved no final checkpoint; add a save at the end or use level 1 "
+                       "(faultlab.runtime.attach)")
+
+
+@dataclass(slots=True)
+class FinalState:
+    """The digest of a job's final checkpoint, or why there is none."""
+
+    digest: str | None = None
+    """SHA-256 over every tensor's name and hash (None: not measured)."""
+    path: str | None = None
+    """The checkpoint read back."""
+    step: int | None = None
+    tensors: dict[str, str] = field(default_factory=dict)
+    """Tensor name → SHA-256 of its dtype, shape and bytes."""
+    not_measured: str | None = None
+    """Why there is no digest."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def final_checkpoint_state(events: Iterable[Mapping[str, Any]]) -> FinalState:
+    """Read back the newest checkpoint the job reported and hash it (see the module doc)."""
+    from faultlab.runtime.dcp import read_checkpoint, state_digests
+
+    records = [e for e in events if isinstance(e.get("t"), int | float)]
+    last_step = max((s for e in records if e.get("kind") == "step"
+                     and (s := _int(e.get("step"))) is not None), default=None)
+    saves = [e for e in records if e.get("kind") == "checkpoint_saved"
+             and isinstance(e.get("path"), str)]
+    if not saves:
+        return FinalState(not_measured=NO_FINAL_CHECKPOINT)
+    newest = max(saves, key=lambda e: (_int(e.get("step")) or -1, float(e["t"])))
+    step = _int(newest.get("step"))
+    if last_step is not None and step is not None and step < last_step:
+        return FinalState(path=newest["path"], step=step,
+                          not_measured=f"{NO_FINAL_CHECKPOINT} (its last checkpoint is of "
+                                       f"step {step}, its last step {last_step})")
+    path = Path(newest["path"])
+    try:
+        tensors = state_digests(read_checkpoint(path))
+    except ValueError as e:
+        return FinalState(path=str(path), step=step, not_measured=str(e))
+    overall = hashlib.sha256("".join(f"{k}={v}\n" for k, v in tensors.items()).encode())
+    return FinalState(digest=overall.hexdigest(), path=str(path), step=step, tensors=tensors)
+
+
+def first_difference(ours: Mapping[str, str], golden: Mapping[str, str]) -> str | None:
+    """The first tensor (in name order) whose hash differs, or that only one side has; None if
+    the two are equal."""
+    for name in sorted(set(ours) | set(golden)):
+        if name not in golden:
+            return f"{name} (not in the golden run's checkpoint)"
+        if name not in ours:
+            return f"{name} (missing from this run's checkpoint)"
+        if ours[name] != golden[name]:
+            return name
+    return None

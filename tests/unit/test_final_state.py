@@ -1,0 +1,68 @@
+"""Reading a job's final checkpoint back without a process group (faultlab.observe.final_state)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from faultlab.observe.final_state import (
+    NO_FINAL_CHECKPOINT,
+    final_checkpoint_state,
+    first_difference,
+)
+
+
+def _state(seed: int = 0) -> dict[str, object]:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(4, 3, generator=g), "b": torch.zeros(3)},
+            "optim": {"state": {"0": {"step": torch.tensor(7.0)}},
+                      "param_groups": [{"lr": 0.1, "params": ["w", "b"]}]}}
+
+
+def _events(path: Path, step: int, last_step: int) -> list[dict[str, object]]:
+    steps = range(1, last_step + 1)
+    return [*({"t": float(s), "kind": "step", "step": s, "rank": 0} for s in steps),
+            {"t": 100.0, "kind": "checkpoint_saved", "step": step, "path": str(path), "rank": 0}]
+
+
+def test_a_dcp_directory_and_a_torch_save_file_hash_alike(tmp_path: Path) -> None:
+    with warnings.catch_warnings():  # without a process group DCP warns it saves alone
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(_state(), checkpoint_id=str(tmp_path / "dcp"))
+    torch.save(_state(), tmp_path / "final.pt")
+    a = final_checkpoint_state(_events(tmp_path / "dcp", 10, 10))
+    b = final_checkpoint_state(_events(tmp_path / "final.pt", 10, 10))
+    assert a.digest is not None and a.not_measured is None and a.step == 10
+    assert "model.w" in a.tensors and "optim.param_groups.0.lr" in a.tensors
+    assert a.tensors["model.w"] == b.tensors["model.w"]
+
+
+def test_the_first_differing_tensor_is_named(tmp_path: Path) -> None:
+    torch.save(_state(0), tmp_path / "a.pt")
+    other = _state(0)
+    other["model"]["b"] = torch.ones(3)  # type: ignore[index]
+    torch.save(other, tmp_path / "b.pt")
+    a = final_checkpoint_state(_events(tmp_path / "a.pt", 5, 5))
+    b = final_checkpoint_state(_events(tmp_path / "b.pt", 5, 5))
+    assert a.digest != b.digest
+    assert first_difference(a.tensors, b.tensors) == "model.b"
+    assert first_difference(a.tensors, dict(a.tensors)) is None
+
+
+def test_no_final_checkpoint_is_not_measured_with_the_reason(tmp_path: Path) -> None:
+    torch.save(_state(), tmp_path / "mid.pt")
+    early = final_checkpoint_state(_events(tmp_path / "mid.pt", 5, 9))
+    assert early.digest is None and early.not_measured is not None
+    assert early.not_measured.startswith(NO_FINAL_CHECKPOINT)
+    assert "step 5" in early.not_measured and "last step 9" in early.not_measured
+    none = final_checkpoint_state([{"t": 1.0, "kind": "step", "step": 1}])
+    assert none.not_measured == NO_FINAL_CHECKPOINT
+
+
+def test_a_damaged_checkpoint_is_an_answer_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    state = final_checkpoint_state(_events(tmp_path / "bad.pt", 3, 3))
+    assert state.digest is None and "cannot read it" in (state.not_measured or "")
