@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from faultlab.metadata import MetadataServer  # noqa: E402
+from faultlab.runtime.events import read_events  # noqa: E402
 from faultlab.targets.launcher import LocalJob  # noqa: E402
 from reference_trainer.config import TrainConfig  # noqa: E402
-from reference_trainer.events import read_events  # noqa: E402
 from reference_trainer.plugin import command  # noqa: E402
 
 

@@ -5,8 +5,8 @@
     python benchmarks/bench_trainer.py --only throughput checkpoint --out results.json
 
 Every job is a ``faultlab.targets.launcher.LocalJob`` in a fresh temporary run directory; every
-number comes from the trainer's own event records (``reference_trainer/events.py``), read after
-(or, for the fault sections, while) the job runs. The sections:
+number comes from the trainer's own event records (written with ``faultlab.runtime.events``),
+read after (or, for the fault sections, while) the job runs. The sections:
 
 throughput
     Training steps/s of the ``tiny`` and ``small`` presets at 1, 2 and 4 ranks, all on one
@@ -78,9 +78,9 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from _table import print_table  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 
+from faultlab.runtime.events import read_events  # noqa: E402
 from faultlab.targets.launcher import JobResult, LocalJob  # noqa: E402
 from reference_trainer.config import PRESETS, TrainConfig  # noqa: E402
-from reference_trainer.events import read_events  # noqa: E402
 from reference_trainer.plugin import command  # noqa: E402
 
 Event = dict[str, Any]

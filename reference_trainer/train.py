@@ -15,10 +15,10 @@ Each rank:
    checkpoint of the last completed step and leaves (exit code 5, see preemption.py);
 6. at the end, hashes the full unsharded state into ``final_digest``.
 
-Every milestone is an event (reference_trainer/events.py). The only part of faultlab a rank
-uses is its runtime agent (``faultlab.runtime``: attach once, tell it each step), through which
-in-rank faults strike — a NaN gradient, a slow or stuck collective; outside faultlab it does
-nothing.
+Every milestone is an event, written with faultlab's public emitter (faultlab.runtime.events,
+integration level 2). The rest of faultlab a rank uses is its runtime agent
+(``faultlab.runtime``: attach once, tell it each step), through which in-rank faults strike — a
+NaN gradient, a slow or stuck collective; outside faultlab both do nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from faultlab import runtime as faultlab_runtime
+from faultlab.runtime.events import EventLog
 from reference_trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -58,7 +59,6 @@ from reference_trainer.config import (
 )
 from reference_trainer.data import GlobalBatchSampler, MarkovTokens
 from reference_trainer.digest import state_digest
-from reference_trainer.events import EventLog
 from reference_trainer.health import (
     EXIT_CODES,
     SlowStepTracker,

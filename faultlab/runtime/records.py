@@ -11,16 +11,15 @@ made filesystem-safe plus a hash of the exact id, the rank, and ``step{n}`` or `
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import socket
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from faultlab.runtime.events import EventLog
 
 __all__ = ["EventFile", "FiredMarkers", "Identity"]
 
@@ -49,32 +48,14 @@ class Identity:
                    node=env.get("FAULTLAB_NODE") or socket.gethostname(), pid=os.getpid())
 
 
-class EventFile:
+class EventFile(EventLog):
     """The agent's own event file when the trainer gives no emitter (opened on first use)."""
 
     def __init__(self, ident: Identity) -> None:
-        self.path = ident.run_dir / "events" / (
-            f"{ident.node}-rank{ident.rank}-restart{ident.restart}-pid{ident.pid}-runtime.jsonl")
-        self.base = {"rank": ident.rank, "world_size": ident.world_size, "pid": ident.pid,
-                     "restart": ident.restart, "node": ident.node}
-        self._lock = threading.Lock()
-        self._file: Any = None
-
-    def emit(self, kind: str, **fields: Any) -> None:
-        line = json.dumps({"t": time.time(), "kind": kind, **self.base, **fields},
-                          separators=(",", ":"), default=str) + "\n"
-        with self._lock:
-            if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-            self._file.write(line)
-            self._file.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+        super().__init__(ident.run_dir / "events", rank=ident.rank,
+                         world_size=ident.world_size, node=ident.node, restart=ident.restart,
+                         suffix="-runtime")
+        self.base["pid"] = ident.pid
 
 
 class FiredMarkers:

@@ -20,9 +20,9 @@ import pytest
 from scenarios import JOB_TIMEOUT_S, Outcome, Scenario, explain, run_scenario
 
 from faultlab.engine.golden import golden_run
+from faultlab.runtime.events import read_events
 from faultlab.spec import experiment_from_dict
 from faultlab.targets.launcher import JobResult, LocalJob
-from reference_trainer.events import read_events
 from reference_trainer.plugin import command
 
 

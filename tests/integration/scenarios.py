@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlab.runtime.events import read_events
 from faultlab.targets.launcher import JobResult, LocalJob
 from reference_trainer.config import TrainConfig
-from reference_trainer.events import read_events
 from reference_trainer.plugin import command
 
 JOB_TIMEOUT_S = 240

@@ -19,9 +19,9 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from faultlab.metadata import MetadataServer
+from faultlab.runtime.events import read_events
 from faultlab.targets.launcher import LocalJob
 from reference_trainer.config import TrainConfig
-from reference_trainer.events import read_events
 from reference_trainer.plugin import command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

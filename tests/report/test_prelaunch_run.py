@@ -21,8 +21,8 @@ import pytest
 
 from faultlab.observe.phases import PHASES
 from faultlab.report.prelaunch import REPORT_FILES
+from faultlab.runtime.events import read_events
 from faultlab.testing import assert_no_job_processes
-from reference_trainer.events import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,4 +1,4 @@
-"""reference_trainer.events: the per-process JSON-lines event log and its reader."""
+"""faultlab.runtime.events: the per-process JSON-lines event log and its reader."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from reference_trainer.events import EventLog, read_events
+import pytest
+
+from faultlab.runtime.events import RECORD_KINDS, EventLog, read_events
 
 PROTOCOL_FIELDS = {"t", "kind", "rank", "world_size", "pid", "restart", "node"}
 
@@ -113,3 +115,27 @@ def test_emit_from_many_threads_keeps_lines_whole(tmp_path: Path) -> None:
     assert len(records) == 400
     for k in range(4):
         assert [r["i"] for r in records if r["thread"] == k] == list(range(100))
+
+
+def test_from_env_is_the_emitter_of_a_rank_faultlab_launched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FAULTLAB_RUN_DIR", raising=False)
+    assert EventLog.from_env() is None  # outside faultlab: nothing to write to
+    monkeypatch.setenv("FAULTLAB_RUN_DIR", str(tmp_path))
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RESTART_COUNT": "2",
+                        "FAULTLAB_NODE": "node1"}.items():
+        monkeypatch.setenv(name, value)
+    log = EventLog.from_env()
+    assert log is not None and not log.path.exists()  # opened on the first record
+    log.emit("start", resumed_from_step=0)
+    log.close()
+    [record] = read_events(tmp_path / "events")
+    assert log.path.name == f"node1-rank3-restart2-pid{os.getpid()}.jsonl"
+    assert {k: record[k] for k in ("kind", "rank", "world_size", "restart", "node")} == \
+        {"kind": "start", "rank": 3, "world_size": 4, "restart": 2, "node": "node1"}
+
+
+def test_every_record_kind_faultlab_reads_is_documented() -> None:
+    from faultlab.spec import EVENT_KINDS
+
+    assert set(EVENT_KINDS) <= set(RECORD_KINDS)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.observe import EventStream
-from reference_trainer.events import EventLog
+from faultlab.runtime.events import EventLog
 
 
 def line(t: float, kind: str = "step", **fields: Any) -> str:

@@ -480,4 +480,4 @@ def test_importing_the_runtime_pulls_in_no_other_faultlab_module_nor_torch() -> 
                          check=True).stdout
     assert json.loads(out) == sorted(["faultlab", "faultlab.runtime", *(
         f"faultlab.runtime.{m}" for m in ("agent", "client", "collective", "control", "records",
-                                          "interposer", "plan"))])
+                                          "events", "interposer", "plan"))])

@@ -473,11 +473,11 @@ def test_a_command_that_cannot_start_is_refused_at_load(target: str, message: st
     ("", 1, "the document is empty; an experiment needs at least a name"),
     ("# only a comment\n\n", 1, "the document is empty; an experiment needs at least a name"),
     ("- name: t\n", 1, "expected a mapping with keys name, description, seed, topology, run, "
-                       "target, faults, expect, observe (or a suite: name, description, suite), got "
-                       "[{'name': 't'}]"),
+                       "target, faults, expect, observe (or a suite: name, description, "
+                       "suite), got [{'name': 't'}]"),
     ("just text\n", 1, "expected a mapping with keys name, description, seed, topology, run, "
-                       "target, faults, expect, observe (or a suite: name, description, suite), got "
-                       "'just text'"),
+                       "target, faults, expect, observe (or a suite: name, description, "
+                       "suite), got 'just text'"),
     ("name: t\nfaults: [\n", 3, "invalid YAML: while parsing a flow node expected the node "
                                 "content, but found '<stream end>'"),
     ("name: t\n  seed: 1\n", 2, "invalid YAML: mapping values are not allowed here"),
