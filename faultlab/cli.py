@@ -2,6 +2,7 @@
 
     faultlab run EXPERIMENT... [--report-dir DIR] [--seed N] [--dry-run] [--golden-cache DIR]
     faultlab launch [--nodes N] [--min-nodes M] ... --run-dir DIR -- COMMAND...
+    faultlab init --name NAME [--out FILE] -- [torchrun FLAGS] train.py ARGS...
     faultlab validate EXPERIMENT...
     faultlab list faults
     faultlab report RUN_DIR        (a suite's folder: rebuilds report.json, .md and .html)
@@ -54,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="validate and print the schedule; inject nothing")
     run.add_argument("--golden-cache", type=Path, default=None,
                      help="golden-run cache (default: REPORT_DIR/.golden)")
+    sub.add_parser("init", add_help=False,
+                   help="write a starter experiment for your trainer from one fault-free run: "
+                        "faultlab init --name NAME -- torchrun ... train.py ...")
     sub.add_parser("launch", add_help=False,
                    help="run any command as a local elastic job (torchrun agents, own store): "
                         "faultlab launch --help")
@@ -122,6 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         from faultlab.targets.launcher import main as launch_main
 
         return launch_main(argv[1:])
+    if argv[:1] == ["init"]:
+        from faultlab.engine.starter import main as init_main
+
+        console = Console(highlight=False, soft_wrap=True)
+        try:
+            return init_main(argv[1:], console)
+        except FaultlabError as e:
+            Console(stderr=True, highlight=False, soft_wrap=True).print(
+                f"faultlab init: error: {escape(str(e))}")
+            return EXIT_INVALID
     args = _parser().parse_args(argv)
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -34,8 +34,10 @@ class TargetSpec(SpecModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     """The trainer's settings by config field name, e.g. ``global_batch: 12``."""
     command: Annotated[tuple[str, ...], Field(min_length=1)] | None = None
-    """Your trainer's command (a list, or a string split like a shell would), run under
-    torchrun by faultlab; it must emit the event protocol."""
+    """Your trainer's command (a list, or a string split like a shell would), run unchanged
+    under torchrun by faultlab, which observes it through its runtime agent (level 0).
+    ``{run_dir}`` in an argument stands for each launch's own run directory (``--ckpt-dir
+    {run_dir}/checkpoints``), so the golden run and the experiment never share checkpoints."""
 
     @model_validator(mode="before")
     @classmethod

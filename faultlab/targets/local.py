@@ -10,6 +10,7 @@ tree is ever signalled.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from faultlab.spec.trainers import get_trainer
 from faultlab.targets.base import JobContext
 from faultlab.targets.launcher import JobResult, LaunchError, LocalJob
 
-__all__ = ["LocalTarget", "job_command", "train_config"]
+__all__ = ["RUN_DIR_PLACEHOLDER", "LocalTarget", "job_command", "train_config"]
 
 _DEVICE_FOR_BACKEND = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
 
@@ -41,11 +42,29 @@ def train_config(exp: Experiment, run_dir: Path) -> Any:
         raise TargetError(f"target.overrides: {e}") from None
 
 
+RUN_DIR_PLACEHOLDER = "{run_dir}"
+"""In ``target.command``, stands for the run directory of each launch (the golden run's and the
+experiment's differ), e.g. ``--ckpt-dir {run_dir}/checkpoints``: runs never share checkpoints."""
+
+
+def bootstrap_env() -> dict[str, str]:
+    """What puts faultlab's runtime agent into every rank of a trainer that does not import
+    faultlab (level 0): its ``sitecustomize`` first on the import path, switched on for the
+    ranks of this launch only (``faultlab.runtime.bootstrap``)."""
+    import faultlab.runtime
+
+    bootstrap = Path(faultlab.runtime.__file__).resolve().parent / "bootstrap"
+    path = os.pathsep.join(p for p in (str(bootstrap), os.environ.get("PYTHONPATH", "")) if p)
+    return {"FAULTLAB_BOOTSTRAP": "1", "PYTHONPATH": path}
+
+
 def job_command(exp: Experiment, run_dir: Path) -> list[str]:
-    """One rank's command line: the user's ``target.command``, or the registered trainer's,
-    after its preflight (a launch that could only crash-loop is refused here)."""
+    """One rank's command line: the user's ``target.command`` (``{run_dir}`` replaced by this
+    launch's run directory), or the registered trainer's, after its preflight (a launch that
+    could only crash-loop is refused here)."""
     if exp.target.command:
-        return list(exp.target.command)
+        return [arg.replace(RUN_DIR_PLACEHOLDER, str(run_dir.resolve()))
+                for arg in exp.target.command]
     assert exp.target.trainer is not None
     trainer = get_trainer(exp.target.trainer)
     cfg = train_config(exp, run_dir)
@@ -71,7 +90,8 @@ class LocalTarget(JobContext):
             self.job = self.job_class(
                 command=job_command(exp, run_dir), run_dir=run_dir, nodes=topo.nodes,
                 procs_per_node=topo.procs_per_node, min_nodes=topo.min_nodes,
-                max_restarts=topo.max_restarts, node_env=node_env or {})
+                max_restarts=topo.max_restarts, node_env=node_env or {},
+                env=bootstrap_env() if exp.target.command else {})
         except LaunchError as e:
             raise TargetError(str(e)) from None
         self.stream = EventStream(run_dir / "events")

@@ -1,0 +1,304 @@
+"""``faultlab init``: from "I have a trainer" to "I have a chaos test" in one command.
+
+    faultlab init --name my_job -- torchrun --nnodes 2 --nproc-per-node 1 train.py --steps 40
+
+It reads the torchrun flags (nodes, ranks per node, restarts), runs the command once without
+faults under faultlab (level 0: the trainer is not changed), and writes a starter experiment
+from what it measured: the topology, the checkpoint directory the trainer used (an argument
+naming it becomes ``{run_dir}/...``, so that runs never share checkpoints), a ``rank_kill``
+after the first checkpoint, and SLAs set from the measured start-up, step and checkpoint times
+plus headroom. It prints what it measured and where the experiment is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from faultlab.errors import FaultlabError, InvalidExperimentError
+from faultlab.spec import experiment_from_dict
+
+__all__ = ["InitError", "Measured", "TorchrunArgs", "parse_torchrun", "starter_document"]
+
+# A loss line as most trainers print it: "step 12 loss 2.3", "step=12, loss=2.3", "[12] loss:".
+_LOSS_GUESSES = (
+    r"step[\s:=#]*(?P<step>\d+)\b.*?\bloss[\s:=]*(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))",
+)
+
+
+class InitError(FaultlabError):
+    """The command cannot be turned into an experiment; the message says why."""
+
+
+@dataclass
+class TorchrunArgs:
+    """What ``faultlab init`` takes from a torchrun command line."""
+
+    nodes: int = 1
+    min_nodes: int | None = None
+    procs_per_node: int = 1
+    max_restarts: int = 3
+    command: list[str] = field(default_factory=list)
+    """The rank's command as faultlab's launcher runs it (interpreter included)."""
+
+
+def _int_flag(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InitError(f"{name}: expected an integer, got {value!r}") from None
+
+
+def parse_torchrun(argv: list[str]) -> TorchrunArgs:
+    """``[torchrun | python -m torch.distributed.run] [flags] script.py|-m module [args]``, or
+    a plain ``python train.py ...``; unknown torchrun flags (rendezvous, logs) are dropped: the
+    launcher sets its own."""
+    args = list(argv)
+    if not args:
+        raise InitError("give the training command after --, e.g. -- torchrun "
+                        "--nproc-per-node 2 train.py")
+    out = TorchrunArgs()
+    if Path(args[0]).name.startswith("python") and args[1:3] == ["-m", "torch.distributed.run"]:
+        args = args[3:]
+    elif Path(args[0]).name == "torchrun":
+        args = args[1:]
+    elif Path(args[0]).name.startswith("python") or not args[0].startswith("-"):
+        out.command = [sys.executable if Path(args[0]).name.startswith("python") else args[0],
+                       *args[1:]]
+        return out
+    no_python, module = False, False
+    while args and args[0].startswith("-"):
+        flag = args.pop(0)
+        name, eq, inline = flag.partition("=")
+        norm = name.replace("_", "-")
+        takes_value = norm not in ("--standalone", "--no-python", "--run-path", "-m",
+                                   "--module")
+        value = inline if eq else (args.pop(0) if takes_value and args else "")
+        if norm == "--nnodes":
+            low, _, high = value.partition(":")
+            out.nodes = _int_flag("--nnodes", high or low)
+            out.min_nodes = _int_flag("--nnodes", low) if high else None
+        elif norm == "--nproc-per-node":
+            if not value.isdigit():
+                raise InitError(f"--nproc-per-node: give a number of ranks per node, got "
+                                f"{value!r} (faultlab runs on CPU/gloo without a GPU)")
+            out.procs_per_node = int(value)
+        elif norm == "--max-restarts":
+            out.max_restarts = _int_flag("--max-restarts", value)
+        elif norm == "--no-python":
+            no_python = True
+        elif norm in ("-m", "--module"):
+            module = True
+    if not args:
+        raise InitError("no training script after the torchrun flags")
+    if no_python:
+        out.command = args
+    elif module:
+        out.command = [sys.executable, "-m", *args]
+    else:
+        out.command = [sys.executable, *args]
+    return out
+
+
+@dataclass
+class Measured:
+    """What the fault-free run showed."""
+
+    ok: bool
+    wall_s: float
+    steps: int
+    startup_s: float | None
+    step_time_s: float | None
+    checkpoint_steps: list[int]
+    checkpoint_paths: list[str]
+    checkpoint_s: float | None
+    final_checkpoint: bool
+    loss_pattern: str | None
+    step_source: str | None
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        parents = {str(Path(p).parent) for p in self.checkpoint_paths}
+        return parents.pop() if len(parents) == 1 else None
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        gaps = [b - a for a, b in zip(self.checkpoint_steps, self.checkpoint_steps[1:],
+                                      strict=False) if b > a]
+        return min(gaps) if gaps else (self.checkpoint_steps[0] if self.checkpoint_steps
+                                       else None)
+
+
+def measure(events: list[dict[str, Any]], logs: list[Path], ok: bool,
+            wall_s: float) -> Measured:
+    """Read the fault-free run's events and logs."""
+    steps = [e for e in events if e.get("kind") == "step" and e.get("rank") == 0]
+    starts = [e for e in events if e.get("kind") == "start"]
+    saves = [e for e in events if e.get("kind") == "checkpoint_saved"]
+    t0 = min((float(e["t"]) for e in events), default=0.0)
+    first_step = min((float(e["t"]) for e in steps), default=None)
+    times = [float(e["step_time_s"]) for e in steps[1:] if isinstance(e.get("step_time_s"),
+                                                                       int | float)]
+    last_step = max((int(e["step"]) for e in steps), default=0)
+    ckpt_steps = sorted({int(e["step"]) for e in saves if isinstance(e.get("step"), int)})
+    text = "\n".join(p.read_text(errors="replace") for p in logs if p.is_file())
+    pattern = next((g for g in _LOSS_GUESSES
+                    if re.search(g, text, flags=re.IGNORECASE | re.MULTILINE)), None)
+    return Measured(
+        ok=ok, wall_s=wall_s, steps=last_step,
+        startup_s=None if first_step is None or not starts else first_step - t0,
+        step_time_s=statistics.median(times) if times else None,
+        checkpoint_steps=ckpt_steps,
+        checkpoint_paths=[str(e["path"]) for e in saves if isinstance(e.get("path"), str)],
+        checkpoint_s=max((float(e["seconds"]) for e in saves
+                          if isinstance(e.get("seconds"), int | float)), default=None),
+        final_checkpoint=bool(ckpt_steps) and ckpt_steps[-1] >= last_step > 0,
+        loss_pattern=f"(?i){pattern}" if pattern else None,
+        step_source=next((str(e["step_source"]) for e in steps if e.get("step_source")),
+                         None))
+
+
+def _with_run_dir(command: list[str], ckpt_dir: str | None) -> tuple[list[str], bool]:
+    """Replace an argument that names the checkpoint directory by ``{run_dir}/checkpoints``."""
+    if ckpt_dir is None:
+        return command, False
+    real = os.path.realpath(ckpt_dir)
+    out, replaced = [], False
+    for arg in command:
+        name, eq, value = arg.partition("=")
+        target = value if eq else arg
+        if target and os.path.realpath(target) == real:
+            out.append(f"{name}={{run_dir}}/checkpoints" if eq else "{run_dir}/checkpoints")
+            replaced = True
+        else:
+            out.append(arg)
+    return out, replaced
+
+
+def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]:
+    """The starter experiment for what ``m`` measured (validated before it is returned)."""
+    if not m.ok:
+        raise InitError("the fault-free run failed; fix the command first (see the logs)")
+    if m.steps < 2:
+        raise InitError(f"the fault-free run reached step {m.steps}: faultlab saw no optimizer "
+                        f"steps (does the trainer step a torch.optim optimizer?)")
+    command, replaced = _with_run_dir(tr.command, m.checkpoint_dir)
+    step_s = m.step_time_s or 1.0
+    startup_s = m.startup_s or 10.0
+    every = m.checkpoint_every or max(1, m.steps // 4)
+    first_ckpt = m.checkpoint_steps[0] if m.checkpoint_steps else every
+    kill_at = min(m.steps - 1, first_ckpt + max(1, every // 2))
+    # Headroom: a restart pays the start-up again, then replays at most one interval.
+    resume_s = math.ceil(2 * startup_s + 10)
+    recovery_s = math.ceil(resume_s + 2 * every * step_s + 5)
+    doc: dict[str, Any] = {
+        "name": name,
+        "description": f"{name}: a rank killed after the first checkpoint must restart, "
+                       f"resume from that checkpoint and finish (written by faultlab init)",
+        "topology": {"nodes": tr.nodes, "procs_per_node": tr.procs_per_node,
+                     "max_restarts": max(1, tr.max_restarts)},
+        "run": {"steps": m.steps, "checkpoint_every": every,
+                "timeout_s": math.ceil(3 * m.wall_s + 60)},
+        "target": {"command": command},
+        "faults": [{"id": "kill", "type": "rank_kill",
+                    "target": {"rank": tr.nodes * tr.procs_per_node - 1},
+                    "trigger": {"at_step": kill_at}}],
+        "expect": {"completes": True, "max_restarts": max(1, tr.max_restarts),
+                   "resume_time_s": resume_s, "recovery_time_s": recovery_s,
+                   "lost_steps": every},
+    }
+    if tr.min_nodes is not None:
+        doc["topology"]["min_nodes"] = tr.min_nodes
+    if m.final_checkpoint and replaced:
+        doc["expect"]["bitwise_equal_to_golden"] = True
+    if m.loss_pattern:
+        doc["observe"] = {"log_pattern": m.loss_pattern}
+    try:
+        experiment_from_dict(doc)
+    except InvalidExperimentError as e:  # our own output must load; say so if it does not
+        raise InitError(f"the starter experiment does not validate: {e}") from None
+    return doc
+
+
+def render(doc: dict[str, Any], tr: TorchrunArgs, m: Measured, argv: list[str]) -> str:
+    """The YAML file, headed by what it is for and the exact command that wrote it."""
+    lines = [f"# {doc['name']}: a starter chaos experiment for your trainer, written by",
+             f"#   faultlab init --name {doc['name']} -- {shlex.join(argv)}",
+             f"# Measured in the fault-free run: {m.steps} steps in {m.wall_s:.1f} s, start-up "
+             f"{_s(m.startup_s)}, a step {_s(m.step_time_s)}, checkpoints at steps "
+             f"{m.checkpoint_steps or 'none'} ({_s(m.checkpoint_s)} each).",
+             "# SLAs are those values plus headroom: tighten them to what you need.",
+             f"# Run it: faultlab run {doc['name']}.yaml"]
+    if m.checkpoint_dir and "{run_dir}" not in " ".join(doc["target"]["command"]):
+        lines.append(f"# NOTE: the trainer wrote checkpoints to {m.checkpoint_dir}, which no "
+                     f"argument names: every run would share them. Give the trainer a flag for "
+                     f"it and pass {{run_dir}}/checkpoints.")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=100)
+
+
+def _s(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
+def main(argv: list[str], console: Any) -> int:
+    """``faultlab init [--name N] [--out FILE] [--timeout-s S] -- COMMAND``; returns the exit
+    code (0 written, 1 the fault-free run failed, 2 bad input)."""
+    import argparse
+
+    from faultlab.engine.runner import run_experiment
+    from faultlab.runtime.events import read_events
+
+    own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    parser = argparse.ArgumentParser(prog="faultlab init", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, help="the experiment's name")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write it (default: NAME.yaml here)")
+    parser.add_argument("--report-dir", type=Path, default=Path("reports"),
+                        help="where the fault-free run's folder goes (default: reports/)")
+    parser.add_argument("--timeout-s", type=float, default=900.0,
+                        help="stop the fault-free run after this long (default 900)")
+    args = parser.parse_args(own)
+    tr = parse_torchrun(command)
+    out = args.out or Path(f"{args.name}.yaml")
+    probe = experiment_from_dict({
+        "name": args.name, "target": {"command": tr.command},
+        "topology": {"nodes": tr.nodes, "procs_per_node": tr.procs_per_node,
+                     "max_restarts": tr.max_restarts},
+        "run": {"timeout_s": args.timeout_s}, "expect": {"completes": True}})
+    console.print(f"fault-free run of: {shlex.join(tr.command)} "
+                  f"({tr.nodes} node(s) x {tr.procs_per_node} rank(s))")
+    result = run_experiment(probe, report_dir=args.report_dir)
+    job_dir = result.run_folder / "job"
+    events = read_events(job_dir / "events")
+    ok = result.error is None and not result.timed_out and bool(
+        [s for s in result.slas if s.name == "completes" and s.passed])
+    wall = max((float(e["t"]) for e in events), default=0.0) - \
+        min((float(e["t"]) for e in events), default=0.0)
+    measured = measure(events, sorted((job_dir / "logs").glob("node*.log")), ok, wall)
+    for label, value in (("steps", measured.steps), ("wall", _s(measured.wall_s)),
+                         ("start-up to the first step", _s(measured.startup_s)),
+                         ("median step", _s(measured.step_time_s)),
+                         ("step number from", measured.step_source or "n/a"),
+                         ("checkpoints at steps", measured.checkpoint_steps or "none"),
+                         ("checkpoint directory", measured.checkpoint_dir or "n/a"),
+                         ("slowest checkpoint save", _s(measured.checkpoint_s)),
+                         ("final checkpoint", "yes" if measured.final_checkpoint else "no"),
+                         ("loss in the log", measured.loss_pattern or "not found")):
+        console.print(f"  {label}: {value}")
+    if not ok:
+        console.print(f"the fault-free run did not complete; see {job_dir / 'logs'}")
+        return 1
+    doc = starter_document(args.name, tr, measured)
+    out.write_text(render(doc, tr, measured, command))
+    console.print(f"wrote {out}: run it with `faultlab run {out}`")
+    return 0

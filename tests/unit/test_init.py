@@ -1,0 +1,79 @@
+"""faultlab init: torchrun flags read, a starter experiment written from measured values."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from faultlab.engine.starter import InitError, measure, parse_torchrun, render, starter_document
+from faultlab.spec import experiment_from_dict
+
+
+@pytest.mark.parametrize("argv,nodes,min_nodes,procs,command", [
+    (["torchrun", "--nnodes", "1:2", "--nproc-per-node=2", "--rdzv-backend", "c10d",
+      "train.py", "--steps", "9"], 2, 1, 2, [sys.executable, "train.py", "--steps", "9"]),
+    (["python", "-m", "torch.distributed.run", "--nproc_per_node", "3", "--standalone", "-m",
+      "pkg.train"], 1, None, 3, [sys.executable, "-m", "pkg.train"]),
+    (["torchrun", "--no-python", "./run.sh", "x"], 1, None, 1, ["./run.sh", "x"]),
+    (["python", "train.py"], 1, None, 1, [sys.executable, "train.py"]),
+])
+def test_torchrun_flags_become_the_topology(argv: list[str], nodes: int, min_nodes: int | None,
+                                            procs: int, command: list[str]) -> None:
+    tr = parse_torchrun(argv)
+    assert (tr.nodes, tr.min_nodes, tr.procs_per_node, tr.command) == \
+        (nodes, min_nodes, procs, command)
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "give the training command after --"),
+    (["torchrun", "--nproc-per-node", "gpu", "t.py"], "--nproc-per-node: give a number"),
+    (["torchrun", "--nnodes", "two", "t.py"], "--nnodes: expected an integer, got 'two'"),
+    (["torchrun", "--nproc-per-node", "2"], "no training script"),
+])
+def test_bad_torchrun_lines_say_why(argv: list[str], message: str) -> None:
+    with pytest.raises(InitError, match=message):
+        parse_torchrun(argv)
+
+
+def _events(ckpt_dir: Path) -> list[dict[str, object]]:
+    ev: list[dict[str, object]] = [{"t": 100.0, "kind": "start", "rank": 0, "pid": 1}]
+    for s in range(1, 13):
+        ev.append({"t": 104.0 + s, "kind": "step", "rank": 0, "step": s, "step_time_s": 1.0,
+                   "step_source": "optimizer_state"})
+        if s % 4 == 0:
+            ev.append({"t": 104.5 + s, "kind": "checkpoint_saved", "rank": 0, "step": s,
+                       "seconds": 0.25, "path": str(ckpt_dir / f"step_{s}")})
+    return ev
+
+
+def test_a_starter_experiment_from_measured_values(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    ckpt = tmp_path / "ckpts"
+    log = tmp_path / "node0.log"
+    log.write_text("step 1 loss 2.5000\nstep 2 loss 2.25\n")
+    m = measure(_events(ckpt), [log], ok=True, wall_s=20.0)
+    assert (m.steps, m.startup_s, m.step_time_s, m.checkpoint_every) == (12, 5.0, 1.0, 4)
+    assert m.checkpoint_dir == str(ckpt) and m.final_checkpoint
+    tr = parse_torchrun(["torchrun", "--nnodes", "2", "train.py", "--ckpt-dir", str(ckpt)])
+    doc = starter_document("mine", tr, m)
+    assert doc["target"]["command"] == [sys.executable, "train.py", "--ckpt-dir",
+                                        "{run_dir}/checkpoints"]
+    assert doc["faults"][0]["trigger"] == {"at_step": 6} and doc["faults"][0]["target"] == \
+        {"rank": 1}
+    assert doc["expect"]["bitwise_equal_to_golden"] is True
+    assert doc["expect"]["resume_time_s"] == 20 and doc["expect"]["lost_steps"] == 4
+    text = render(doc, tr, m, ["torchrun", "--nnodes", "2", "train.py"])
+    assert text.startswith("# mine: a starter chaos experiment")
+    loaded = yaml.safe_load(text)
+    assert experiment_from_dict(loaded).observe.log_pattern is not None
+
+
+def test_a_run_without_steps_is_refused_with_the_reason(tmp_path: Path) -> None:
+    m = measure([{"t": 1.0, "kind": "start", "rank": 0}], [], ok=True, wall_s=3.0)
+    with pytest.raises(InitError, match="faultlab saw no optimizer steps"):
+        starter_document("x", parse_torchrun(["python", "t.py"]), m)
