@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,8 @@ class TorchrunArgs:
     procs_per_node: int = 1
     max_restarts: int = 3
     command: list[str] = field(default_factory=list)
-    """The rank's command as faultlab's launcher runs it (interpreter included)."""
+    """The rank's command as faultlab's launcher runs it; ``python`` is the interpreter
+    faultlab runs on, as torchrun would use its own."""
 
 
 def _int_flag(name: str, value: str) -> int:
@@ -72,7 +72,7 @@ def parse_torchrun(argv: list[str]) -> TorchrunArgs:
     elif Path(args[0]).name == "torchrun":
         args = args[1:]
     elif Path(args[0]).name.startswith("python") or not args[0].startswith("-"):
-        out.command = [sys.executable if Path(args[0]).name.startswith("python") else args[0],
+        out.command = ["python" if Path(args[0]).name.startswith("python") else args[0],
                        *args[1:]]
         return out
     no_python, module = False, False
@@ -103,9 +103,9 @@ def parse_torchrun(argv: list[str]) -> TorchrunArgs:
     if no_python:
         out.command = args
     elif module:
-        out.command = [sys.executable, "-m", *args]
+        out.command = ["python", "-m", *args]
     else:
-        out.command = [sys.executable, *args]
+        out.command = ["python", *args]
     return out
 
 
@@ -254,6 +254,8 @@ def main(argv: list[str], console: Any) -> int:
     code (0 written, 1 the fault-free run failed, 2 bad input)."""
     import argparse
 
+    from rich.markup import escape
+
     from faultlab.engine.runner import run_experiment
     from faultlab.runtime.events import read_events
 
@@ -294,7 +296,7 @@ def main(argv: list[str], console: Any) -> int:
                          ("slowest checkpoint save", _s(measured.checkpoint_s)),
                          ("final checkpoint", "yes" if measured.final_checkpoint else "no"),
                          ("loss in the log", measured.loss_pattern or "not found")):
-        console.print(f"  {label}: {value}")
+        console.print(f"  {label}: {escape(str(value))}")
     if not ok:
         console.print(f"the fault-free run did not complete; see {job_dir / 'logs'}")
         return 1

@@ -82,6 +82,11 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             note = _bitwise_note(measured, golden, final_state) or note
         if name == "corrupt_checkpoint_never_loaded" and measured is False:
             note = _loaded_damage(faults, events) or note
+        if name == "detection_latency_s" and measured is None and fired and \
+                not any(f.went_down or f.detection_latency_s is not None
+                        for f in metrics.faults):
+            note = note or "not measured: the job never noticed the fault (no error, restart, " \
+                           "anomaly or exit after it)"
         if measured is None:
             note = note or "not measured: the run ended without the events it needs"
         passed = measured is not None and sla.holds(measured, bound)

@@ -21,7 +21,10 @@ Importing this package imports neither torch nor any other part of faultlab; ``i
 ``attach`` import torch when called. The modules: ``plan`` (what a fault entry may say),
 ``agent`` (fire-once bookkeeping, events), ``interposer`` (wrapping ``torch.distributed``),
 ``collective`` and ``numeric`` (the faults), ``control`` (the listener) and ``client`` (the
-faultlab side of the channel).
+faultlab side of the channel). Level 0 (no code in the trainer at all): ``bootstrap`` (the
+directory faultlab puts first on a rank's ``PYTHONPATH``; its ``sitecustomize`` activates in
+torchrun workers) and ``auto`` (what then follows the trainer through torch's global hooks and
+drives the agent).
 """
 
 from __future__ import annotations

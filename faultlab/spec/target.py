@@ -37,7 +37,8 @@ class TargetSpec(SpecModel):
     """Your trainer's command (a list, or a string split like a shell would), run unchanged
     under torchrun by faultlab, which observes it through its runtime agent (level 0).
     ``{run_dir}`` in an argument stands for each launch's own run directory (``--ckpt-dir
-    {run_dir}/checkpoints``), so the golden run and the experiment never share checkpoints."""
+    {run_dir}/checkpoints``), so the golden run and the experiment never share checkpoints; a
+    bare ``python`` is the interpreter (and virtual environment) faultlab itself runs on."""
 
     @model_validator(mode="before")
     @classmethod
@@ -102,7 +103,7 @@ class TargetSpec(SpecModel):
         if not value:
             return value
         exe = value[0]
-        if shutil.which(exe) is None:
+        if exe not in ("python", "python3") and shutil.which(exe) is None:
             raise ValueError(f"{show(exe)} is not found: not on PATH, and no executable file "
                              f"of that name (relative paths start from the directory faultlab "
                              f"runs in, {show(str(Path.cwd()))})")

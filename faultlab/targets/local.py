@@ -10,12 +10,13 @@ tree is ever signalled.
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
+from faultlab.runtime.bootstrap import bootstrap_env
 from faultlab.spec import Experiment
 from faultlab.spec.trainers import get_trainer
 from faultlab.targets.base import JobContext
@@ -47,24 +48,17 @@ RUN_DIR_PLACEHOLDER = "{run_dir}"
 experiment's differ), e.g. ``--ckpt-dir {run_dir}/checkpoints``: runs never share checkpoints."""
 
 
-def bootstrap_env() -> dict[str, str]:
-    """What puts faultlab's runtime agent into every rank of a trainer that does not import
-    faultlab (level 0): its ``sitecustomize`` first on the import path, switched on for the
-    ranks of this launch only (``faultlab.runtime.bootstrap``)."""
-    import faultlab.runtime
-
-    bootstrap = Path(faultlab.runtime.__file__).resolve().parent / "bootstrap"
-    path = os.pathsep.join(p for p in (str(bootstrap), os.environ.get("PYTHONPATH", "")) if p)
-    return {"FAULTLAB_BOOTSTRAP": "1", "PYTHONPATH": path}
-
-
 def job_command(exp: Experiment, run_dir: Path) -> list[str]:
     """One rank's command line: the user's ``target.command`` (``{run_dir}`` replaced by this
-    launch's run directory), or the registered trainer's, after its preflight (a launch that
-    could only crash-loop is refused here)."""
+    launch's run directory; a bare ``python`` is the interpreter faultlab runs on), or the
+    registered trainer's, after its preflight (a launch that could only crash-loop is refused
+    here)."""
     if exp.target.command:
-        return [arg.replace(RUN_DIR_PLACEHOLDER, str(run_dir.resolve()))
-                for arg in exp.target.command]
+        command = [arg.replace(RUN_DIR_PLACEHOLDER, str(run_dir.resolve()))
+                   for arg in exp.target.command]
+        if command[0] in ("python", "python3"):  # the interpreter (and venv) faultlab runs on
+            command[0] = sys.executable
+        return command
     assert exp.target.trainer is not None
     trainer = get_trainer(exp.target.trainer)
     cfg = train_config(exp, run_dir)
@@ -91,7 +85,7 @@ class LocalTarget(JobContext):
                 command=job_command(exp, run_dir), run_dir=run_dir, nodes=topo.nodes,
                 procs_per_node=topo.procs_per_node, min_nodes=topo.min_nodes,
                 max_restarts=topo.max_restarts, node_env=node_env or {},
-                env=bootstrap_env() if exp.target.command else {})
+                env=bootstrap_env() if exp.target.command else {})  # level 0
         except LaunchError as e:
             raise TargetError(str(e)) from None
         self.stream = EventStream(run_dir / "events")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,11 @@ from faultlab.spec import experiment_from_dict
 
 @pytest.mark.parametrize("argv,nodes,min_nodes,procs,command", [
     (["torchrun", "--nnodes", "1:2", "--nproc-per-node=2", "--rdzv-backend", "c10d",
-      "train.py", "--steps", "9"], 2, 1, 2, [sys.executable, "train.py", "--steps", "9"]),
+      "train.py", "--steps", "9"], 2, 1, 2, ["python", "train.py", "--steps", "9"]),
     (["python", "-m", "torch.distributed.run", "--nproc_per_node", "3", "--standalone", "-m",
-      "pkg.train"], 1, None, 3, [sys.executable, "-m", "pkg.train"]),
+      "pkg.train"], 1, None, 3, ["python", "-m", "pkg.train"]),
     (["torchrun", "--no-python", "./run.sh", "x"], 1, None, 1, ["./run.sh", "x"]),
-    (["python", "train.py"], 1, None, 1, [sys.executable, "train.py"]),
+    (["python", "train.py"], 1, None, 1, ["python", "train.py"]),
 ])
 def test_torchrun_flags_become_the_topology(argv: list[str], nodes: int, min_nodes: int | None,
                                             procs: int, command: list[str]) -> None:
@@ -61,7 +60,7 @@ def test_a_starter_experiment_from_measured_values(tmp_path: Path,
     assert m.checkpoint_dir == str(ckpt) and m.final_checkpoint
     tr = parse_torchrun(["torchrun", "--nnodes", "2", "train.py", "--ckpt-dir", str(ckpt)])
     doc = starter_document("mine", tr, m)
-    assert doc["target"]["command"] == [sys.executable, "train.py", "--ckpt-dir",
+    assert doc["target"]["command"] == ["python", "train.py", "--ckpt-dir",
                                         "{run_dir}/checkpoints"]
     assert doc["faults"][0]["trigger"] == {"at_step": 6} and doc["faults"][0]["target"] == \
         {"rank": 1}

@@ -1,0 +1,169 @@
+"""faultlab's level-0 bootstrap: the runtime agent in a rank whose trainer has no line of faultlab.
+
+faultlab puts this file's directory first on ``PYTHONPATH`` of the ranks it launches, so the
+interpreter runs it at start-up (``site`` imports ``sitecustomize``). It activates only in a
+torchrun *worker* that faultlab launched:
+
+- ``FAULTLAB_RUN_DIR`` set and ``FAULTLAB_BOOTSTRAP=1``;
+- ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set (torchrun's agent has none of the first two, so
+  the agent process, which imports torch too, stays untouched);
+- not a child of an activated worker (a DataLoader worker started with ``spawn``, a subprocess
+  running python): activation writes ``FAULTLAB_BOOTSTRAP_PID`` into the environment, and a
+  process that inherits one naming another pid stays quiet.
+
+It never imports torch (a trainer may set environment variables before it does). It installs a
+post-import hook instead: a ``sys.meta_path`` finder that, for ``torch`` and for
+``torch.distributed.checkpoint`` (and its ``state_dict`` module), wraps the loader's
+``exec_module`` so that ``faultlab.runtime.auto.on_import(module)`` runs right after the module's
+own code. The finder steps out of ``sys.meta_path`` once all of them have been imported.
+
+Then it chains: the next ``sitecustomize`` on ``sys.path`` (a user's, the distribution's) runs as
+if this file were not there. Whatever goes wrong inside the bootstrap is written to stderr as
+one line starting with ``faultlab bootstrap:`` and the user's program goes on.
+
+This file imports only the standard library; it must run under any interpreter faultlab
+starts.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+__all__ = ["HOOKED_MODULES", "PostImportFinder", "chain", "report", "should_activate"]
+
+#: Modules after whose import ``faultlab.runtime.auto.on_import`` runs.
+HOOKED_MODULES = ("torch", "torch.distributed.checkpoint",
+                  "torch.distributed.checkpoint.state_dict")
+_WORKER_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+_PID_KEY = "FAULTLAB_BOOTSTRAP_PID"
+_HERE = os.path.dirname(os.path.realpath(__file__))
+T_BOOTSTRAP = time.time()
+
+
+def report(where: str, error: BaseException) -> None:
+    """One line on stderr; never raises."""
+    try:
+        text = f"{type(error).__name__}: {error}".replace("\n", " | ")
+        sys.stderr.write(f"faultlab bootstrap: {where}: {text}\n")
+        sys.stderr.flush()
+    except Exception:  # a closed stderr must not break the user's program either
+        pass
+
+
+def should_activate(env: Mapping[str, str], pid: int) -> bool:
+    """Whether this process is a torchrun worker that faultlab launched for level 0."""
+    if not env.get("FAULTLAB_RUN_DIR") or env.get("FAULTLAB_BOOTSTRAP") != "1":
+        return False
+    if not all(env.get(k) for k in _WORKER_KEYS):
+        return False  # the torchrun agent, or python started by hand
+    owner = env.get(_PID_KEY)
+    return not owner or owner == str(pid)  # same pid: an exec of the worker itself
+
+
+class PostImportFinder:
+    """A ``sys.meta_path`` finder that runs ``callback(module)`` after each of ``names`` has
+    been executed. It finds nothing itself: it asks the finders after it, then wraps the found
+    loader's ``exec_module`` (on that loader instance only, and only for that one call)."""
+
+    def __init__(self, names: tuple[str, ...],
+                 callback: Callable[[ModuleType], None]) -> None:
+        self.pending = set(names)
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.pending:
+            return None
+        self.pending.discard(fullname)
+        if not self.pending:
+            self.uninstall()
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec  # namespace package or a legacy loader: imported without the hook
+        callback = self.callback
+
+        def exec_then_hook(module: ModuleType) -> None:
+            try:
+                exec_module(module)
+            finally:
+                loader.__dict__.pop("exec_module", None)  # back to the class's method
+            try:
+                callback(module)
+            except Exception as e:
+                report(f"after importing {module.__name__}", e)
+
+        try:
+            loader.exec_module = exec_then_hook  # type: ignore[union-attr]
+        except (AttributeError, TypeError) as e:  # a loader with __slots__
+            report(f"cannot hook the import of {fullname}", e)
+        return spec
+
+    def install(self) -> None:
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def uninstall(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def _on_import(module: ModuleType) -> None:
+    from faultlab.runtime import auto
+
+    auto.on_import(module, t_bootstrap=T_BOOTSTRAP)
+
+
+def chain() -> None:
+    """Run the next ``sitecustomize`` on ``sys.path``: the one this file shadows."""
+    try:
+        here = os.path.normcase(_HERE)
+        rest = [p for p in sys.path
+                if os.path.normcase(os.path.realpath(p or os.curdir)) != here]
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    except Exception as e:
+        report("looking for the next sitecustomize", e)
+        return
+    if spec is None or spec.loader is None:
+        return
+    if spec.origin and os.path.normcase(os.path.dirname(os.path.realpath(spec.origin))) == here:
+        return  # a symlink back to this very file
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module  # the user's module is *the* sitecustomize
+    spec.loader.exec_module(module)
+
+
+def _main() -> None:
+    try:
+        if should_activate(os.environ, os.getpid()):
+            os.environ[_PID_KEY] = str(os.getpid())
+            finder = PostImportFinder(HOOKED_MODULES, _on_import)
+            already = [sys.modules[n] for n in HOOKED_MODULES if n in sys.modules]
+            finder.pending.difference_update(m.__name__ for m in already)
+            if finder.pending:
+                finder.install()
+            for module in already:  # a chained sitecustomize cannot have done it yet; a
+                _on_import(module)  # python -X importtime ... could have
+    except Exception as e:
+        report("activation", e)
+    chain()  # an error in the user's sitecustomize is reported by site, as it would be
+
+
+if __name__ == "sitecustomize":
+    _main()

@@ -1,0 +1,84 @@
+"""The shipped experiments of examples/fsdp2_dcp: a plain FSDP2 + DCP trainer that imports
+nothing of faultlab, broken at integration level 0. Each experiment's real outcome is asserted,
+failures included: where this trainer genuinely fails an SLA (it has no checkpoint integrity
+check, no non-finite check, no watchdog), the failure and its message are the expected result.
+
+One table of scenarios, one runner (faultlab's engine, as ``faultlab run`` uses it); on a
+mismatch the assertion shows the whole SLA table and the job's exit codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from faultlab.engine import run_experiment
+from faultlab.spec import load_experiment
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_dcp" / "experiments"
+
+
+@dataclass(frozen=True)
+class Expected:
+    verdict: str
+    failing: dict[str, str] = field(default_factory=dict)
+    """SLA → a piece of its note that the failure must carry."""
+    measured: dict[str, object] = field(default_factory=dict)
+    """SLA → its exact measured value."""
+
+
+SCENARIOS = {
+    "rank_kill.yaml": Expected("pass", measured={"bitwise_equal_to_golden": True,
+                                                 "max_restarts": 1, "completes": True}),
+    "node_loss.yaml": Expected("pass", measured={"completes": True}),
+    "ckpt_bitflip.yaml": Expected("fail", failing={
+        "corrupt_checkpoint_never_loaded": "(step 8) after rot (ckpt_bitflip) damaged "
+                                           "checkpoints/step_8/"}),
+    "grad_nan.yaml": Expected("fail", failing={
+        "detection_latency_s": "the job never noticed the fault",
+        "bitwise_equal_to_golden": "first differing tensor: model."},
+        measured={"completes": True}),
+    "collective_hang.yaml": Expected("fail", failing={
+        "detection_latency_s": "the job never noticed the fault"},
+        measured={"completes": True}),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Path) -> None:
+    expected = SCENARIOS[name]
+    result = run_experiment(load_experiment(EXPERIMENTS / name), report_dir=tmp_path,
+                            golden_cache=golden_cache)
+    table = "\n".join(s.describe() for s in result.slas) + \
+        f"\nerror: {result.error}\njournal: {result.journal_path}"
+    assert result.verdict == expected.verdict, table
+    slas = {s.name: s for s in result.slas}
+    assert {n for n, s in slas.items() if not s.passed} == set(expected.failing), table
+    for sla, piece in expected.failing.items():
+        assert piece in slas[sla].note, table
+    for sla, value in expected.measured.items():
+        assert slas[sla].measured == value, table
+    assert all(s.passed for n, s in slas.items() if n.startswith("fault_injected")), table
+
+
+@pytest.mark.integration
+def test_init_writes_a_valid_starter_from_one_fault_free_run(tmp_path: Path) -> None:
+    from faultlab.cli import main
+
+    out = tmp_path / "starter.yaml"
+    trainer = EXPERIMENTS.parent / "train.py"
+    code = main(["init", "--name", "starter", "--out", str(out), "--report-dir",
+                 str(tmp_path / "reports"), "--", "torchrun", "--nnodes", "2",
+                 "--nproc-per-node", "1", str(trainer), "--steps", "8", "--ckpt-every", "4",
+                 "--ckpt-dir", str(tmp_path / "ckpts")])
+    assert code == 0 and out.read_text().startswith("# starter: a starter chaos experiment")
+    exp = load_experiment(out)
+    assert exp.target.command == ("python", str(trainer), "--steps", "8", "--ckpt-every", "4",
+                                  "--ckpt-dir", "{run_dir}/checkpoints")
+    assert (exp.topology.nodes, exp.run.steps, exp.run.checkpoint_every) == (2, 8, 4)
+    assert exp.faults[0].type == "rank_kill" and exp.faults[0].trigger.at_step == 6
+    assert exp.expect.bitwise_equal_to_golden is True and exp.observe.log_pattern
