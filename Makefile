@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/bench_runtime.py
+	$(PY) benchmarks/bench_level0.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
