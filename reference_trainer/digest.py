@@ -14,20 +14,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from faultlab.runtime.dcp import tensor_sha256
+from faultlab.runtime.dcp import flatten_state, tensor_sha256
 
 __all__ = ["state_digest", "tensor_sha256"]
-
-
-def _flatten(prefix: str, obj: Any, out: dict[str, Any]) -> None:
-    if isinstance(obj, dict):
-        for k in sorted(obj, key=str):
-            _flatten(f"{prefix}.{k}" if prefix else str(k), obj[k], out)
-    elif isinstance(obj, list | tuple):
-        for i, v in enumerate(obj):
-            _flatten(f"{prefix}.{i}", v, out)
-    else:
-        out[prefix] = obj
 
 
 def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -38,8 +27,8 @@ def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if rank != 0:
         return None
     flat: dict[str, Any] = {}
-    _flatten("model", model_sd, flat)
-    _flatten("optim", optim_sd, flat)
+    flatten_state("model", model_sd, flat)
+    flatten_state("optim", optim_sd, flat)
     tensors: dict[str, str] = {}
     for name, value in flat.items():
         if isinstance(value, torch.Tensor):

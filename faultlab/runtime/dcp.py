@@ -18,8 +18,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SafeReader", "is_dcp_checkpoint", "read_checkpoint", "state_digests",
-           "tensor_sha256"]
+__all__ = ["SafeReader", "flatten_state", "is_dcp_checkpoint", "read_checkpoint",
+           "state_digests", "tensor_sha256"]
 
 # Everything DCP 2.13 writes into ``.metadata``; any other global is refused.
 _DCP_METADATA_GLOBALS = {
@@ -125,13 +125,14 @@ def tensor_sha256(t: Any) -> str:
     return h.hexdigest()
 
 
-def _flatten(prefix: str, obj: Any, out: dict[str, Any]) -> None:
+def flatten_state(prefix: str, obj: Any, out: dict[str, Any]) -> None:
+    """Every leaf of nested dicts and lists into ``out`` by dotted path (keys sorted)."""
     if isinstance(obj, dict):
         for k in sorted(obj, key=str):
-            _flatten(f"{prefix}.{k}" if prefix else str(k), obj[k], out)
+            flatten_state(f"{prefix}.{k}" if prefix else str(k), obj[k], out)
     elif isinstance(obj, list | tuple):
         for i, v in enumerate(obj):
-            _flatten(f"{prefix}.{i}" if prefix else str(i), v, out)
+            flatten_state(f"{prefix}.{i}" if prefix else str(i), v, out)
     else:
         out[prefix] = obj
 
@@ -142,7 +143,7 @@ def state_digests(state: dict[str, Any]) -> dict[str, str]:
     import torch
 
     flat: dict[str, Any] = {}
-    _flatten("", state, flat)
+    flatten_state("", state, flat)
     out: dict[str, str] = {}
     for name, value in flat.items():
         if isinstance(value, torch.Tensor):
