@@ -29,9 +29,8 @@ from faultlab.spec import experiment_from_dict
 __all__ = ["InitError", "Measured", "TorchrunArgs", "parse_torchrun", "starter_document"]
 
 # A loss line as most trainers print it: "step 12 loss 2.3", "step=12, loss=2.3", "[12] loss:".
-_LOSS_GUESSES = (
-    r"step[\s:=#]*(?P<step>\d+)\b.*?\bloss[\s:=]*(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))",
-)
+_LOSS_GUESS = (r"step[\s:=#]*(?P<step>\d+)\b.*?\bloss[\s:=]*"
+               r"(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
 
 
 class InitError(FaultlabError):
@@ -151,8 +150,7 @@ def measure(events: list[dict[str, Any]], logs: list[Path], ok: bool,
     last_step = max((int(e["step"]) for e in steps), default=0)
     ckpt_steps = sorted({int(e["step"]) for e in saves if isinstance(e.get("step"), int)})
     text = "\n".join(p.read_text(errors="replace") for p in logs if p.is_file())
-    pattern = next((g for g in _LOSS_GUESSES
-                    if re.search(g, text, flags=re.IGNORECASE | re.MULTILINE)), None)
+    found = re.search(_LOSS_GUESS, text, flags=re.IGNORECASE | re.MULTILINE)
     return Measured(
         ok=ok, wall_s=wall_s, steps=last_step,
         startup_s=None if first_step is None or not starts else first_step - t0,
@@ -162,7 +160,7 @@ def measure(events: list[dict[str, Any]], logs: list[Path], ok: bool,
         checkpoint_s=max((float(e["seconds"]) for e in saves
                           if isinstance(e.get("seconds"), int | float)), default=None),
         final_checkpoint=bool(ckpt_steps) and ckpt_steps[-1] >= last_step > 0,
-        loss_pattern=f"(?i){pattern}" if pattern else None,
+        loss_pattern=f"(?i){_LOSS_GUESS}" if found else None,
         step_source=next((str(e["step_source"]) for e in steps if e.get("step_source")),
                          None))
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from faultlab.spec.observation import LOG_PATTERN_GROUPS, check_log_pattern
+from faultlab.spec.observation import check_log_pattern
 
-__all__ = ["LOG_PATTERN_GROUPS", "check_log_pattern", "losses_from_logs"]
+__all__ = ["losses_from_logs"]
 
 def losses_from_logs(logs: Iterable[Path], pattern: str) -> dict[int, float]:
     """Step → loss from the lines of ``logs`` that match ``pattern`` (last match wins;

@@ -21,7 +21,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic_core import InitErrorDetails
 
 from faultlab.spec._base import choices, did_you_mean, relocate, show, spec_error
-from faultlab.spec.trainers import TrainerPlugin
+from faultlab.spec.trainers import TrainerPlugin, config_settings
 
 __all__: list[str] = []
 
@@ -80,10 +80,8 @@ def check_overrides(trainer: TrainerPlugin, overrides: dict[str, Any]
 def check_train_config(trainer: TrainerPlugin, *, preset: str, overrides: dict[str, Any],
                        steps: int, checkpoint_every: int, seed: int) -> list[InitErrorDetails]:
     """Build the config the experiment implies; errors located under ``target``."""
-    fields = {f.name for f in dataclasses.fields(trainer.config_class)}
-    settings = {k: v for k, v in dict(preset=preset, steps=steps,
-                                      checkpoint_every=checkpoint_every, seed=seed).items()
-                if k in fields}
+    settings = config_settings(trainer, preset=preset, steps=steps,
+                               checkpoint_every=checkpoint_every, seed=seed)
     try:
         trainer.make_config(Path("."), **settings, **overrides)
     except ValueError as e:

@@ -19,7 +19,11 @@ from faultlab.spec._base import SpecModel, as_tuple, located, show, spec_error, 
 from faultlab.spec._trainer import check_overrides
 from faultlab.spec.trainers import get_trainer, trainers
 
-__all__ = ["RunSpec", "TargetSpec", "Topology"]
+__all__ = ["PYTHON_NAMES", "RunSpec", "TargetSpec", "Topology"]
+
+PYTHON_NAMES = ("python", "python3")
+"""A command starting with one of these runs on the interpreter (and virtual environment)
+faultlab itself runs on."""
 
 
 class TargetSpec(SpecModel):
@@ -103,7 +107,7 @@ class TargetSpec(SpecModel):
         if not value:
             return value
         exe = value[0]
-        if exe not in ("python", "python3") and shutil.which(exe) is None:
+        if exe not in PYTHON_NAMES and shutil.which(exe) is None:
             raise ValueError(f"{show(exe)} is not found: not on PATH, and no executable file "
                              f"of that name (relative paths start from the directory faultlab "
                              f"runs in, {show(str(Path.cwd()))})")

@@ -43,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from faultlab.errors import PluginError
 
-__all__ = ["ENTRY_POINT_GROUP", "TrainerPlugin", "get_trainer", "trainers"]
+__all__ = ["ENTRY_POINT_GROUP", "TrainerPlugin", "config_settings", "get_trainer", "trainers"]
 
 ENTRY_POINT_GROUP = "faultlab.trainers"
 
@@ -95,3 +95,10 @@ def trainers() -> dict[str, TrainerPlugin]:
 def get_trainer(name: str) -> TrainerPlugin:
     """The trainer registered as ``name``; KeyError if there is none."""
     return trainers()[name]
+
+
+def config_settings(trainer: TrainerPlugin, **settings: Any) -> dict[str, Any]:
+    """The settings faultlab gives every trainer (``preset``, ``steps``, ``checkpoint_every``,
+    ``seed``, ``device``), kept where the trainer's config class has such a field."""
+    fields = {f.name for f in dataclasses.fields(trainer.config_class)}
+    return {k: v for k, v in settings.items() if k in fields}

@@ -18,7 +18,8 @@ from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
 from faultlab.runtime.bootstrap import bootstrap_env
 from faultlab.spec import Experiment
-from faultlab.spec.trainers import get_trainer
+from faultlab.spec.target import PYTHON_NAMES
+from faultlab.spec.trainers import config_settings, get_trainer
 from faultlab.targets.base import JobContext
 from faultlab.targets.launcher import JobResult, LaunchError, LocalJob
 
@@ -32,11 +33,9 @@ def train_config(exp: Experiment, run_dir: Path) -> Any:
     t = exp.target
     assert t.trainer is not None, "a command target has no trainer config"
     trainer = get_trainer(t.trainer)
-    fields = getattr(trainer.config_class, "__dataclass_fields__", {})
-    settings: dict[str, Any] = {
-        "preset": t.preset, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
-        "seed": exp.seed, "device": _DEVICE_FOR_BACKEND[exp.topology.backend]}
-    settings = {k: v for k, v in settings.items() if k in fields}
+    settings = config_settings(
+        trainer, preset=t.preset, steps=exp.run.steps, checkpoint_every=exp.run.checkpoint_every,
+        seed=exp.seed, device=_DEVICE_FOR_BACKEND[exp.topology.backend])
     try:
         return trainer.make_config(run_dir, **settings, **dict(t.overrides or {}))
     except ValueError as e:  # the spec validated overrides; this is a last line of defence
@@ -56,7 +55,7 @@ def job_command(exp: Experiment, run_dir: Path) -> list[str]:
     if exp.target.command:
         command = [arg.replace(RUN_DIR_PLACEHOLDER, str(run_dir.resolve()))
                    for arg in exp.target.command]
-        if command[0] in ("python", "python3"):  # the interpreter (and venv) faultlab runs on
+        if command[0] in PYTHON_NAMES:  # the interpreter (and venv) faultlab runs on
             command[0] = sys.executable
         return command
     assert exp.target.trainer is not None
