@@ -4,9 +4,8 @@ The cache key covers everything that decides the final bits: the target's full c
 preset, every override, the command for a user's trainer), the seed, the steps, the topology
 and the code version (a hash of the registered trainer's source files, faultlab's version and
 torch's, or for a user's command the git commit and uncommitted diff of the working
-directory). Entries are
-written atomically under a per-key file lock, so parallel experiments (pytest-xdist) that need
-the same golden run it once.
+directory). Entries are written atomically under a per-key file lock, so parallel experiments
+(pytest-xdist) that need the same golden run it once.
 
 The golden run always runs on local nodes: where the nodes run (``topology.launcher``) decides
 no bit of the result — the same interpreter, torch and gloo compute it either way — so it is
