@@ -4,10 +4,11 @@ They act on the checkpoints the job reported (the paths of its ``checkpoint_save
 whatever the trainer: a DCP directory or a ``torch.save`` file), else on the ``step_N``
 directories of ``RUN_DIR/checkpoints`` (``FaultContext.checkpoints``). Which checkpoint:
 ``latest`` (the newest committed one), a step number, or ``all``. Which files (``region``):
-``tensor_data`` (the DCP shards, ``*.distcp``; a ``torch.save`` file is all of it), ``metadata``
-(everything else but the manifest: DCP's ``.metadata``, trainer state, RNG state), ``manifest``
-(``MANIFEST.json``) or ``any``. Every random choice — file, offset, bit — comes from the
-experiment seed, so a run corrupts the same bytes again.
+``tensor_data`` (the DCP shards, ``*.distcp``; in a ``torch.save`` file, its tensor storages),
+``metadata`` (everything else but the manifest: DCP's ``.metadata``, trainer state, RNG state;
+a ``torch.save`` file's pickle), ``manifest`` (``MANIFEST.json``) or ``any``. Every random
+choice — file, offset, bit — comes from the experiment seed, so a run corrupts the same bytes
+again.
 
 A corrupted checkpoint matters only when it is read: pair these faults with one that makes the
 job restart (a ``rank_kill`` a few steps later), as the shipped experiments do. Each fault's
@@ -22,7 +23,9 @@ import random
 import re
 import shutil
 import signal
+import struct
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -86,6 +89,44 @@ def _files(ckpt: Path, region: Region) -> list[Path]:
     return files
 
 
+_ZIP_DATA = re.compile(r"(^|/)data/\d+$")  # torch.save's tensor storages: archive/data/0 ...
+
+
+def _spans(ckpt: Path, path: Path, region: Region) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` byte ranges of ``path`` (a file of checkpoint ``ckpt``) that
+    belong to ``region``.
+
+    A file of a DCP directory is wholly its region (``_files`` chose it by region). A
+    single-file checkpoint written by ``torch.save`` is a zip archive whose entries are stored
+    uncompressed: ``tensor_data`` is its tensor storages (``*/data/N``), ``metadata`` the other
+    entries (the pickle, the version, the byte order). A file that is not a zip archive
+    (torch's legacy format, another framework's) cannot be told apart: all of it is the
+    region."""
+    size = path.stat().st_size
+    if not ckpt.is_file() or region == "any" or not zipfile.is_zipfile(path):
+        return [(0, size)]
+    spans = []
+    with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
+        for info in archive.infolist():
+            is_data = bool(_ZIP_DATA.search(info.filename))
+            if info.compress_size == 0 or is_data != (region == "tensor_data"):
+                continue
+            f.seek(info.header_offset + 26)  # the local header's name and extra lengths
+            name_len, extra_len = struct.unpack("<HH", f.read(4))
+            spans.append((info.header_offset + 30 + name_len + extra_len, info.compress_size))
+    return spans or [(0, size)]
+
+
+def _seeded_offset(rng: random.Random, spans: list[tuple[int, int]]) -> int:
+    """A seeded byte offset, uniform over the bytes of ``spans``."""
+    at = rng.randrange(sum(length for _o, length in spans))
+    for offset, length in spans:
+        if at < length:
+            return offset + at
+        at -= length
+    raise AssertionError("unreachable: at < the spans' total length")
+
+
 def _overwrite(path: Path, offset: int, data: bytes) -> None:
     """Write ``data`` at ``offset`` in place and make it durable (the damage must stick)."""
     with open(path, "r+b") as f:
@@ -139,9 +180,10 @@ class CkptBitflipFault(_StorageFault):
         flips = []
         for ckpt in ckpts:
             files = _files(ckpt, p.region)
+            spans = {path: _spans(ckpt, path, p.region) for path in files}
             for _ in range(p.num_bits):
                 path = rng.choice(files)
-                offset, bit = rng.randrange(path.stat().st_size), rng.randrange(8)
+                offset, bit = _seeded_offset(rng, spans[path]), rng.randrange(8)
                 with open(path, "rb") as f:
                     f.seek(offset)
                     byte = f.read(1)[0]

@@ -104,6 +104,40 @@ def test_bitflip_flips_exactly_num_bits_in_the_region_of_the_latest(run_dir: Pat
         assert verify_checkpoint(newest) is not None
 
 
+@pytest.mark.parametrize("region", ["tensor_data", "metadata"])
+def test_bitflip_in_a_torch_save_file_hits_only_its_region(tmp_path: Path, region: str) -> None:
+    """A single-file checkpoint: tensor_data is the archive's tensor storages, so the file still
+    loads and only tensor bytes change (what silent rot does to a Lightning checkpoint);
+    metadata is the pickle and the other small entries."""
+    import io
+    import zipfile
+
+    import torch
+
+    state = {"model": {"fc.weight": torch.randn(64, 64)}, "epoch": 3}
+    ckpt = tmp_path / "last.ckpt"
+    torch.save(state, ckpt)
+    before = ckpt.read_bytes()
+    ctx = Ctx(tmp_path)
+    ctx.checkpoints = lambda: [(8, ckpt)]  # type: ignore[method-assign]
+    details = CkptBitflipFault(CkptBitflipFault.Params(region=region, num_bits=4)).inject(ctx, ALL)
+    after = ckpt.read_bytes()
+    changed = [i for i, (x, y) in enumerate(zip(before, after, strict=True)) if x != y]
+    assert changed and {f["offset"] for f in details["flips"]} >= set(changed)
+    with zipfile.ZipFile(io.BytesIO(before)) as archive:  # where each storage's bytes are
+        storages = [archive.read(i) for i in archive.infolist()
+                    if "/data/" in i.filename and not i.filename.endswith(".pkl")]
+    spans = [(before.index(blob), len(blob)) for blob in storages]
+    in_storage = [any(o0 <= o < o0 + n for o0, n in spans) for o in changed]
+    if region == "tensor_data":
+        assert all(in_storage)
+        loaded = torch.load(ckpt)  # the archive is intact: the damage is silent
+        assert loaded["epoch"] == 3 and not torch.equal(loaded["model"]["fc.weight"],
+                                                        state["model"]["fc.weight"])
+    else:
+        assert not any(in_storage)
+
+
 def test_bitflip_offsets_come_from_the_seed(run_dir: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     shutil.copytree(run_dir, other)
