@@ -38,7 +38,7 @@ def complete_events(run_dir: Path, events: Sequence[Mapping[str, Any]]) -> Final
     returns what was read back (None: the job wrote its own digest)."""
     if any(e.get("kind") == "final_digest" for e in events):
         return None
-    state = final_checkpoint_state(events)
+    state = final_checkpoint_state(events, run_dir)
     if state.digest is None:
         return state
     world = max((e.get("world_size") for e in events

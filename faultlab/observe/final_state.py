@@ -14,6 +14,7 @@ the bitwise verdict is *not measured*, with the reason, never guessed.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,8 +48,31 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def final_checkpoint_state(events: Iterable[Mapping[str, Any]]) -> FinalState:
-    """Read back the newest checkpoint the job reported and hash it (see the module doc)."""
+def _relative(obj: Any, prefixes: tuple[str, ...]) -> Any:
+    """``obj`` with every string (value or key) that starts with one of ``prefixes`` rewritten
+    to start with ``{run_dir}``; the tensors themselves are left alone."""
+    if isinstance(obj, str):
+        for prefix in prefixes:
+            if obj == prefix or obj.startswith(prefix + "/"):
+                return "{run_dir}" + obj[len(prefix):]
+        return obj
+    if isinstance(obj, dict):
+        return {_relative(k, prefixes): _relative(v, prefixes) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_relative(v, prefixes) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_relative(v, prefixes) for v in obj)
+    return obj
+
+
+def final_checkpoint_state(events: Iterable[Mapping[str, Any]],
+                           run_dir: Path | None = None) -> FinalState:
+    """Read back the newest checkpoint the job reported and hash it (see the module doc).
+
+    With ``run_dir``, paths the checkpoint holds under the job's run directory (a framework's
+    callback state: Lightning's ``ModelCheckpoint.dirpath``, ``last_model_path``) are hashed
+    relative to it, so two runs in two run directories compare by what they trained, not by
+    where they ran."""
     from faultlab.runtime.dcp import read_checkpoint, state_digests
 
     records = [e for e in events if isinstance(e.get("t"), int | float)]
@@ -66,7 +90,11 @@ def final_checkpoint_state(events: Iterable[Mapping[str, Any]]) -> FinalState:
                                        f"step {step}, its last step {last_step})")
     path = Path(newest["path"])
     try:
-        tensors = state_digests(read_checkpoint(path))
+        state = read_checkpoint(path)
+        if run_dir is not None:
+            state = _relative(state, tuple(dict.fromkeys(
+                [os.path.abspath(run_dir), os.path.realpath(run_dir)])))
+        tensors = state_digests(state)
     except ValueError as e:
         return FinalState(path=str(path), step=step, not_measured=str(e))
     overall = hashlib.sha256("".join(f"{k}={v}\n" for k, v in tensors.items()).encode())

@@ -66,3 +66,21 @@ def test_a_damaged_checkpoint_is_an_answer_not_a_crash(tmp_path: Path) -> None:
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     state = final_checkpoint_state(_events(tmp_path / "bad.pt", 3, 3))
     assert state.digest is None and "cannot read it" in (state.not_measured or "")
+
+
+def test_paths_under_the_run_directory_compare_relative_to_it(tmp_path: Path) -> None:
+    """Lightning keeps ModelCheckpoint's dirpath and last_model_path in every checkpoint: two
+    runs in two run directories must still compare by what they trained."""
+    states = {}
+    for name in ("golden", "faulted"):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        state = _state()
+        state["callbacks"] = {"dirpath": f"{run_dir}/ckpt", f"{run_dir}/ckpt/a.ckpt": 1.0,
+                              "elsewhere": f"{tmp_path}/{name}-data"}
+        torch.save(state, run_dir / "last.ckpt")
+        states[name] = final_checkpoint_state(_events(run_dir / "last.ckpt", 5, 5), run_dir)
+    golden, faulted = states["golden"], states["faulted"]
+    assert golden.tensors["callbacks.dirpath"] == faulted.tensors["callbacks.dirpath"]
+    assert "callbacks.{run_dir}/ckpt/a.ckpt" in golden.tensors
+    assert first_difference(faulted.tensors, golden.tensors) == "callbacks.elsewhere"
