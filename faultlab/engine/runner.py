@@ -169,6 +169,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     # once; every firing of such a fault uses the same instance.
     prepared: dict[int, Fault] = {}
     lingering: list[str] = []
+    runtime: RuntimeSetup | None = None
     try:
         with _interruptible():
             if exp.expect.bitwise_equal_to_golden is not None:
@@ -213,6 +214,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                         records.append(act.record)
                         if act.fault.reversible and not act.record.details.get("error"):
                             active.append(act)
+                runtime.open_due_gates([state.fired for state in states])
                 for act in list(active):
                     if (act.deadline is not None and now >= act.deadline) or (
                             act.until_reaction and _reacted(target.stream.events,
@@ -242,6 +244,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         error = str(e)
     finally:
         with _shielded():
+            if runtime is not None:
+                runtime.open_all_gates()
             for act in active:
                 _undo(act, target, records, view)
             _release(exp, prepared, records, view)

@@ -16,17 +16,25 @@ Every job the engine launches gets, in ``JOB_DIR/runtime/``:
 Other collective faults are injected live even when triggered by step (``at_step: N`` fires once
 step N is logged, so it strikes from step N + 1): they last until undone, and undoing a live
 fault is final, whereas a planned window would start again in every restarted process.
+
+Every fault injected from outside with ``at_step: N`` (process, storage, network, live
+collective) gets a *step gate* at N (``faultlab.runtime.gates``): a user's trainer at level 0
+or 1 pauses after step N until the engine has injected every fault due there
+(:meth:`RuntimeSetup.open_due_gates`), so the fault meets the job at step N, not a few steps
+later. The engine opens every gate when the run ends, whatever the reason.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.runtime.client import new_secret, read_secret
+from faultlab.runtime.gates import gate_env, open_gate
 from faultlab.runtime.plan import write_plan
 from faultlab.spec import Experiment
 
@@ -57,6 +65,9 @@ class RuntimeSetup:
     secret: str
     planned: dict[int, list[int] | None] = field(default_factory=dict)
     """Fault index → victim ranks (None: all) of the faults in the launch plan."""
+    gates: dict[int, list[int]] = field(default_factory=dict)
+    """Gate step → the indexes of the faults injected from outside at that step."""
+    opened: set[int] = field(default_factory=set)
 
     @classmethod
     def create(cls, exp: Experiment, job_dir: Path) -> RuntimeSetup:
@@ -70,6 +81,8 @@ class RuntimeSetup:
         for i, spec in enumerate(exp.faults):
             ranks = planned_victim_ranks(exp, i)
             if ranks is False:
+                if spec.trigger.at_step is not None:
+                    setup.gates.setdefault(spec.trigger.at_step, []).append(i)
                 continue
             fault = spec.build()
             assert isinstance(fault, RuntimeFault)
@@ -88,6 +101,24 @@ class RuntimeSetup:
     @property
     def env(self) -> dict[str, str]:
         return {"FAULTLAB_RUNTIME_SECRET": self.secret,
-                "FAULTLAB_RUNTIME_PLAN": str(self.job_dir / "runtime" / "plan.json")}
+                "FAULTLAB_RUNTIME_PLAN": str(self.job_dir / "runtime" / "plan.json"),
+                **gate_env(self.gates)}
+
+    def open_due_gates(self, fired: Sequence[int]) -> list[int]:
+        """Open each gate whose faults have all fired (``fired[i]``: times fault ``i`` fired);
+        returns the steps opened now."""
+        now = [step for step, faults in self.gates.items()
+               if step not in self.opened and all(fired[i] for i in faults)]
+        for step in now:
+            open_gate(self.job_dir, step)
+            self.opened.add(step)
+        return now
+
+    def open_all_gates(self) -> None:
+        """The run is over: no rank may wait for a gate any more."""
+        for step in self.gates:
+            if step not in self.opened:
+                open_gate(self.job_dir, step)
+                self.opened.add(step)
 
 

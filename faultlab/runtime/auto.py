@@ -26,20 +26,9 @@ What is observed where
     until a load replaces the state. ``step_time_s`` is the time since the previous step (the
     first: since the first forward). ``loss`` only at level 1 (``rt.loss``, a CPU tensor).
 ``checkpoint_saved`` / ``checkpoint_loaded``
-    Wrappers of ``torch.distributed.checkpoint.save``/``async_save``/``load`` (and the
-    deprecated ``save_state_dict``/``load_state_dict``) and of ``torch.save``/``torch.load``.
-    A DCP save is collective: rank 0 reports it (every rank with ``no_dist``); ``async_save``
-    reports when its upload future completes. ``torch.save``/``torch.load`` count only for a
-    file path (not a buffer) and a checkpoint (:func:`is_checkpoint_object`: a mapping holding
-    an optimizer ``state_dict``, or ``*weight``/``*bias`` tensors of at least
-    :data:`CHECKPOINT_MIN_BYTES` in all) — a metrics file, a data shard or DCP's own
-    per-tensor ``torch.save`` calls never count. A save's ``step`` is the last primary step. A
-    load's step is not known when it happens; it is settled at the next forward or optimizer
-    step: the primary optimizer's state step if the load changed it (``optimizer_state``), else
-    the ``step`` key of a loaded dict (``checkpoint_key``), else digits in the path
-    (``step_20``, ``step=20``, ``ckpt-20``: ``path``), else the unchanged state step, else
-    null. The record keeps ``t`` of the load and is written before the next step's record.
-    Every rank reports its loads, as the reference trainer does.
+    Wrappers of DCP's save, async_save and load, of ``torch.save``/``torch.load`` of
+    checkpoint-sized objects, and of frameworks' own checkpoint writers (Lightning's): see
+    ``faultlab.runtime.auto_checkpoints``, whose :class:`CheckpointHooks` this observer is.
 ``exit``
     At interpreter exit (``atexit``): ``completed`` with code 0, or ``error`` with the code given
     to ``sys.exit`` (wrapped to learn it); an uncaught exception is reported from a chained
@@ -93,9 +82,13 @@ Not covered: ``python -S`` or ``-I`` (no ``site``, or no ``PYTHONPATH``: no boot
 process forked from a rank (a DataLoader worker) inherits the hooks but writes no record; a
 ``raise SystemExit(n)`` that bypasses ``sys.exit`` is reported as ``completed``.
 
+Step gates: after the record of a step at which the engine injects a fault by step, every rank
+waits until the engine has injected it (``faultlab.runtime.gates``), so such a fault meets the
+job at its step however fast the trainer steps.
+
 Cost with nothing planned: per optimizer step, one hook call, an identity check, one CPU
-``.item()``, one JSON line written and flushed (no fsync); nothing per forward, backward or
-collective beyond the interposer's counter.
+``.item()``, one JSON line written and flushed (no fsync), one set lookup; nothing per forward,
+backward or collective beyond the interposer's counter.
 """
 
 from __future__ import annotations
@@ -103,39 +96,27 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import re
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import faultlab.runtime as _rt
 from faultlab.runtime.agent import Agent
+from faultlab.runtime.auto_checkpoints import CheckpointHooks, PendingLoad
+from faultlab.runtime.auto_checkpoints import report_once as _report
+from faultlab.runtime.gates import StepGates
 from faultlab.runtime.plan import FaultEntry, load_plan
 from faultlab.runtime.records import EventFile, Identity
 
-__all__ = ["CHECKPOINT_MIN_BYTES", "Observer", "is_checkpoint_object", "observer", "on_import",
-           "step_from_path"]
+__all__ = ["Observer", "observer", "on_import"]
 
-CHECKPOINT_MIN_BYTES = 64 * 1024
-"""A ``torch.save``/``torch.load`` of a mapping with parameter-like tensors (a key ending in
-``weight`` or ``bias``) of at least this many bytes in all is a checkpoint; so is one holding an
-optimizer ``state_dict``, whatever its size. 64 KiB is above any metrics or config file and
-below any real model: a 128 x 128 float32 layer is 64 KiB. The names keep data files out
-(``{"input_ids": ..., "labels": ...}`` shards loaded every step would otherwise each look like
-a rollback to ``observe``)."""
-
-_MAX_VISITS = 100_000  # objects walked to size an object: bounded even for huge state dicts
-_STEP_KEYS = ("step", "global_step", "iteration", "iter_num", "train_step")
-_PATH_STEP = re.compile(r"(?:step|ckpt|checkpoint|iter|iteration|global_step)s?[_=\-]?(\d+)",
-                        re.IGNORECASE)
 _observer: Observer | None = None
 _gave_up = False  # the observer failed to start: no second try, no half-installed hooks
-_reported: set[str] = set()
 
 
 def observer() -> Observer | None:
@@ -157,93 +138,8 @@ def on_import(module: ModuleType, *, t_bootstrap: float | None = None) -> None:
                 raise
             _observer, _gave_up = started, False
     elif _observer is not None:
-        _observer.patch_loaded_modules()
+        _observer.patch_checkpoint_modules()
 
-
-def _report(where: str, error: BaseException) -> None:
-    """One ``faultlab bootstrap:`` line per place, however often it fails there."""
-    if where in _reported:
-        return
-    _reported.add(where)
-    try:
-        text = f"{type(error).__name__}: {error}".replace("\n", " | ")
-        sys.stderr.write(f"faultlab bootstrap: {where}: {text}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
-
-
-def step_from_path(path: str | os.PathLike[str] | None) -> int | None:
-    """The step a checkpoint's path names (its last ``step_00020``, ``step=20``, ``ckpt-20``,
-    ``iter20`` ...), or None."""
-    if path is None:
-        return None
-    found = _PATH_STEP.findall(os.fspath(path))
-    return int(found[-1]) if found else None
-
-
-def is_checkpoint_object(obj: Any, min_bytes: int = CHECKPOINT_MIN_BYTES) -> bool:
-    """Whether a ``torch.save``d or ``torch.load``ed object is a checkpoint: a mapping holding
-    an optimizer state_dict (``state`` and ``param_groups``), or parameter-like tensors (under a
-    key ending in ``weight`` or ``bias``) of at least ``min_bytes`` in all; or a whole module
-    that large. A bare tensor or a list is not (DCP writes every shard as a bare tensor), nor
-    is a mapping of data (see :data:`CHECKPOINT_MIN_BYTES`)."""
-    import torch
-
-    if isinstance(obj, torch.nn.Module):
-        return sum(t.nelement() * t.element_size() for t in obj.state_dict().values()
-                   if isinstance(t, torch.Tensor)) >= min_bytes
-    if not isinstance(obj, Mapping):
-        return False
-    total, visits, named = 0, 0, False
-    stack: list[tuple[Any, Any, int]] = [(None, obj, 0)]
-    while stack and visits < _MAX_VISITS:
-        key, item, depth = stack.pop()
-        visits += 1
-        if isinstance(item, torch.Tensor):
-            total += item.nelement() * item.element_size()
-            named = named or (isinstance(key, str) and key.endswith(("weight", "bias")))
-            if named and total >= min_bytes:
-                return True
-        elif depth < 8 and isinstance(item, Mapping):
-            if "state" in item and "param_groups" in item:
-                return True
-            stack.extend((k, v, depth + 1) for k, v in item.items())
-        elif depth < 8 and isinstance(item, list | tuple):
-            stack.extend((key, v, depth + 1) for v in item)
-    return False
-
-
-def _file_path(f: Any) -> str | None:
-    """The absolute path behind ``torch.save``/``torch.load``'s file argument (None: a buffer)."""
-    if isinstance(f, str | os.PathLike):
-        return os.path.abspath(os.fspath(f))
-    name = getattr(f, "name", None)
-    return os.path.abspath(name) if isinstance(name, str) and name else None
-
-
-def _ckpt_location(where: Any) -> str | None:
-    """A DCP ``checkpoint_id`` or storage reader/writer as the path a record names."""
-    if where is None:
-        return None
-    if not isinstance(where, str | os.PathLike):
-        where = getattr(where, "path", None) or getattr(where, "checkpoint_id", None)
-        if where is None:
-            return None
-    text = os.fspath(where)
-    return text if "://" in text else os.path.abspath(text)
-
-
-def _size(path: str | None) -> int | None:
-    """Bytes of a checkpoint file, or of the files directly in a checkpoint directory."""
-    if path is None:
-        return None
-    try:
-        if os.path.isdir(path):
-            return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
-        return os.path.getsize(path)
-    except OSError:
-        return None
 
 
 def _process_start_time() -> float | None:
@@ -316,18 +212,8 @@ class _Level0Agent(Agent):
             _report("after a gradient fault", e)
 
 
-@dataclass(slots=True)
-class _Load:
-    """A checkpoint load whose step is settled later (see the module docstring)."""
 
-    path: str | None
-    t: float
-    seconds: float
-    state_before: int | None
-    key_step: int | None = None
-
-
-class Observer:
+class Observer(CheckpointHooks):
     """Level 0 in one rank process: the hooks, the records and the agent (module docstring)."""
 
     def __init__(self, ident: Identity, *, t_bootstrap: float | None = None) -> None:
@@ -352,7 +238,7 @@ class Observer:
         self._num_steps = 0  # primary steps in this process
         self._root: weakref.ref[Any] | None = None
         self._arming: Any = None  # the temporary forward pre-hook's handle
-        self._pending: list[_Load] = []
+        self._pending: list[PendingLoad] = []
         self._t_prev = time.monotonic()
         self._attached: Any = None
         self._loss: Any = None
@@ -361,6 +247,7 @@ class Observer:
         self._patched: set[str] = set()
         self._params: _Params | None = None
         self._undo: list[Callable[[], None]] = []  # what stop() puts back, last first
+        self._gates = StepGates(Path("."), ())
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -374,9 +261,10 @@ class Observer:
         self._emit("start", level=0, resumed_from_step=None, local_rank=_env_int("LOCAL_RANK"),
                    t_main=t_main, t_bootstrap=self.t_bootstrap,
                    t_process_created=_process_start_time())
-        for what, fn in (("the collective interposer", self._interpose), ("the agent", self._agent),
+        for what, fn in (("the step gates", self._read_gates),
+                         ("the collective interposer", self._interpose), ("the agent", self._agent),
                          ("the hooks", self._install_hooks),
-                         ("torch.save/load and DCP", self.patch_loaded_modules),
+                         ("torch.save/load and DCP", self.patch_checkpoint_modules),
                          ("the exit hooks", self._install_exit_hooks if exit_hooks else None)):
             if fn is None:
                 continue
@@ -384,6 +272,9 @@ class Observer:
                 fn()
             except Exception as e:
                 _report(f"installing {what}", e)
+
+    def _read_gates(self) -> None:
+        self._gates = StepGates.from_env(os.environ)
 
     def _interpose(self) -> None:
         from faultlab.runtime import interposer
@@ -478,32 +369,6 @@ class Observer:
             previous(exc_type, exc, tb)
 
         self._setattr(sys, "excepthook", excepthook)
-
-    def patch_loaded_modules(self) -> None:
-        """Wrap torch.save/load and the DCP functions of the modules imported so far."""
-        modules = sys.modules
-        if "torch" in modules and "torch" not in self._patched:
-            self._patched.add("torch")
-            torch = modules["torch"]
-            self._setattr(torch, "save", self._wrap_torch_save(torch.save))
-            self._setattr(torch, "load", self._wrap_torch_load(torch.load))
-        name = "torch.distributed.checkpoint"
-        if name in modules and name not in self._patched:
-            self._patched.add(name)
-            dcp = modules[name]
-            for attr, kind in (("save", "save"), ("save_state_dict", "save"),
-                               ("async_save", "async_save"), ("load", "load"),
-                               ("load_state_dict", "load")):
-                fn = getattr(dcp, attr, None)
-                if fn is not None and not hasattr(fn, "__faultlab_level0__"):
-                    self._setattr(dcp, attr, self._wrap_dcp(fn, kind))
-        name = "torch.distributed.checkpoint.state_dict"
-        if name in modules and name not in self._patched:
-            self._patched.add(name)
-            sd = modules[name]
-            init_state = getattr(sd, "_init_optim_state", None)
-            if init_state is not None:
-                self._setattr(sd, "_init_optim_state", self._wrap_init_optim_state(init_state))
 
     # --- records ------------------------------------------------------------------------------
 
@@ -639,6 +504,12 @@ class Observer:
                     and loss.numel() == 1:
                 fields["loss"] = float(loss.detach())
         self._emit("step", **fields)
+        waited = self._gates.wait(step)
+        if waited is not None:
+            self._t_prev = time.monotonic()  # the pause is not part of the next step
+            if not waited[1]:
+                _report(f"step gate {step}", TimeoutError(
+                    f"not opened within {self._gates.timeout_s:g} s; going on"))
         agent = self.agent
         if level == 0 and agent is not None:
             self._tell_agent(step + 1)
@@ -712,140 +583,6 @@ class Observer:
                 return out
 
             attached.loss = loss
-
-    # --- checkpoints ----------------------------------------------------------------------------
-
-    def _wrap_dcp(self, fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0, m0 = time.time(), time.monotonic()
-            before = self._before_load() if kind == "load" else None
-            result = fn(*args, **kwargs)
-            try:
-                # checkpoint_id, or the storage writer/reader (the deprecated forms: 2nd arg)
-                where = kwargs.get("checkpoint_id") or kwargs.get("storage_writer") \
-                    or kwargs.get("storage_reader") or (args[1] if len(args) > 1 else None)
-                path = _ckpt_location(where)
-                if kind == "load":
-                    self._loaded(path, time.time(), time.monotonic() - m0, before)
-                elif self.ident.rank == 0 or kwargs.get("no_dist"):
-                    self._dcp_saved(path, result, kind == "async_save", t0, m0)
-            except Exception as e:
-                _report(f"after torch.distributed.checkpoint.{fn.__name__}", e)
-            return result
-
-        wrapper.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return wrapper
-
-    def _dcp_saved(self, path: str | None, result: Any, is_async: bool, t0: float,
-                   m0: float) -> None:
-        step, stall_s = self.step, time.monotonic() - m0
-        if not is_async:
-            self._saved(path, step, stall_s, stall_s, False)
-            return
-        future = getattr(result, "upload_completion", result)  # AsyncSaveResponse or Future
-
-        def done(f: Any) -> None:
-            try:
-                if f.exception() is None:
-                    self._saved(path, step, time.monotonic() - m0, stall_s, True)
-            except Exception as e:
-                _report("after an async checkpoint", e)
-
-        future.add_done_callback(done)
-
-    def _saved(self, path: str | None, step: int, seconds: float, stall_s: float,
-               is_async: bool) -> None:
-        if self.level == 2:
-            return
-        self._emit("checkpoint_saved", step=step, path=path, seconds=round(seconds, 4),
-                   stall_s=round(stall_s, 4), bytes=_size(path), **{"async": is_async})
-
-    def _wrap_torch_save(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            path = _file_path(f)
-            try:
-                counts = path is not None and is_checkpoint_object(obj)
-            except Exception as e:
-                _report("sizing a torch.save", e)
-                counts = False
-            m0 = time.monotonic()
-            result = fn(obj, f, *args, **kwargs)
-            if counts:
-                try:
-                    seconds = time.monotonic() - m0
-                    self._saved(path, self.step, seconds, seconds, False)
-                except Exception as e:
-                    _report("after a torch.save", e)
-            return result
-
-        save.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return save
-
-    def _wrap_torch_load(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
-            path = _file_path(f)
-            before = self._before_load() if path is not None else None
-            m0 = time.monotonic()
-            result = fn(f, *args, **kwargs)
-            if path is not None:
-                try:
-                    if is_checkpoint_object(result):
-                        key = next((result[k] for k in _STEP_KEYS if isinstance(
-                            result.get(k), int) and not isinstance(result.get(k), bool)), None) \
-                            if isinstance(result, Mapping) else None
-                        self._loaded(path, time.time(), time.monotonic() - m0, before, key)
-                except Exception as e:
-                    _report("after a torch.load", e)
-            return result
-
-        load.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return load
-
-    def _before_load(self) -> int | None:
-        try:
-            optimizer = self._optimizer()
-            return None if optimizer is None else self._state_step(optimizer)
-        except Exception as e:
-            _report("before a checkpoint load", e)
-            return None
-
-    def _loaded(self, path: str | None, t: float, seconds: float, before: int | None,
-                key_step: int | None = None) -> None:
-        if self.level == 2:
-            return
-        with self._lock:
-            self._pending.append(_Load(path, t, seconds, before, key_step))
-        self._device_anchor = None  # an in-place load may have changed a device step tensor
-        if self.level == 0:
-            self._arm_at_next_forward()
-
-    def _settle_loads(self, optimizer: Any, *, after_step: bool) -> None:
-        """Emit the pending ``checkpoint_loaded`` records (module docstring: checkpoints)."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        now = self._state_step(optimizer) if optimizer is not None else None
-        if now is not None and after_step:
-            now -= 1
-        for load in pending:
-            digits = step_from_path(load.path)
-            if now is not None and now != load.state_before:
-                step, source = now, "optimizer_state"
-            elif load.key_step is not None:
-                step, source = load.key_step, "checkpoint_key"
-            elif digits is not None:
-                step, source = digits, "path"
-            elif now is not None:
-                step, source = now, "optimizer_state"  # restored to the step it had
-            else:
-                step, source = None, "unknown"
-            if step is not None:
-                self.step = step
-            self._emit("checkpoint_loaded", t=load.t, step=step, step_source=source,
-                       path=load.path, seconds=round(load.seconds, 4), fell_back_from=[])
-
 
 def _env_int(name: str) -> int | None:
     try:

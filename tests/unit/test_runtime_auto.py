@@ -21,7 +21,7 @@ import torch.distributed.checkpoint.state_dict as dcp_state_dict
 from torch import nn
 
 from faultlab import runtime
-from faultlab.runtime import auto
+from faultlab.runtime import auto, auto_checkpoints
 from faultlab.runtime.bootstrap import BOOTSTRAP_DIR, bootstrap_env
 from faultlab.runtime.bootstrap.sitecustomize import should_activate
 from faultlab.runtime.plan import write_plan
@@ -314,6 +314,34 @@ def test_dcp_saves_sync_and_async_and_a_load_are_reported_once(observe: Any,
     assert _records(tmp_path, "step")[-1]["step"] == 4
 
 
+def test_lightning_saves_through_its_own_file_layer_and_are_still_seen(observe: Any,
+                                                                       tmp_path: Path) -> None:
+    """Lightning serialises into a buffer and writes through fsspec: torch.save never sees a
+    path, so its _atomic_save is wrapped; the load goes through torch.load on the open file."""
+    from lightning_fabric.utilities import cloud_io
+
+    observe()
+    model = _model(128)
+    adam = torch.optim.Adam(model.parameters())
+    _train(model, adam, 2)
+    ckpt = {"state_dict": model.state_dict(), "optimizer_states": [adam.state_dict()],
+            "global_step": 2}
+    cloud_io._atomic_save(ckpt, tmp_path / "epoch=0-step=2.ckpt")
+    cloud_io._atomic_save({"epoch": 0}, tmp_path / "not-a-checkpoint.ckpt")
+    (saved,) = _records(tmp_path, "checkpoint_saved")
+    assert (saved["step"], saved["path"]) == (2, str(tmp_path / "epoch=0-step=2.ckpt"))
+    cloud_io._load(tmp_path / "epoch=0-step=2.ckpt", weights_only=False)
+    _train(model, adam, 1)
+    (loaded,) = _records(tmp_path, "checkpoint_loaded")
+    assert (loaded["path"], loaded["step"]) == (str(tmp_path / "epoch=0-step=2.ckpt"), 2)
+
+
+def test_the_bootstrap_hooks_the_import_of_every_framework_save_module() -> None:
+    from faultlab.runtime.bootstrap.sitecustomize import HOOKED_MODULES
+
+    assert set(auto_checkpoints.FRAMEWORK_SAVES) <= set(HOOKED_MODULES)
+
+
 def test_a_planned_nan_strikes_once_at_its_step_even_when_the_trainer_redoes_it(
         observe: Any, tmp_path: Path) -> None:
     observe(plan=[{"id": "nan", "type": "grad_nan", "steps": [1, 3],
@@ -410,8 +438,8 @@ def _floats(num_bytes: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("obj,is_checkpoint", [
-    ({"fc.weight": _floats(auto.CHECKPOINT_MIN_BYTES)}, True),
-    ({"fc.weight": _floats(auto.CHECKPOINT_MIN_BYTES - 4)}, False),
+    ({"fc.weight": _floats(auto_checkpoints.CHECKPOINT_MIN_BYTES)}, True),
+    ({"fc.weight": _floats(auto_checkpoints.CHECKPOINT_MIN_BYTES - 4)}, False),
     ({"model": {"0.weight": _floats(32 * 1024), "0.bias": _floats(32 * 1024)}}, True),  # summed
     ({"w": [_floats(32 * 1024), {"bias": (_floats(32 * 1024),)}]}, True),  # nested
     ({"optim": {"state": {}, "param_groups": [{"lr": 0.1}]}}, True),  # an optimizer's
@@ -424,7 +452,7 @@ def _floats(num_bytes: int) -> torch.Tensor:
 ])
 def test_what_a_torch_save_must_hold_to_count_as_a_checkpoint(obj: Any,
                                                               is_checkpoint: bool) -> None:
-    assert auto.is_checkpoint_object(obj) is is_checkpoint
+    assert auto_checkpoints.is_checkpoint_object(obj) is is_checkpoint
 
 
 @pytest.mark.parametrize("path,step", [
@@ -433,7 +461,7 @@ def test_what_a_torch_save_must_hold_to_count_as_a_checkpoint(obj: Any,
     ("/ckpts/step_10/../step_30", 30), ("/ckpts/latest.pt", None), ("/runs/run42/model.pt", None),
 ])
 def test_the_step_a_checkpoint_path_names(path: str, step: int | None) -> None:
-    assert auto.step_from_path(path) == step
+    assert auto_checkpoints.step_from_path(path) == step
 
 
 def test_bootstrap_env_puts_the_directory_first_once() -> None:

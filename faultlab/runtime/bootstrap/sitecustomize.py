@@ -12,10 +12,12 @@ torchrun *worker* that faultlab launched:
   process that inherits one naming another pid stays quiet.
 
 It never imports torch (a trainer may set environment variables before it does). It installs a
-post-import hook instead: a ``sys.meta_path`` finder that, for ``torch`` and for
-``torch.distributed.checkpoint`` (and its ``state_dict`` module), wraps the loader's
-``exec_module`` so that ``faultlab.runtime.auto.on_import(module)`` runs right after the module's
-own code. The finder steps out of ``sys.meta_path`` once all of them have been imported.
+post-import hook instead: a ``sys.meta_path`` finder that, for ``torch``, for
+``torch.distributed.checkpoint`` (and its ``state_dict`` module) and for Lightning's checkpoint
+file layer, wraps the loader's ``exec_module`` so that ``faultlab.runtime.auto.on_import(module)``
+runs right after the module's own code, before any other module can ``from ... import`` a name
+of it. The finder steps out of ``sys.meta_path`` once all of them have been imported; until then
+it costs one set lookup per import.
 
 Then it chains: the next ``sitecustomize`` on ``sys.path`` (a user's, the distribution's) runs as
 if this file were not there. Whatever goes wrong inside the bootstrap is written to stderr as
@@ -38,9 +40,11 @@ from typing import Any
 
 __all__ = ["HOOKED_MODULES", "PostImportFinder", "chain", "report", "should_activate"]
 
-#: Modules after whose import ``faultlab.runtime.auto.on_import`` runs.
+#: Modules after whose import ``faultlab.runtime.auto.on_import`` runs: torch, DCP, and the
+#: modules of ``faultlab.runtime.auto_checkpoints.FRAMEWORK_SAVES`` (Lightning's file layer).
 HOOKED_MODULES = ("torch", "torch.distributed.checkpoint",
-                  "torch.distributed.checkpoint.state_dict")
+                  "torch.distributed.checkpoint.state_dict",
+                  "lightning_fabric.utilities.cloud_io", "lightning.fabric.utilities.cloud_io")
 _WORKER_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 _PID_KEY = "FAULTLAB_BOOTSTRAP_PID"
 _HERE = os.path.dirname(os.path.realpath(__file__))

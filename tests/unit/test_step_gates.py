@@ -1,0 +1,116 @@
+"""Step gates (faultlab.runtime.gates): a fault injected from outside at step N meets a fast
+user trainer at step N. The gate itself, the engine's side (which gates, when each opens) and a
+bootstrapped process that really pauses after step N until the gate opens."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from faultlab.engine.runtime_plan import RuntimeSetup
+from faultlab.runtime.bootstrap import bootstrap_env
+from faultlab.runtime.gates import GATE_TIMEOUT_ENV, GATES_ENV, StepGates, gate_path, open_gate
+from faultlab.spec import load_experiment
+
+
+def test_a_gate_waits_until_opened_then_stays_open(tmp_path: Path) -> None:
+    gates = StepGates(tmp_path, [9], timeout_s=10)
+    assert gates.wait(8) is None  # no gate there: no wait at all
+    threading.Timer(0.3, open_gate, (tmp_path, 9)).start()
+    waited, opened = gates.wait(9)  # type: ignore[misc]
+    assert opened and 0.25 <= waited < 5
+    again = gates.wait(9)  # a replay of step 9 after a restart
+    assert again is not None and again[1] and again[0] < 0.05
+
+
+def test_a_gate_never_opened_is_passed_after_its_timeout(tmp_path: Path) -> None:
+    waited, opened = StepGates(tmp_path, [3], timeout_s=0.2).wait(3)  # type: ignore[misc]
+    assert not opened and waited >= 0.2
+
+
+def test_gates_from_the_environment_and_a_malformed_variable(tmp_path: Path) -> None:
+    gates = StepGates.from_env({"FAULTLAB_RUN_DIR": str(tmp_path), GATES_ENV: "9,10",
+                                GATE_TIMEOUT_ENV: "5"})
+    assert (gates.steps, gates.timeout_s, gates.run_dir) == ({9, 10}, 5.0, tmp_path)
+    assert not StepGates.from_env({"FAULTLAB_RUN_DIR": str(tmp_path)}).steps
+    with pytest.raises(ValueError, match=f"{GATES_ENV}='9,x'"):
+        StepGates.from_env({"FAULTLAB_RUN_DIR": str(tmp_path), GATES_ENV: "9,x"})
+
+
+EXPERIMENT = """
+name: gated
+target:
+  command: [python, -c, "pass"]
+topology: {nodes: 2, procs_per_node: 1, max_restarts: 1}
+run: {steps: 16}
+faults:
+  - {id: rot, type: ckpt_bitflip, target: all, trigger: {at_step: 9}}
+  - {id: kill, type: rank_kill, target: {rank: 1}, trigger: {at_step: 9}}
+  - {id: later, type: rank_kill, target: {rank: 0}, trigger: {at_step: 12}}
+  - {id: nan, type: grad_nan, target: {rank: 0}, trigger: {at_step: 5}}
+  - {id: timed, type: rank_kill, target: {rank: 0}, trigger: {at_time_s: 3}}
+"""
+
+
+def test_the_engine_gates_each_step_of_a_fault_injected_from_outside(tmp_path: Path) -> None:
+    (tmp_path / "gated.yaml").write_text(EXPERIMENT)
+    setup = RuntimeSetup.create(load_experiment(tmp_path / "gated.yaml"), tmp_path / "job")
+    # grad_nan is in the launch plan (step-exact in the rank), at_time_s has no step
+    assert setup.gates == {9: [0, 1], 12: [2]}
+    assert setup.env[GATES_ENV] == "9,12"
+    assert setup.open_due_gates([1, 0, 0, 0, 0]) == []  # one of step 9's two faults fired
+    assert setup.open_due_gates([1, 1, 0, 0, 0]) == [9]
+    job = tmp_path / "job"
+    assert gate_path(job, 9).exists() and not gate_path(job, 12).exists()
+    assert setup.open_due_gates([1, 1, 0, 0, 0]) == []
+    setup.open_all_gates()  # the run is over, whatever happened
+    assert gate_path(job, 12).exists()
+
+
+TRAINER = """
+import time, torch
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    print(time.time(), flush=True)
+"""
+
+
+def test_a_bootstrapped_trainer_pauses_after_the_gated_step(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLAB_")}
+    env.update({"FAULTLAB_RUN_DIR": str(tmp_path), "RANK": "0", "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1", GATES_ENV: "2", GATE_TIMEOUT_ENV: "60"})
+    env.update(bootstrap_env(env))
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        steps: list[dict[str, object]] = []
+        while time.monotonic() < deadline and len(steps) < 2:
+            time.sleep(0.05)
+            steps = [json.loads(line) for p in (tmp_path / "events").glob("*.jsonl")
+                     for line in p.read_text().splitlines() if '"kind":"step"' in line]
+        assert [s["step"] for s in steps] == [1, 2]
+        time.sleep(0.5)  # paused after step 2: no step 3 however long we wait
+        assert proc.poll() is None
+        assert len([line for p in (tmp_path / "events").glob("*.jsonl")
+                    for line in p.read_text().splitlines() if '"kind":"step"' in line]) == 2
+        t_open = time.time()
+        open_gate(tmp_path, 2)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    printed = [float(line) for line in out.split()]
+    assert len(printed) == 4 and printed[2] >= t_open and "faultlab bootstrap:" not in err
