@@ -1,5 +1,6 @@
 # The two set-up commands of the README. Each makes .venv on first use: torch==2.13.0 first (the
-# CPU wheel; an unpinned torch would pull gigabytes of CUDA), then the project with its dev extra.
+# CPU wheel; an unpinned torch would pull gigabytes of CUDA), then the project with its dev and
+# examples extras (the examples' trainers run in the tests).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.faultlab-installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,examples]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,7 +1,11 @@
-"""The shipped experiments of examples/fsdp2_dcp: a plain FSDP2 + DCP trainer that imports
-nothing of faultlab, broken at integration level 0. Each experiment's real outcome is asserted,
-failures included: where this trainer genuinely fails an SLA (it has no checkpoint integrity
+"""The shipped experiments of examples/: trainers written the way their authors write them, that
+import nothing of faultlab, broken at integration level 0. Each experiment's real outcome is
+asserted, failures included: where a trainer genuinely fails an SLA (no checkpoint integrity
 check, no non-finite check, no watchdog), the failure and its message are the expected result.
+
+- ``fsdp2_dcp``: a plain torchrun FSDP2 + DCP script.
+- ``lightning_ddp``: a PyTorch Lightning trainer (DDP on CPU, gloo; its own ``ModelCheckpoint``
+  and ``fit(ckpt_path="last")``), from the ``examples`` extra.
 
 One table of scenarios, one runner (faultlab's engine, as ``faultlab run`` uses it); on a
 mismatch the assertion shows the whole SLA table and the job's exit codes.
@@ -17,7 +21,8 @@ import pytest
 from faultlab.engine import run_experiment
 from faultlab.spec import load_experiment
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_dcp" / "experiments"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXPERIMENTS = EXAMPLES / "fsdp2_dcp" / "experiments"
 
 
 @dataclass(frozen=True)
@@ -30,20 +35,41 @@ class Expected:
 
 
 SCENARIOS = {
-    "rank_kill.yaml": Expected("pass", measured={"bitwise_equal_to_golden": True,
-                                                 "max_restarts": 1, "completes": True}),
-    "node_loss.yaml": Expected("pass", measured={"completes": True}),
-    "ckpt_bitflip.yaml": Expected("fail", failing={
+    "fsdp2_dcp/rank_kill.yaml": Expected("pass", measured={
+        "bitwise_equal_to_golden": True, "max_restarts": 1, "completes": True}),
+    "fsdp2_dcp/node_loss.yaml": Expected("pass", measured={"completes": True}),
+    "fsdp2_dcp/ckpt_bitflip.yaml": Expected("fail", failing={
         "corrupt_checkpoint_never_loaded": "(step 8) after rot (ckpt_bitflip) damaged "
                                            "checkpoints/step_8/"}),
-    "grad_nan.yaml": Expected("fail", failing={
+    "fsdp2_dcp/grad_nan.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault",
         "bitwise_equal_to_golden": "first differing tensor: model."},
         measured={"completes": True}),
-    "collective_hang.yaml": Expected("fail", failing={
+    "fsdp2_dcp/collective_hang.yaml": Expected("fail", failing={
+        "detection_latency_s": "the job never noticed the fault"},
+        measured={"completes": True}),
+    "lightning_ddp/rank_kill.yaml": Expected("pass", measured={
+        "bitwise_equal_to_golden": True, "max_restarts": 1, "completes": True}),
+    "lightning_ddp/node_loss.yaml": Expected("pass", measured={"completes": True}),
+    # torch.load checks no CRC and Lightning no checksum: resumed from the rotten last.ckpt.
+    "lightning_ddp/ckpt_bitflip.yaml": Expected("fail", failing={
+        "corrupt_checkpoint_never_loaded": "/checkpoints/last.ckpt (step 8) after rot "
+                                           "(ckpt_bitflip) damaged checkpoints/last.ckpt at "
+                                           "offset "}),
+    # No non-finite check by default: the NaN reaches the weights and the optimizer state.
+    "lightning_ddp/grad_nan.yaml": Expected("fail", failing={
+        "detection_latency_s": "the job never noticed the fault",
+        "bitwise_equal_to_golden": "first differing tensor: optimizer_states.0.state."},
+        measured={"completes": True}),
+    "lightning_ddp/collective_hang.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault"},
         measured={"completes": True}),
 }
+
+
+def test_every_shipped_example_experiment_has_its_outcome_here() -> None:
+    shipped = {f"{p.parent.parent.name}/{p.name}" for p in EXAMPLES.glob("*/experiments/*.yaml")}
+    assert shipped == set(SCENARIOS)
 
 
 @pytest.mark.integration
@@ -51,8 +77,8 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Path) -> None:
     expected = SCENARIOS[name]
-    result = run_experiment(load_experiment(EXPERIMENTS / name), report_dir=tmp_path,
-                            golden_cache=golden_cache)
+    result = run_experiment(load_experiment(EXAMPLES / name.replace("/", "/experiments/")),
+                            report_dir=tmp_path, golden_cache=golden_cache)
     table = "\n".join(s.describe() for s in result.slas) + \
         f"\nerror: {result.error}\njournal: {result.journal_path}"
     assert result.verdict == expected.verdict, table
