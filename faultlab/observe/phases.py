@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from faultlab.observe.metrics import FaultRecord, compute_metrics
+from faultlab.observe.records import _one_start_per_process
 
 __all__ = ["PHASES", "Phase", "RecoveryBreakdown", "recovery_breakdown"]
 
@@ -118,8 +119,8 @@ def _latest(records: list[Record], key: str) -> float | None:
 
 def recovery_breakdown(events: Iterable[Record], fault: FaultRecord) -> RecoveryBreakdown:
     """The recovery phases of ``fault`` from the job's event records (any order)."""
-    records = sorted((r for r in events if _num(r.get("t")) is not None),
-                     key=lambda r: float(r["t"]))
+    records = _one_start_per_process(sorted((r for r in events if _num(r.get("t")) is not None),
+                                            key=lambda r: float(r["t"])))
     m = compute_metrics(records, [fault]).faults[0]
     T = fault.injected_t
     out = RecoveryBreakdown(fault.id, fault.type, T, m.went_down,

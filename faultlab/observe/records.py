@@ -85,6 +85,18 @@ def _is_clean_exit(record: Record) -> bool:
     return record.get("kind") == "exit" and _key(record.get("reason")) in CLEAN_EXITS
 
 
+def _one_start_per_process(records: list[Record]) -> list[Record]:
+    """``records`` without the level-0 observer's ``start`` (``level: 0``) of a process that
+    wrote its own: a level-2 trainer given as ``target.command`` is launched with the level-0
+    bootstrap, which writes a start at ``import torch`` before the trainer writes its own (the
+    one with ``resumed_from_step``). Counted twice, it would look like a restart."""
+    own = {_key(r.get("pid")) for r in records
+           if r.get("kind") == "start" and r.get("level") != 0}
+    own.discard(None)
+    return [r for r in records if not (r.get("kind") == "start" and r.get("level") == 0
+                                       and _key(r.get("pid")) in own)]
+
+
 def _json_safe(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None

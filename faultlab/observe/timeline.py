@@ -92,6 +92,7 @@ from faultlab.observe.records import (
     _is_clean_exit,
     _json_safe,
     _key,
+    _one_start_per_process,
     _step,
 )
 
@@ -136,7 +137,7 @@ class _Timeline:
     def __init__(self, events: Iterable[Record]) -> None:
         records = [r for r in events if isinstance(r, Mapping) and _float(r.get("t")) is not None]
         records.sort(key=lambda r: r["t"])
-        self.records = records
+        self.records = records = _one_start_per_process(records)
         self.ts = [float(r["t"]) for r in records]
         self.start_t: dict[Any, float] = {}  # pid -> t of its first start record
         self.main_t: dict[Any, float] = {}  # pid -> t_main: the process existed by then

@@ -76,7 +76,7 @@ trainer's (fire-once markers are on disk, so nothing strikes twice). With an att
 an emitter (level 1) it still writes step records (the trainer's step number, ``step_source:
 attach``, the loss the trainer passed to ``rt.loss``), checkpoints and the exit; with an
 emitter the trainer writes the protocol itself (level 2) and the observer writes nothing more
-(its ``start`` is already written: a level-2 trainer is best launched without the bootstrap).
+(its ``start`` is already written; observe drops it for a process that writes its own).
 
 Not covered: ``python -S`` or ``-I`` (no ``site``, or no ``PYTHONPATH``: no bootstrap); a
 process forked from a rank (a DataLoader worker) inherits the hooks but writes no record; a

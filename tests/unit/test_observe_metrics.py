@@ -167,6 +167,19 @@ def test_rank_kill_restart_resumes_from_last_checkpoint() -> None:
     assert_json_safe(m)
 
 
+def test_a_level2_trainer_under_the_bootstrap_is_not_restarted_twice() -> None:
+    """A level-2 trainer given as target.command: the level-0 observer writes a start at
+    ``import torch`` in every process, before the trainer's own. It is one process, one start."""
+    job = rank_kill_run()
+    expected = compute_metrics(job.records, [fault(112.5)])
+    observer_starts = [{**r, "t": r["t"] - 0.3, "level": 0, "resumed_from_step": None}
+                       for r in job.records if r["kind"] == "start"]
+    m = compute_metrics(job.records + observer_starts, [fault(112.5)])
+    assert m.restarts == 1 and m == expected
+    level0_only = [r for r in job.records if r["kind"] != "start"] + observer_starts
+    assert compute_metrics(level0_only, [fault(112.5)]).restarts == 1  # level 0: its starts count
+
+
 def test_input_order_does_not_matter() -> None:
     records = rank_kill_run().records
     expected = compute_metrics(records, [fault(112.5)])
