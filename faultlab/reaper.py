@@ -4,9 +4,12 @@ The engine starts it in a session of its own and keeps ``--pidfile`` current wit
 the job. When the engine's process disappears without having stopped the guard, the guard
 continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills
 it and its descendants; for a job of the docker target (``--docker-run``) it then removes that
-run's containers, network and image. On a normal exit the engine terminates the guard first.
+run's containers, network and image; for a job of the slurm target (``--slurm-guard``, the
+state file the target keeps current) it cancels the job and returns to service every node a
+fault set down or killed. On a normal exit the engine terminates the guard first.
 
     python -m faultlab.reaper --parent PID --pidfile FILE [--docker-run RUN_ID]
+                              [--slurm-guard FILE]
 """
 
 from __future__ import annotations
@@ -60,6 +63,17 @@ def _remove_docker_run(run_id: str) -> None:
               f"`faultlab docker clean`", file=sys.stderr)
 
 
+def _restore_slurm(guard: Path) -> None:
+    try:
+        from faultlab.targets.slurm import restore_from_guard
+
+        done = restore_from_guard(json.loads(guard.read_text()))
+        print(f"faultlab reaper: slurm: {'; '.join(done) or 'nothing to undo'}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - report, never crash the guard
+        print(f"faultlab reaper: could not restore the Slurm cluster from {guard}: {e}",
+              file=sys.stderr)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -73,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pidfile", type=Path, required=True)
     parser.add_argument("--interval-s", type=float, default=0.5)
     parser.add_argument("--docker-run", default=None, help="the docker target's run id")
+    parser.add_argument("--slurm-guard", type=Path, default=None,
+                        help="the slurm target's guard state file")
     args = parser.parse_args(argv)
     stop = False
 
@@ -89,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"the job", file=sys.stderr)
             if args.docker_run:
                 _remove_docker_run(args.docker_run)
+            if args.slurm_guard is not None and args.slurm_guard.exists():
+                _restore_slurm(args.slurm_guard)
             return 0
         time.sleep(args.interval_s)
     return 0

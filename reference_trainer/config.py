@@ -82,7 +82,7 @@ PRESETS: dict[str, ModelConfig] = {
 NONFINITE_POLICIES = ("rollback", "skip", "abort")
 NO_VALID_CHECKPOINT_POLICIES = ("fail", "scratch")
 DEVICES = ("auto", "cpu", "cuda")
-PREEMPTION_PROVIDERS = ("auto", "none", "aws", "gce", "azure")
+PREEMPTION_PROVIDERS = ("auto", "none", "aws", "gce", "azure", "slurm")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,7 +135,8 @@ class TrainConfig:
     """Pad each step to at least this long (stands in for a bigger model's step time)."""
     preemption_provider: str = "auto"
     """Watch this cloud's metadata for a spot/preemption notice: auto (whichever endpoint
-    variable is set; none otherwise), none, aws, gce or azure (reference_trainer/preemption.py)."""
+    variable is set; in a Slurm job without one, Slurm's signals; none otherwise), none, aws,
+    gce, azure, or slurm: SIGTERM/SIGUSR1 are the notice (reference_trainer/preemption.py)."""
     preemption_poll_s: float = 0.5
     """Seconds between two polls of the metadata endpoint (at most 1)."""
     straggler_threshold_s: float = 0.05

@@ -27,6 +27,7 @@ from __future__ import annotations
 import calendar
 import email.utils
 import json
+import signal
 import threading
 import time
 import urllib.error
@@ -38,7 +39,10 @@ from typing import Any
 __all__ = ["PROVIDERS", "Notice", "PreemptedMidStep", "PreemptionWatcher", "install_block_checks",
            "resolve_endpoint"]
 
-PROVIDERS = ("auto", "none", "aws", "gce", "azure")
+PROVIDERS = ("auto", "none", "aws", "gce", "azure", "slurm")
+SLURM_SIGNALS = ("TERM", "USR1")
+"""Slurm's notices: SIGTERM is what preemption (and scancel) sends every process of the job;
+SIGUSR1 is what ``#SBATCH --signal=USR1@SECONDS`` sends before the time limit."""
 
 _ENV = {"aws": "AWS_EC2_METADATA_SERVICE_ENDPOINT", "gce": "GCE_METADATA_HOST",
         "azure": "FAULTLAB_AZURE_METADATA_ENDPOINT"}
@@ -68,8 +72,11 @@ def resolve_endpoint(provider: str, environ: Mapping[str, str]) -> tuple[str, st
     if provider == "auto":
         found = [p for p, var in _ENV.items() if environ.get(var)]
         if not found:
-            return None
+            return ("slurm", "signals:" + ",".join(SLURM_SIGNALS)) \
+                if environ.get("SLURM_JOB_ID") else None
         provider = found[0]
+    if provider == "slurm":
+        return "slurm", "signals:" + ",".join(SLURM_SIGNALS)
     if provider not in _ENV:
         raise ValueError(f"unknown preemption provider {provider!r}; choose from "
                          f"{', '.join(PROVIDERS)}")
@@ -101,8 +108,22 @@ class PreemptionWatcher:
         return self._seen.is_set()
 
     def start(self) -> PreemptionWatcher:
+        if self.provider == "slurm":  # a signal is the notice: nothing to poll
+            for name in self.base_url.removeprefix("signals:").split(","):
+                signal.signal(signal.Signals[f"SIG{name}"], self._on_signal)
+            return self
         self._thread.start()
         return self
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        """Slurm's notice (main thread, between two bytecodes): record it, and report it from
+        a thread of its own (the interrupted code may be writing an event itself)."""
+        if self._seen.is_set():
+            return
+        self.notice = Notice("slurm", time.time(), None,
+                             {"signal": signal.Signals(signum).name})
+        self._seen.set()
+        threading.Thread(target=self._on_notice, args=(self.notice,), daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()

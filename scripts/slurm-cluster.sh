@@ -29,6 +29,8 @@ export SLURM_CONF=$CONF
 
 die() { echo "slurm cluster: $*" >&2; exit 1; }
 log() { echo "slurm cluster: $*"; }
+# the checkout a node mounts (its venv runs the jobs): a node of another checkout is replaced
+node_checkout() { docker inspect -f '{{index .Config.Labels "faultlab.checkout"}}' "$1" 2>/dev/null; }
 nodes_in_conf() { grep -c '^NodeName=' "$CONF" 2>/dev/null || echo 0; }
 controller_answers() { timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'; }
 idle_nodes() { timeout 5 sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
@@ -55,6 +57,47 @@ install_packages() {
   log "installed Debian's Slurm and munge in $((SECONDS - t0)) s"
 }
 
+render_config() {  # NODES: the slurm.conf of this cluster, on stdout
+  local n=$1 i
+  echo "# made by scripts/slurm-cluster.sh for $n nodes"
+  echo "ClusterName=faultlab"
+  echo "SlurmctldHost=$(hostname)($SUBNET_PREFIX.1)"
+  echo "AuthType=auth/munge"
+  echo "CredType=cred/munge"
+  # cred_expire is also how long a requeued job is held before it may start again (default
+  # 120 s, so requeue latency on a default cluster includes 121 s); 10 s keeps CI short.
+  echo "AuthInfo=socket=$MUNGE_SOCKET,cred_expire=${FAULTLAB_SLURM_CRED_EXPIRE:-10}"
+  echo "MailProg=/bin/true"
+  echo "SlurmUser=root"
+  echo "SlurmdUser=root"
+  echo "StateSaveLocation=$LAB/state"
+  echo "SlurmdSpoolDir=/var/spool/slurmd"
+  echo "SlurmctldPidFile=$LAB/run/slurmctld.pid"
+  echo "SlurmdPidFile=/var/run/slurmd.pid"
+  echo "SlurmctldLogFile=$LAB/log/slurmctld.log"
+  echo "SlurmdLogFile=/var/log/slurm/slurmd.log"
+  echo "ProctrackType=proctrack/linuxproc"
+  echo "TaskPlugin=task/none"
+  echo "JobAcctGatherType=jobacct_gather/none"
+  echo "AccountingStorageType=accounting_storage/none"
+  echo "SelectType=select/cons_tres"
+  echo "SelectTypeParameters=CR_CPU"
+  echo "MpiDefault=none"
+  # the main scheduler pass every 2 s (default 60 s): a requeued job whose hold has passed
+  # starts within seconds, not at the next minute
+  echo "SchedulerParameters=sched_interval=2"
+  echo "ReturnToService=1"  # 2 would undo a chaos 'state=down' within milliseconds
+  echo "SlurmdTimeout=10"   # default 300: a lost machine would take 5 minutes to notice
+  echo "SlurmctldTimeout=10"
+  echo "KillWait=5"
+  echo "MinJobAge=300"
+  echo "MessageTimeout=5"
+  for i in $(seq 1 "$n"); do
+    echo "NodeName=node$i NodeAddr=$SUBNET_PREFIX.$((10 + i)) CPUs=2 RealMemory=1000 State=UNKNOWN"
+  done
+  echo "PartitionName=debug Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP"
+}
+
 write_config() {  # NODES
   local n=$1 i
   mkdir -p "$LAB"/{etc/slurm,etc/munge,run/munge,state,log,bin,shared}
@@ -65,40 +108,7 @@ write_config() {  # NODES
   fi
   chown -R munge:munge "$LAB/etc/munge" "$LAB/run/munge"
   chmod 0700 "$LAB/etc/munge"; chmod 0400 "$LAB/etc/munge/munge.key"; chmod 0755 "$LAB/run/munge"
-  {
-    echo "# made by scripts/slurm-cluster.sh for $n nodes"
-    echo "ClusterName=faultlab"
-    echo "SlurmctldHost=$(hostname)($SUBNET_PREFIX.1)"
-    echo "AuthType=auth/munge"
-    echo "CredType=cred/munge"
-    echo "AuthInfo=socket=$MUNGE_SOCKET"
-    echo "MailProg=/bin/true"
-    echo "SlurmUser=root"
-    echo "SlurmdUser=root"
-    echo "StateSaveLocation=$LAB/state"
-    echo "SlurmdSpoolDir=/var/spool/slurmd"
-    echo "SlurmctldPidFile=$LAB/run/slurmctld.pid"
-    echo "SlurmdPidFile=/var/run/slurmd.pid"
-    echo "SlurmctldLogFile=$LAB/log/slurmctld.log"
-    echo "SlurmdLogFile=/var/log/slurm/slurmd.log"
-    echo "ProctrackType=proctrack/linuxproc"
-    echo "TaskPlugin=task/none"
-    echo "JobAcctGatherType=jobacct_gather/none"
-    echo "AccountingStorageType=accounting_storage/none"
-    echo "SelectType=select/cons_tres"
-    echo "SelectTypeParameters=CR_CPU"
-    echo "MpiDefault=none"
-    echo "ReturnToService=1"  # 2 would undo a chaos 'state=down' within milliseconds
-    echo "SlurmdTimeout=10"   # default 300: a lost machine would take 5 minutes to notice
-    echo "SlurmctldTimeout=10"
-    echo "KillWait=5"
-    echo "MinJobAge=300"
-    echo "MessageTimeout=5"
-    for i in $(seq 1 "$n"); do
-      echo "NodeName=node$i NodeAddr=$SUBNET_PREFIX.$((10 + i)) CPUs=2 RealMemory=1000 State=UNKNOWN"
-    done
-    echo "PartitionName=debug Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP"
-  } >"$CONF.new"
+  render_config "$n" >"$CONF.new"
   if ! cmp -s "$CONF.new" "$CONF"; then mv "$CONF.new" "$CONF"; return 1; fi
   rm -f "$CONF.new"
 }
@@ -172,7 +182,8 @@ start_nodes() {  # NODES CONFIG_CHANGED
     python_root=$("$HERE/.venv/bin/python" -c 'import sys; print(sys.base_prefix)')
   for i in $(seq 1 "$n"); do
     name=node$i
-    if [ "$2" = 0 ] && [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; then
+    if [ "$2" = 0 ] && [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ] &&
+        [ "$(node_checkout "$name")" = "$HERE" ]; then
       continue
     fi
     docker rm -f "$name" >/dev/null 2>&1
@@ -183,7 +194,8 @@ start_nodes() {  # NODES CONFIG_CHANGED
                   -v "$HERE:$HERE:ro" --tmpfs "$LAB/run/munge")
     [ -n "$python_root" ] && [ -d "$python_root" ] && [ "${python_root#/usr/}" = "$python_root" ] &&
       mounts+=(-v "$python_root:$python_root:ro")
-    docker run -d --name "$name" --hostname "$name" --label "$LABEL=1" --network "$NETWORK" \
+    docker run -d --name "$name" --hostname "$name" --label "$LABEL=1" \
+      --label "faultlab.checkout=$HERE" --network "$NETWORK" \
       --ip "$SUBNET_PREFIX.$((10 + i))" "${mounts[@]}" "$IMAGE" \
       /usr/bin/tini -- "$LAB/bin/node-entry.sh" >/dev/null || die "cannot start $name"
   done
@@ -192,7 +204,8 @@ start_nodes() {  # NODES CONFIG_CHANGED
 cmd_up() {
   local n=${1:-3} t0=$SECONDS changed=0
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "up NODES: 1 to 99 nodes, got '$n'"
-  if [ -f "$CONF" ] && controller_answers && [ "$(nodes_in_conf)" = "$n" ] &&
+  if [ -f "$CONF" ] && [ "$(render_config "$n")" = "$(cat "$CONF")" ] &&
+      [ "$(node_checkout node1)" = "$HERE" ] && controller_answers &&
       [ "$(idle_nodes)" = "$n" ]; then
     log "up: $n nodes idle (already)"; return 0
   fi

@@ -82,7 +82,7 @@ def golden_key(exp: Experiment) -> str:
         "target": {"trainer": t.trainer, "preset": t.preset, "overrides": overrides,
                    "command": list(t.command or [])},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
-        "topology": exp.topology.model_dump(mode="json", exclude={"launcher"}),
+        "topology": exp.topology.model_dump(mode="json", exclude={"launcher", "slurm"}),
         "code": code_version(exp),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]

@@ -156,6 +156,14 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     view = view or NullView()
     run_folder = new_run_folder(report_dir, exp.name)
     job_dir = run_folder / "job"
+    if exp.topology.launcher == "slurm":  # on the cluster's shared filesystem; job/ links it
+        from faultlab.targets.slurm import prepare_job_dir
+
+        try:
+            job_dir = prepare_job_dir(exp, run_folder)
+        except (OSError, ValueError) as e:
+            raise FaultlabError(f"{source or exp.name}: topology.slurm.run_dir: "
+                                f"{str(e).removeprefix('slurm.run_dir: ')}") from None
     golden_cache = golden_cache or report_dir / ".golden"
     records: list[FaultRecord] = []
     active: list[_Active] = []
@@ -191,7 +199,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             view.start(exp.name, exp.run.steps)
             # The guard first: faultlab may die while the job is still starting.
             pidfile = run_folder / ".job-pids.json"
-            reaper = _start_reaper(pidfile, getattr(target, "run_id", None))
+            reaper = _start_reaper(pidfile, getattr(target, "run_id", None),
+                                   getattr(target, "guard_path", None))
             target.start()
             t0 = time.monotonic()
             states = [TriggerState(exp, i) for i in range(len(exp.faults))]
@@ -268,6 +277,10 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             losses = log_losses(exp, job_dir)
         events = target.stream.events
     metrics = compute_metrics(events, records)
+    slurm_view = (target.scheduler_view()  # type: ignore[attr-defined]
+                  if target is not None and hasattr(target, "scheduler_view") else None)
+    if slurm_view is not None:
+        _scheduler_metrics(metrics, slurm_view, records)
     scan = None
     if exp.expect.checkpoints_all_finite is not None and target is not None:
         view.note("reading every checkpoint back")
@@ -294,7 +307,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
                                       if k != "tensors"} if final_state else None),
                 "log_losses": losses or None,
-                "stopped_after_completion": lingering},
+                "stopped_after_completion": lingering,
+                "slurm": slurm_view},
         "environment": environment(),
     }
     path = write_journal(run_folder, journal)
@@ -385,15 +399,32 @@ def _release(exp: Experiment, prepared: dict[int, Fault], records: list[FaultRec
             view.note(f"released {fault.type} {json.dumps(details, default=str)[:60]}")
 
 
+def _scheduler_metrics(metrics: Metrics, view: dict[str, Any],
+                       records: list[FaultRecord]) -> None:
+    """What only the scheduler shows: time in the queue, and the way back from a requeue."""
+    metrics.queue_time_s = view.get("queue_s")
+    requeues = view.get("requeues") or []
+    metrics.requeues = len(requeues)
+    first_fault = min((r.injected_t for r in records if not r.details.get("error")),
+                      default=None)
+    back = [q["running_again_t"] for q in requeues if q.get("running_again_t") is not None]
+    if first_fault is not None and back and len(back) == len(requeues):
+        metrics.requeue_latency_s = max(back) - first_fault
+        for q in requeues:
+            q["latency_s"] = q["running_again_t"] - first_fault
+
+
 def _record_dict(r: FaultRecord) -> dict[str, Any]:
     d = dataclasses.asdict(r)
     d["error"] = r.details.get("error")
     return d
 
 
-def _start_reaper(pidfile: Path, docker_run: str | None = None) -> subprocess.Popen[bytes]:
+def _start_reaper(pidfile: Path, docker_run: str | None = None,
+                  slurm_guard: Path | None = None) -> subprocess.Popen[bytes]:
     pidfile.write_text("[]")
     extra = ["--docker-run", docker_run] if docker_run else []
+    extra += ["--slurm-guard", str(slurm_guard)] if slurm_guard else []
     return subprocess.Popen(
         [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
          "--pidfile", str(pidfile), *extra], start_new_session=True, stdin=subprocess.DEVNULL)
@@ -401,5 +432,5 @@ def _start_reaper(pidfile: Path, docker_run: str | None = None) -> subprocess.Po
 
 def _write_pids(pidfile: Path, target: LocalTarget) -> None:
     tmp = pidfile.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sorted(target.job.pids())))
+    tmp.write_text(json.dumps(sorted(target.pids())))
     os.replace(tmp, pidfile)

@@ -136,7 +136,7 @@ class Fault(ABC):
     Params: ClassVar[type[FaultParams]] = FaultParams
     targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
     """Selector kinds this fault accepts."""
-    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
+    launchers: ClassVar[tuple[str, ...]] = ("local", "docker", "slurm")
     """``topology.launcher`` values this fault works with (checked when the experiment loads)."""
     launcher_reason: ClassVar[str] = ""
     """Why the other launchers cannot host it (shown in that load error)."""
@@ -145,6 +145,18 @@ class Fault(ABC):
 
     def __init__(self, params: FaultParams) -> None:
         self.params = params
+
+    @classmethod
+    def reversible_with(cls, params: FaultParams) -> bool:
+        """Is a fault with these parameters undone (``reversible``, unless a parameter
+        changes that)?"""
+        return cls.reversible
+
+    @classmethod
+    def refuses(cls, topology: Any) -> str | None:
+        """Why this fault cannot run on ``topology`` although its launcher is allowed (checked
+        when the experiment loads, shown as that fault's error); None: it can."""
+        return None
 
     @classmethod
     def summary(cls) -> str:

@@ -8,6 +8,7 @@ job reacts, or when the experiment ends for any reason.
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -33,6 +34,13 @@ def _continue(ctx: FaultContext, pid: int) -> bool:
         return False
 
 
+def _struck_at(ctx: FaultContext, details: dict[str, Any]) -> dict[str, Any]:
+    """Add when the signal went out where a target delivers it on a remote node (the slurm
+    target's step on the node takes a fraction of a second to start)."""
+    at = getattr(ctx, "action_t", None)
+    return {**details, "at_t": at} if at is not None else details
+
+
 def _victim_ranks(ctx: FaultContext, victim: Victim) -> list[int]:
     return ctx.ranks() if victim.kind == "all" else [int(victim.value or 0)]
 
@@ -55,7 +63,7 @@ class RankKillFault(Fault):
             pid = ctx.rank_pid(rank)
             if ctx.signal(pid, sig):
                 done[rank] = pid
-        return {"signal": sig.name, "pids_by_rank": done}
+        return _struck_at(ctx, {"signal": sig.name, "pids_by_rank": done})
 
 
 class NodeKillFault(Fault):
@@ -68,12 +76,42 @@ class NodeKillFault(Fault):
     class Params(FaultParams):
         signal: Literal["KILL", "TERM"] = Field("KILL", description="signal sent to the agent "
                                                                     "and every worker")
+        method: Literal["processes", "machine"] = Field(
+            "processes", description="processes: every process of the job on the node; "
+                                     "machine (slurm target, local test cluster): the node's "
+                                     "container is killed, slurmd with it, and Slurm must "
+                                     "notice by itself; it is started again on undo")
+
+    @classmethod
+    def reversible_with(cls, params: FaultParams) -> bool:
+        return getattr(params, "method", "processes") == "machine"  # started again on undo
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._machines: list[str] = []
+        self.reversible = self.reversible_with(params)  # type: ignore[misc]
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        node = ctx.node_names()[int(victim.value or 0)]
+        nodes = ctx.node_names()
+        if int(victim.value or 0) >= len(nodes):
+            raise FaultError(f"node {victim.value}: the job has {len(nodes)} node(s) now "
+                             f"({', '.join(nodes) or 'none'})")
+        node = nodes[int(victim.value or 0)]
+        if self.params.method == "machine":  # type: ignore[attr-defined]
+            if not hasattr(ctx, "kill_machine"):
+                raise FaultError("method: machine needs topology.launcher: slurm (on docker "
+                                 "nodes node_kill already kills the container)")
+            self._machines.append(node)
+            ctx.kill_machine(node)  # type: ignore[attr-defined]
+            return {"method": "machine", "node": node, "at_t": time.time()}
         pids = ctx.kill_node(node, _signal(self.params.signal))  # type: ignore[attr-defined]
-        return {"signal": f"SIG{self.params.signal}", "node": node,  # type: ignore[attr-defined]
-                "pids": pids}
+        return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",  # type: ignore[attr-defined]
+                                "node": node, "pids": pids})
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        started = [n for n in self._machines if ctx.start_machine(n)]  # type: ignore[attr-defined]
+        self._machines = []
+        return {"machines_started": started}
 
 
 class _StopFault(Fault):

@@ -64,6 +64,9 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
     Sla(key="checkpoints_all_finite", metric="checkpoints_all_finite", kind="bool",
         description="every checkpoint the job left holds only finite values (read back after "
                     "the run)"),
+    Sla(key="requeue_latency_s", metric="requeue_latency_s", kind="max",
+        description="fault injected → the scheduler requeued the job → running again "
+                    "(slurm)"),
     Sla(key="straggler_detected_within_s", metric="straggler_detected_within_s", kind="max",
         description="a rank slowed down → the trainer names it in an anomaly"),
     Sla(key="max_slowdown", metric="slowdown", kind="max",

@@ -108,6 +108,14 @@ class Metrics:
     slowdown: float | None = None
     checkpoints_all_finite: bool | None = None
     """Not from events: set by the engine when it read the checkpoints back after the run."""
+    queue_time_s: float | None = None
+    """Not from events (a scheduler's job, ``topology.launcher: slurm``): submitted → first
+    running."""
+    requeue_latency_s: float | None = None
+    """Not from events: the first fault → the job running again after a requeue (the worst of
+    the run's requeues); None if the job was never requeued."""
+    requeues: int | None = None
+    """Not from events: how many times the scheduler requeued the job."""
     faults: list[FaultMetrics] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class Expect(SpecModel):
     checkpoints_all_finite: bool | None = None
     """Every checkpoint left in the job's folder holds (or not) only finite values; keep them
     all with ``target.overrides.keep_checkpoints`` to cover every checkpoint ever saved."""
+    requeue_latency_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds from the fault to the job running again after the scheduler
+    requeued it (``topology.launcher: slurm``); a job never requeued fails it."""
     straggler_detected_within_s: float | None = Field(default=None, gt=0)
     """Upper bound, seconds from slowing a rank down to the trainer naming it."""
     max_slowdown: float | None = Field(default=None, gt=0)

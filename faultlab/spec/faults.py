@@ -248,7 +248,7 @@ class FaultSpec(SpecModel):
             if errors:
                 raise located(errors)
             return self
-        if fault.reversible:
+        if fault.reversible_with(self.params):
             if self.duration_s is None and self.until is None:
                 raise ValueError(f"{self.type} must be undone: add duration_s: <seconds>, "
                                  f"until: reaction, or both (whichever comes first)")

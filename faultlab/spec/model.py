@@ -116,7 +116,9 @@ def _target_in_range(i: int, target: Selector, topology: Topology) -> list[InitE
 def _launcher_fits(i: int, fault: FaultSpec, topology: Topology) -> list[InitErrorDetails]:
     launchers = fault.fault_class.launchers
     if topology.launcher in launchers:
-        return []
+        why = fault.fault_class.refuses(topology)
+        return [] if why is None else [spec_error((i, "type"), f"{fault.type}: {why}",
+                                                  fault.type)]
     return [spec_error((i, "type"), f"{fault.type} needs topology.launcher: "
                        f"{' or '.join(launchers)} (this experiment's nodes are "
                        f"{topology.launcher!r}): {fault.fault_class.launcher_reason}",

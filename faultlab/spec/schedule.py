@@ -99,7 +99,7 @@ def _when(exp: Experiment, index: int) -> str:
 
 
 def _undo(fault: FaultSpec) -> str:
-    if not fault.fault_class.reversible:
+    if not fault.fault_class.reversible_with(fault.params):
         return "permanent (this fault cannot be undone)"
     ways = []
     if fault.duration_s is not None:

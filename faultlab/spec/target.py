@@ -19,7 +19,7 @@ from faultlab.spec._base import SpecModel, as_tuple, located, show, spec_error, 
 from faultlab.spec._trainer import check_overrides
 from faultlab.spec.trainers import get_trainer, trainers
 
-__all__ = ["PYTHON_NAMES", "RunSpec", "TargetSpec", "Topology"]
+__all__ = ["PYTHON_NAMES", "RunSpec", "SlurmSpec", "TargetSpec", "Topology"]
 
 PYTHON_NAMES = ("python", "python3")
 """A command starting with one of these runs on the interpreter (and virtual environment)
@@ -144,6 +144,72 @@ class TargetSpec(SpecModel):
 # -------------------------------------------------------------------------- topology, run
 
 
+SLURM_SHARED_ENV = "FAULTLAB_SLURM_SHARED"
+"""A directory every node of the Slurm cluster sees at the same path (the local test cluster's
+``scripts/slurm-cluster.sh env`` sets it): ``slurm.run_dir``'s default is ``runs/`` in it."""
+
+
+class SlurmSpec(SpecModel):
+    """How the job is submitted to Slurm (``topology.launcher: slurm``). faultlab runs where
+    the Slurm commands work (a login node): ``SLURM_CONF`` or the host's own configuration."""
+
+    partition: str | None = None
+    """``sbatch --partition``; the cluster's default partition if unset."""
+    account: str | None = None
+    """``sbatch --account``."""
+    time_limit: str | None = None
+    """``sbatch --time`` (``MM``, ``HH:MM:SS`` or ``D-HH``); the partition's default if unset."""
+    sbatch_args: tuple[str, ...] = ()
+    """More ``sbatch`` options, as given (``--exclusive``, ``--no-requeue``, ``--signal=...``)."""
+    run_dir: Annotated[Path, Field(strict=False)] | None = None
+    """Where the job's run directories go, on a filesystem every node sees at the same path
+    (events, logs, checkpoints); default ``$FAULTLAB_SLURM_SHARED/runs``."""
+    script: Annotated[Path, Field(strict=False)] | None = None
+    """Your own sbatch script, submitted unchanged (faultlab's own environment exported to it:
+    ``FAULTLAB_RUN_DIR``, the runtime agent's bootstrap); unset: faultlab's batch script, one
+    torchrun agent per node with the c10d rendezvous on the first node."""
+    allow_node_state_changes: bool = False
+    """Allow faults that change a node's state for every user of the cluster
+    (``slurm_node_down``); the node is always resumed on undo and by the guard."""
+
+    @field_validator("sbatch_args", mode="before")
+    @classmethod
+    def _args(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(shlex.split(value))
+        return as_tuple(value)
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{show(str(value))}: no such file (relative paths start from the "
+                             f"directory faultlab runs in, {show(str(Path.cwd()))})")
+        return value
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"{show(str(value))} is relative: give the absolute path every "
+                             f"node sees")
+        return value
+
+    def runs_root(self) -> Path:
+        """Where this experiment's run directories go (``run_dir`` or the shared default);
+        ValueError when neither is set (checked when the run starts: a file that names no
+        directory still validates on a machine that is not the cluster's login node)."""
+        import os
+
+        if self.run_dir is not None:
+            return self.run_dir
+        shared = os.environ.get(SLURM_SHARED_ENV)
+        if not shared:
+            raise ValueError(f"slurm.run_dir: not set, and neither is ${SLURM_SHARED_ENV}; give "
+                             f"a directory every node sees at the same path")
+        return Path(shared) / "runs"
+
+
 class Topology(SpecModel):
     """Shape of the job: ``nodes`` torchrun agents with ``procs_per_node`` ranks each."""
 
@@ -157,16 +223,25 @@ class Topology(SpecModel):
     """Process-group backend; ``auto`` is NCCL with a GPU, else gloo."""
     max_restarts: int = Field(default=3, ge=0)
     """Restarts torchrun allows the job before it gives up."""
-    launcher: Literal["local", "docker"] = "local"
-    """Where the nodes run: ``local`` (torchrun agents on this host, sharing its network) or
+    launcher: Literal["local", "docker", "slurm"] = "local"
+    """Where the nodes run: ``local`` (torchrun agents on this host, sharing its network),
     ``docker`` (one container per node on a bridge network of its own; needs a Docker engine,
-    and is what the ``network`` faults and ``node_pause`` act on)."""
+    and is what the ``network`` faults and ``node_pause`` act on) or ``slurm`` (a batch job on
+    a Slurm cluster, one node per allocated host; see ``slurm``)."""
+    slurm: SlurmSpec | None = None
+    """How the job is submitted (``launcher: slurm`` only); the defaults if unset."""
 
     @model_validator(mode="after")
     def _min_nodes(self) -> Topology:
         if self.min_nodes is not None and self.min_nodes > self.nodes:
             raise located([spec_error(("min_nodes",), f"min_nodes ({self.min_nodes}) cannot "
                                       f"exceed nodes ({self.nodes})", self.min_nodes)])
+        if self.slurm is not None and self.launcher != "slurm":
+            raise located([spec_error(("slurm",), f"a slurm block needs launcher: slurm "
+                                      f"(this topology's launcher is {self.launcher!r})",
+                                      "slurm")])
+        if self.launcher == "slurm" and self.slurm is None:
+            object.__setattr__(self, "slurm", SlurmSpec())  # frozen: set once, here
         return self
 
     @property

@@ -6,6 +6,8 @@ Implementations, none importing another's module but through this package's ``ma
   store of their own (``rdzv_store``) and a faster-polling torchrun agent (``torchrun_agent``);
 - ``docker``: one container per node on a network of the run's own (it reuses ``local``'s
   launch with the nodes swapped: ``DockerJob`` fills ``LocalJob``'s node hooks);
+- ``slurm``: a Slurm batch job (faultlab's batch script or the user's), followed through
+  ``scontrol`` and reached on its nodes through steps inside its allocation;
 - ``attach``: a job already running, found by its run directory.
 
 What it owns: launching any command (a registered trainer's or a user's), process trees and
@@ -29,6 +31,10 @@ __all__ = ["make_target"]
 def make_target(exp: Experiment, run_dir: Path,
                 node_env: dict[str, dict[str, str]] | None = None) -> LocalTarget:
     """The target ``topology.launcher`` asks for (each imported only when asked for)."""
+    if exp.topology.launcher == "slurm":
+        from faultlab.targets.slurm import SlurmTarget
+
+        return SlurmTarget(exp, run_dir, node_env=node_env)  # type: ignore[return-value]
     if exp.topology.launcher == "docker":
         from faultlab.targets.docker import DockerTarget
 

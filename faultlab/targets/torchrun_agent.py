@@ -30,10 +30,22 @@ def _holder_init(self, backend, settings, cache_duration=1):  # type: ignore[no-
     _upstream_holder_init(self, backend, settings, cache_duration=POLL_S)
 
 
+def _survive_usr1() -> None:
+    """Slurm delivers ``scancel --signal=USR1`` (and ``--signal=USR1@T``) to every process of a
+    step: torchrun's agent has no handler and dies of it, orphaning its workers, which then
+    escape ``proctrack/linuxproc`` (measured: the job's cancel took 65 s). A no-op handler keeps
+    the agent alive; exec resets a caught signal, so the workers keep the default and see the
+    notice as the trainer decides."""
+    import signal
+
+    signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
+
+
 dynamic_rendezvous._delay = _delay
 dynamic_rendezvous._BackendRendezvousStateHolder.__init__ = _holder_init  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     from torch.distributed.run import main
 
+    _survive_usr1()
     main()

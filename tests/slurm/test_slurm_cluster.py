@@ -1,8 +1,9 @@
 """The local Slurm test cluster (scripts/slurm-cluster.sh): a real Slurm 22.05, slurmctld and
 munged on this host and one slurmd per Docker container. It comes up with every node idle, is
-idempotent and repairs a dead controller, runs a torchrun gloo job across its nodes, and goes
-down leaving no container, network or daemon. Needs root and a Docker engine: without them it
-skips with the reason, and under ``FAULTLAB_REQUIRE_DOCKER=1`` (``make test`` in CI) it fails.
+idempotent and repairs a dead controller, runs a step across its nodes, and goes down leaving
+no container, network or daemon (torchrun jobs across its nodes: test_slurm_experiments.py).
+Needs root and a Docker engine: without them it skips with the reason, and under
+``FAULTLAB_REQUIRE_DOCKER=1`` (``make test`` in CI) it fails.
 
 This test owns the local cluster: it takes down one a developer left up.
 """
@@ -13,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,14 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
 LAB = Path("/var/lib/faultlab-slurm")
 CONF = LAB / "etc" / "slurm" / "slurm.conf"
-ALLREDUCE = """
-import os, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1) * (dist.get_rank() + 1)
-dist.all_reduce(t)
-print(f"rank {dist.get_rank()} on {os.uname().nodename} sum {t.item()}", flush=True)
-dist.destroy_process_group()
-"""
 
 
 def _cluster(*args: str, timeout_s: float = 300) -> str:
@@ -70,9 +62,11 @@ def cluster() -> Iterator[None]:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.xdist_group("slurm")  # one cluster: its tests run one at a time
 @pytest.mark.timeout(420)
 def test_the_local_cluster_comes_up_repairs_itself_runs_a_job_and_goes_down(
         cluster: None) -> None:
+    _cluster("down")  # from nothing: a cluster left up (or another test's) is not timed
     up = _cluster("up", "3")
     assert re.search(r"up: 3 nodes idle in \d+\.\d+ s", up), up
     assert "already" in _cluster("up", "3")
@@ -82,32 +76,6 @@ def test_the_local_cluster_comes_up_repairs_itself_runs_a_job_and_goes_down(
     for pid in _pids("slurmctld"):
         os.kill(pid, signal.SIGKILL)
     assert "nodes idle in" in _cluster("up", "3")
-
-    shared = LAB / "shared"
-    (shared / "allreduce.py").write_text(ALLREDUCE)
-    venv_python = REPO / ".venv" / "bin" / "python"
-    job = shared / "allreduce.sbatch"
-    job.write_text(
-        "#!/bin/bash\n#SBATCH -N 3\n#SBATCH --ntasks-per-node=1\n"
-        f"#SBATCH -o {shared}/%j.out\n#SBATCH -D {shared}\n"
-        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
-        f"srun {venv_python} -m torch.distributed.run --nnodes=3 --nproc-per-node=1 "
-        f"--rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID "
-        f"{shared}/allreduce.py\n")
-    job_id = _slurm("sbatch", "--parsable", str(job)).strip()
-    deadline = time.monotonic() + 240
-    state = ""
-    while time.monotonic() < deadline:
-        state = _slurm("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").strip()
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-            break
-        time.sleep(0.5)
-    out = (shared / f"{job_id}.out").read_text()
-    assert state == "COMPLETED", f"job {job_id} is {state}:\n{out}"
-    lines = re.findall(r"rank (\d) on (node\d) sum (\S+)", out)
-    assert sorted(r for r, _n, _s in lines) == ["0", "1", "2"], out  # ranks: by rendezvous
-    assert sorted(n for _r, n, _s in lines) == ["node1", "node2", "node3"], out
-    assert {s for _r, _n, s in lines} == {"6.0"}, out
 
     _cluster("down")
     left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=faultlab.slurm-cluster"],

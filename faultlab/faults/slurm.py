@@ -1,0 +1,142 @@
+"""Slurm faults: what the scheduler itself does to a job (``topology.launcher: slurm``).
+
+- ``slurm_node_down``: the scheduler's view of a failed or drained node (``scontrol update
+  state=down|drain``). Slurm requeues the job (or, with ``--no-kill``, shrinks it): this tests
+  the team's requeue, ``--no-kill`` and hot-spare set-up. It changes the node for every user
+  of the cluster, so it needs operator rights and ``slurm.allow_node_state_changes: true``;
+  the node is always resumed on undo, when the experiment ends, and by the guard if faultlab
+  dies.
+- ``slurm_preempt``: Slurm's own preemption notice. ``scancel --signal=TERM|USR1`` (to every
+  process of every step, or ``batch: true`` to the batch shell, as ``#SBATCH
+  --signal=B:USR1@120`` does), then after ``grace_s`` the job is requeued (``scontrol
+  requeue``), as ``PreemptMode=REQUEUE`` does once ``GraceTime`` has passed. It tests that the
+  trainer's signal handler saves before the kill, and that the requeued job resumes from it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from faultlab.errors import FaultError
+from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+
+__all__ = ["SlurmNodeDownFault", "SlurmPreemptFault"]
+
+_ONLY_SLURM = "it acts through the Slurm controller (scontrol, scancel)"
+
+
+def _slurm(ctx: FaultContext) -> Any:
+    if not hasattr(ctx, "set_node_state"):
+        raise FaultError("this fault needs a Slurm job (topology.launcher: slurm)")
+    return ctx
+
+
+class SlurmNodeDownFault(Fault):
+    """Set a node of the job down (or drain it) in Slurm: the scheduler's view of a failure."""
+
+    type = "slurm_node_down"
+    family = "scheduler"
+    reversible = True
+    targets: ClassVar[tuple[str, ...]] = ("node",)
+    launchers: ClassVar[tuple[str, ...]] = ("slurm",)
+    launcher_reason = _ONLY_SLURM
+
+    class Params(FaultParams):
+        state: Literal["down", "drain"] = Field(
+            "down", description="down: the job is killed there (and requeued, by default); "
+                                "drain: running jobs go on, nothing new starts there")
+        reason: str = Field("faultlab chaos", description="the reason Slurm shows (sinfo -R)")
+
+    @classmethod
+    def refuses(cls, topology: Any) -> str | None:
+        slurm = getattr(topology, "slurm", None)
+        if slurm is not None and not slurm.allow_node_state_changes:
+            return ("it changes the node for every user of the cluster: set "
+                    "topology.slurm.allow_node_state_changes: true (and run as a Slurm "
+                    "operator)")
+        return None
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._down: list[str] = []
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        slurm = _slurm(ctx)
+        nodes = ctx.node_names()
+        if int(victim.value or 0) >= len(nodes):
+            raise FaultError(f"node {victim.value}: the job holds {len(nodes)} node(s) now "
+                             f"({', '.join(nodes) or 'none: not running'})")
+        node = nodes[int(victim.value or 0)]
+        self._down.append(node)
+        p = self.params
+        slurm.set_node_state(node, p.state, f"{p.reason} (job {slurm.job_id})")  # type: ignore[attr-defined]
+        return {"node": node, "state": p.state, "job_state": slurm.state(),  # type: ignore[attr-defined]
+                "at_t": time.time()}
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        slurm = _slurm(ctx)
+        resumed = [n for n in self._down if slurm.resume_node(n)]
+        self._down = []
+        return {"resumed": resumed}
+
+
+class SlurmPreemptFault(Fault):
+    """Slurm's preemption: a signal to the job, then a requeue once the grace time is over."""
+
+    type = "slurm_preempt"
+    family = "scheduler"
+    targets: ClassVar[tuple[str, ...]] = ("all",)
+    launchers: ClassVar[tuple[str, ...]] = ("slurm",)
+    launcher_reason = _ONLY_SLURM
+
+    class Params(FaultParams):
+        signal: Literal["TERM", "USR1", "USR2", "INT"] = Field(
+            "TERM", description="the notice: TERM is what preemption sends; USR1 what "
+                                "#SBATCH --signal=USR1@SECONDS sends")
+        batch: bool = Field(False, description="signal only the batch shell (--batch), as "
+                                               "--signal=B:SIG@SECONDS does")
+        grace_s: float = Field(20.0, ge=0, le=3600, description="seconds between the notice "
+                                                                "and the requeue (GraceTime)")
+        requeue: bool = Field(True, description="requeue the job after the grace time "
+                                                "(PreemptMode=REQUEUE); false: only the signal")
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._timer: threading.Timer | None = None
+        self._requeued: dict[str, Any] = {}
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        slurm = _slurm(ctx)
+        p = self.params
+        t = time.time()
+        slurm.cancel(p.signal, batch=p.batch)  # type: ignore[attr-defined]
+        if p.requeue:  # type: ignore[attr-defined]
+            grace = float(p.grace_s)  # type: ignore[attr-defined]
+            slurm.hold_finish(t + grace + 5)  # the job may end in its grace: it comes back
+            self._timer = threading.Timer(grace, self._requeue, args=(slurm,))
+            self._timer.daemon = True
+            self._timer.start()
+        out = {"signal": f"SIG{p.signal}", "batch": p.batch, "grace_s": p.grace_s,  # type: ignore[attr-defined]
+               "requeue": p.requeue, "at_t": t}  # type: ignore[attr-defined]
+        if p.requeue:  # type: ignore[attr-defined]
+            out["deadline_t"] = t + float(p.grace_s)  # the requeue kills what is left
+        return out
+
+    def _requeue(self, slurm: Any) -> None:
+        try:
+            self._requeued = {"requeued_t": time.time(), "job_state": slurm.requeue()}
+        except FaultError as e:
+            self._requeued = {"requeue_error": str(e)}
+
+    def release(self) -> dict[str, Any]:
+        if self._timer is not None:
+            self._timer.cancel()
+        return dict(self._requeued)
+
+    @classmethod
+    def needs_prepare(cls) -> bool:
+        return True  # one instance for the run, so that release() sees the requeue

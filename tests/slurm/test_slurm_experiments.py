@@ -1,0 +1,199 @@
+"""The slurm target against a real Slurm 22.05 (the local test cluster, scripts/slurm-cluster.sh):
+the shipped Slurm experiments pass, a job submitted by hand is attached to by job id and broken,
+and killing ``faultlab run`` midway leaves nothing behind. After every test: no job of the test
+queued or running, no node down or drained, no process of a job on any node.
+
+Needs root and a Docker engine: without them it skips with the reason, and under
+``FAULTLAB_REQUIRE_DOCKER=1`` (``make test`` in CI) it fails. Its tests share one cluster, so
+they run one at a time (``xdist_group``); the cluster goes down at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faultlab.engine import run_experiment
+from faultlab.faults.base import Victim
+from faultlab.faults.process import RankKillFault
+from faultlab.spec import load_experiment
+from faultlab.targets.slurm import SlurmTarget
+from faultlab.targets.slurm.slurmcli import TERMINAL, show_job
+from faultlab.testing import require_docker_engine
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("slurm"),
+              pytest.mark.timeout(400)]
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
+LAB = Path("/var/lib/faultlab-slurm")
+SHIPPED = sorted((REPO / "experiments").glob("slurm_*.yaml"))
+
+
+def _slurm(*cmd: str) -> str:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Path]:
+    require_docker_engine()
+    if os.geteuid() != 0:
+        if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
+            pytest.fail("FAULTLAB_REQUIRE_DOCKER=1 but the Slurm test cluster needs root",
+                        pytrace=False)
+        pytest.skip("the Slurm test cluster needs root (daemons, munge key, containers)")
+    up = subprocess.run(["bash", str(SCRIPT), "up", "3"], capture_output=True, text=True,
+                        timeout=300, check=False)
+    assert up.returncode == 0, up.stdout + up.stderr
+    print(up.stdout.strip().splitlines()[-1])
+    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "FAULTLAB_SLURM_SHARED")}
+    os.environ["SLURM_CONF"] = str(LAB / "etc" / "slurm" / "slurm.conf")
+    os.environ["FAULTLAB_SLURM_SHARED"] = str(LAB / "shared")
+    try:
+        yield LAB / "shared"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, timeout=120,
+                       check=False)
+
+
+def _assert_nothing_left(job_ids: list[int]) -> None:
+    """No job of the test still queued or running, every node idle (none down or drained by a
+    fault), and no process of any job on any node."""
+    for job_id in job_ids:
+        job = show_job(job_id)
+        assert job is None or job["JobState"] in TERMINAL, job
+    deadline = time.monotonic() + 30  # a machine started again takes a moment to answer
+    while True:
+        states = dict(line.split() for line in _slurm("sinfo", "-h", "-N", "-o",
+                                                      "%N %T").splitlines())
+        if set(states.values()) == {"idle"} or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(states.values()) == {"idle"}, states
+    for node in states:
+        ps = subprocess.run(["docker", "exec", node, "ps", "-eo", "args"], capture_output=True,
+                            text=True, timeout=30, check=True).stdout
+        jobs = [line for line in ps.splitlines() if "python" in line]  # agents, ranks, steps
+        assert jobs == [], f"{node}:\n{ps}"
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_a_shipped_slurm_experiment_passes(path: Path, cluster: Path, tmp_path: Path,
+                                           golden_cache: Path) -> None:
+    result = run_experiment(load_experiment(path), source=path, report_dir=tmp_path,
+                            golden_cache=golden_cache)
+    journal = json.loads(result.journal_path.read_text())
+    view = journal["run"]["slurm"]
+    m = result.metrics
+    print(f"{path.stem}: {result.verdict}; queue {m.queue_time_s} s, requeues {m.requeues}, "
+          f"requeue latency {m.requeue_latency_s} s, resume {m.resume_time_s} s, "
+          f"lost steps {m.lost_steps}, wall {journal['run']['wall_s']:.1f} s")
+    assert result.passed, [str(s) for s in result.failures()] + [result.error or ""]
+    assert view["final_state"] == "COMPLETED", view
+    requeued = path.stem != "slurm_rank_kill"  # a rank kill is recovered inside the allocation
+    assert (view["restarts"] >= 1) == requeued, view
+    _assert_nothing_left([view["job_id"]])
+
+
+def _hand_script(shared: Path, run_dir: Path) -> Path:
+    """A team's own sbatch script: plain torchrun on every node, the reference trainer, no
+    faultlab anywhere but the run directory its events go to."""
+    script = shared / "hand.sbatch"
+    script.write_text(f"""#!/bin/bash
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=1
+#SBATCH -o {run_dir}/hand-%j.out
+#SBATCH -D {run_dir}
+export FAULTLAB_RUN_DIR={run_dir} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+# Without this, torch 2.13's restarted workers disagree on MASTER_PORT (the store torchrun's
+# agent shares with them) and the restart fails: "Gloo connectFullMesh failed ... Connection
+# refused", both restarts used up, the job FAILED. faultlab found that in this very script.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+srun --kill-on-bad-exit=0 {sys.executable} -m torch.distributed.run --nnodes=2 \\
+  --nproc-per-node=1 --max-restarts=2 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29611 \\
+  --rdzv-id=hand-$SLURM_JOB_ID -m reference_trainer.train --preset tiny --steps 40 \\
+  --checkpoint-every 10 --min-step-time-s 0.3 --run-dir {run_dir}
+""")
+    return script
+
+
+def test_a_job_submitted_by_hand_is_attached_by_id_and_a_rank_killed(cluster: Path) -> None:
+    run_dir = cluster / "runs" / f"hand-{os.getpid()}-{time.time_ns()}"
+    (run_dir / "events").mkdir(parents=True)
+    job_id = int(_slurm("sbatch", "--parsable", str(_hand_script(cluster, run_dir))).strip())
+    try:
+        target = SlurmTarget.attach(job_id)  # its events: the job's WorkDir
+        assert target.run_dir == run_dir
+        deadline = time.monotonic() + 120
+        while target.stream.max_step() < 5:
+            assert time.monotonic() < deadline, target.log_tail()
+            assert not target.finished(), target.log_tail()
+            time.sleep(0.3)
+            target.refresh()
+        before = target.rank_pid(1)
+        details = RankKillFault(RankKillFault.Params()).inject(target, Victim("rank", 1))
+        assert details["pids_by_rank"] == {1: before}, details
+        # torchrun restarts the group inside the allocation: a new rank 1 process
+        while (start := target.stream.latest_start(1)) is None or int(start["pid"]) == before \
+                or target.stream.max_step() < 12:
+            assert time.monotonic() < deadline, target.log_tail()
+            time.sleep(0.3)
+            target.refresh()
+        assert target.stream.latest_start(1)["resumed_from_step"] >= 0
+        assert target.state() == "RUNNING"
+        assert target.scheduler_view()["attached"] is True
+        target.stop()  # not faultlab's job: it goes on
+        assert target.state() == "RUNNING"
+    finally:
+        subprocess.run(["scancel", str(job_id)], check=False, timeout=30)
+    deadline = time.monotonic() + 60
+    while (job := show_job(job_id)) is not None and job["JobState"] not in TERMINAL:
+        assert time.monotonic() < deadline, job
+        time.sleep(0.3)
+    _assert_nothing_left([job_id])
+
+
+def test_killing_faultlab_midway_leaves_no_job_no_down_node_and_no_process(
+        cluster: Path, tmp_path: Path, golden_cache: Path) -> None:
+    """``faultlab run`` is SIGKILLed while a node is down and the job is being requeued: the
+    guard cancels the job and returns the node to service."""
+    exp = tmp_path / "down.yaml"
+    exp.write_text((REPO / "experiments" / "slurm_node_down.yaml").read_text()
+                   .replace("  bitwise_equal_to_golden: true\n", "")
+                   .replace("duration_s: 30", "duration_s: 300"))
+    proc = subprocess.Popen([sys.executable, "-m", "faultlab.cli", "run", str(exp),
+                             "--report-dir", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.append(line)
+        if "injected node-down" in line:
+            break
+    else:
+        pytest.fail("the fault never fired:\n" + "".join(out))
+    [link] = tmp_path.glob("slurm_node_down-*/job")
+    guard = json.loads((link / "slurm" / "guard.json").read_text())
+    assert guard["nodes_down"], guard
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while (job := show_job(guard["job_id"])) is not None and job["JobState"] not in TERMINAL:
+        assert time.monotonic() < deadline, job
+        time.sleep(0.3)
+    _assert_nothing_left([guard["job_id"]])
