@@ -74,11 +74,15 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
                 for spec in exp.faults}
     local = {f.family for f in fault_types().values() if "local" in f.launchers}
     assert families == local
-    # The network family needs nodes with a network of their own (containers); the suite runs
-    # on local nodes, so its docker experiments run in CI instead.
-    assert {f.family for f in fault_types().values()} - local == {"network"}
+    # The network family needs nodes with a network of their own (containers), the scheduler
+    # family a Slurm job; the suite runs on local nodes, so their experiments run in CI instead
+    # (the docker ones as shipped items, the slurm_*.yaml ones in tests/slurm).
+    assert {f.family for f in fault_types().values()} - local == {"network", "scheduler"}
     assert all(f"experiments/{name}.yaml" in shipped
                for name in ("docker_node_loss", "network_partition", "network_throttle"))
+    slurm = (REPO / "tests" / "slurm" / "test_slurm_experiments.py").read_text()
+    assert 'glob("slurm_*.yaml")' in slurm and {"slurm_node_down", "slurm_preemption"} <= {
+        p.stem for p in (REPO / "experiments").glob("slurm_*.yaml")}
     doc = load_document(PRELAUNCH)
     assert isinstance(doc, PlannedSuite) and doc.name == "prelaunch"
     assert [Path(p).stem for p in doc.suite.experiments] == MUST_PASS
