@@ -123,17 +123,18 @@ def inject(run_dir: Path, ctx: JobContext, fault: Fault, victim: Victim,
            duration_s: float | None) -> dict:
     """Inject ``fault`` into ``victim``, journaled before and after; the activity's result."""
     cls = type(fault)
+    reversible = fault.reversible  # a parameter may make it so (node_kill method: machine)
     log = ActionLog(run_dir)
-    fid = log.begin(cls.type, str(victim), cls.reversible, time.time())
+    fid = log.begin(cls.type, str(victim), reversible, time.time())
     injected_t = time.time()
     try:
         details = fault.inject(ctx, victim)
     except FaultlabError as e:
-        log.injected(fid, cls.type, str(victim), cls.reversible, injected_t,
-                     {"error": str(e)})
+        log.injected(fid, cls.type, str(victim), reversible, injected_t, {"error": str(e)})
         raise FaultError(f"{fid} ({cls.type} on {victim}) could not be injected: {e}") from None
-    log.injected(fid, cls.type, str(victim), cls.reversible, injected_t, details)
-    if cls.reversible:
+    injected_t = float(details.pop("at_t", injected_t))
+    log.injected(fid, cls.type, str(victim), reversible, injected_t, details)
+    if reversible:
         _undo.remember(run_dir, fid, fault, ctx)
         if duration_s is not None:
             timer = threading.Timer(duration_s, _undo.undo_by_id, args=(run_dir, fid))

@@ -3,10 +3,13 @@
 A job is launched from a faultlab experiment: an experiment file, or one built from the job's
 shape (``start_training``'s arguments) with defaults (``build_experiment``).
 
-A job launched here (``start_training``, or the run-context control) is a ``LocalTarget``
+A job launched here (``start_training``, or the run-context control) is the target its
+experiment's ``topology.launcher`` asks for (local processes, containers, a Slurm batch job),
 kept in a process-wide registry, so that every activity of the experiment acts on the same
-object and the control can stop it. Any other run directory is a job that was already running
-(``AttachedTarget``): faults act on it, but it is never stopped by this extension.
+object and the control can stop it. A Slurm job attached to by its id (``attach_slurm``) is
+kept in a second registry, by its run directory. Any other run directory is a job that was
+already running on this host (``AttachedTarget``). Attached jobs take faults but are never
+stopped by this extension.
 
 A launched job is guarded like the engine guards its own: a reaper process
 (``faultlab.reaper``) holds the job's pids and, should this process die without
@@ -34,9 +37,10 @@ from faultlab.targets.attach import AttachedTarget
 from faultlab.targets.base import JobContext
 
 if TYPE_CHECKING:  # the local target imports torch (through the launcher): only when launching
-    from faultlab.targets.local import LocalTarget
+    from faultlab.targets.slurm import SlurmTarget
 
-__all__ = ["CONFIG_KEY", "EXPERIMENT_FILE", "Launched", "build_experiment", "job_context",
+__all__ = ["CONFIG_KEY", "EXPERIMENT_FILE", "Launched", "attach_slurm", "build_experiment",
+           "detach_slurm", "job_context",
            "job_running", "launch", "launched", "resolve_run_dir", "stop", "stop_all",
            "wait_until"]
 
@@ -48,7 +52,7 @@ EXPERIMENT_FILE = "experiment.json"
 
 @dataclass
 class Launched:
-    target: LocalTarget
+    target: Any
     exp: Experiment
     reaper: subprocess.Popen[bytes]
     stop_event: threading.Event = field(default_factory=threading.Event)
@@ -56,7 +60,31 @@ class Launched:
 
 
 _LAUNCHED: dict[Path, Launched] = {}
+_SLURM: dict[Path, SlurmTarget] = {}
 _LOCK = threading.Lock()
+
+
+def attach_slurm(job_id: int | str, run_dir: str | None = None,
+                 allow_node_state_changes: bool = False) -> Path:
+    """Attach to the running Slurm job ``job_id`` (its events in ``run_dir``, default its
+    ``WorkDir``); returns the run directory the activities then name."""
+    from faultlab.targets.slurm import SlurmTarget
+
+    if isinstance(job_id, bool) or not str(job_id).strip().isdigit():
+        raise TargetError(f"slurm_job_id: expected a Slurm job id, got {job_id!r}")
+    target = SlurmTarget.attach(int(str(job_id).strip()), Path(run_dir) if run_dir else None,
+                                allow_node_state_changes=allow_node_state_changes)
+    with _LOCK:
+        _SLURM[target.run_dir] = target
+    return target.run_dir
+
+
+def detach_slurm(run_dir: Path) -> dict[str, Any]:
+    """Forget an attached Slurm job (it goes on); what its faults left on the cluster (a node
+    set down) is restored first."""
+    with _LOCK:
+        target = _SLURM.pop(run_dir.resolve(), None)
+    return {} if target is None else target.restore_cluster()
 
 
 def resolve_run_dir(run_dir: str | os.PathLike[str] | None,
@@ -91,7 +119,12 @@ def job_context(run_dir: Path) -> JobContext:
     own = launched(run_dir)
     if own is not None:
         own.target.stream.poll()  # nobody else polls it in a chaos process
-        return own.target
+        return own.target  # type: ignore[no-any-return]
+    with _LOCK:
+        slurm = _SLURM.get(run_dir.resolve())
+    if slurm is not None:
+        slurm.stream.poll()
+        return slurm
     return AttachedTarget(run_dir)
 
 
@@ -99,6 +132,10 @@ def job_running(run_dir: Path) -> bool:
     own = launched(run_dir)
     if own is not None:
         return not own.target.finished()
+    with _LOCK:
+        slurm = _SLURM.get(run_dir.resolve())
+    if slurm is not None:
+        return not slurm.finished()
     try:
         return AttachedTarget(run_dir).running()
     except TargetError:
@@ -135,22 +172,32 @@ def build_experiment(experiment_file: str | None, *, name: str = "chaos",
 def launch(exp: Experiment, run_dir: Path) -> Launched:
     """Start ``exp``'s job (faults and SLAs are not used) in ``run_dir``, guarded."""
     from faultlab.engine.runtime_plan import RuntimeSetup
-    from faultlab.targets.local import LocalTarget
+    from faultlab.targets import make_target
 
     run_dir = run_dir.resolve()
+    if exp.topology.launcher == "slurm":  # on the cluster's shared filesystem
+        from faultlab.targets.slurm import prepare_job_dir
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir = prepare_job_dir(exp, run_dir)
+        except ValueError as e:
+            raise TargetError(f"topology.slurm.run_dir: {e}") from None
     state = run_dir / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     (state / EXPERIMENT_FILE).write_text(json.dumps(exp.model_dump(mode="json"), indent=1))
     # Every rank's runtime agent listens for live in-rank faults (grad_nan, collective_delay...)
     # under this run's secret; the experiment's own faults are not planned here.
     runtime = RuntimeSetup.create(exp.model_copy(update={"faults": ()}), run_dir)
-    target = LocalTarget(exp, run_dir, node_env={f"node{i}": runtime.env
+    target = make_target(exp, run_dir, node_env={f"node{i}": runtime.env
                                                   for i in range(exp.topology.nodes)})
     pidfile = state / "job-pids.json"
     pidfile.write_text("[]")
+    guard = getattr(target, "guard_path", None)  # a Slurm job: cancelled, nodes resumed
     reaper = subprocess.Popen(
         [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
-         "--pidfile", str(pidfile)], start_new_session=True, stdin=subprocess.DEVNULL)
+         "--pidfile", str(pidfile), *(["--slurm-guard", str(guard)] if guard else [])],
+        start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         target.start()
     except BaseException:
@@ -197,8 +244,11 @@ def _write_pids(own: Launched, pidfile: Path) -> None:
 def stop_all() -> None:
     with _LOCK:
         dirs = list(_LAUNCHED)
+        attached = list(_SLURM)
     for run_dir in dirs:
         stop(run_dir)
+    for run_dir in attached:
+        detach_slurm(run_dir)
 
 
 def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.2) -> bool:

@@ -72,7 +72,7 @@ def inject_fault(fault_type: str, target: dict | str, params: dict | None = None
     timeout_s = _inject.check_number("timeout_s", timeout_s)
     if duration_s is not None:
         duration_s = _inject.check_number("duration_s", duration_s)
-        if not cls.reversible:
+        if not cls.reversible_with(fault_params):
             raise FaultError(f"duration_s: {cls.type} cannot be undone, so it takes no "
                              f"duration; leave duration_s out")
     path = _jobs.resolve_run_dir(run_dir, configuration)

@@ -11,7 +11,9 @@ Before the experiment it launches the training job (the arguments of
 and sets ``configuration["faultlab_run_dir"]`` so activities can say
 ``"run_dir": "${faultlab_run_dir}"`` (or leave ``run_dir`` out). With ``attach_run_dir``
 instead, it launches nothing and points the activities at that already-running job (the
-staging case).
+staging case); with ``slurm_job_id``, at that running Slurm job (its events in
+``attach_run_dir``, default the job's working directory). An ``experiment_file`` whose
+``topology.launcher`` is ``slurm`` launches a Slurm batch job.
 
 After the experiment — whatever its outcome: completed, deviated, failed, interrupted — and
 again on clean-up (idempotent), every fault still active is undone and a job the context
@@ -78,15 +80,29 @@ class RunContextConfig:
     """Give up (and interrupt the experiment) if ``ready_step`` takes longer than this."""
     attach_run_dir: str | None = None
     """Attach to the job already running in this run directory instead of launching one."""
+    slurm_job_id: int | str | None = None
+    """Attach to this running Slurm job (a number, or ``${...}`` from the configuration)."""
+    allow_node_state_changes: bool = False
+    """With ``slurm_job_id``: allow ``slurm_node_down`` on the job's nodes (it changes them for
+    every user of the cluster)."""
 
     def __post_init__(self) -> None:
-        if self.attach_run_dir is not None:
+        if self.allow_node_state_changes and self.slurm_job_id is None:
+            raise ValueError("allow_node_state_changes: goes with slurm_job_id (a launched "
+                             "Slurm job takes it from its experiment file's slurm block)")
+        if self.slurm_job_id is not None and (
+                isinstance(self.slurm_job_id, bool)
+                or not str(self.slurm_job_id).strip().lstrip("$").strip("{}").strip()):
+            raise ValueError(f"slurm_job_id: expected a Slurm job id, got "
+                             f"{self.slurm_job_id!r}")
+        if self.attach_run_dir is not None or self.slurm_job_id is not None:
             shaped = [f.name for f in fields(self) if f.name not in _ATTACH_OK
                       and getattr(self, f.name) != f.default]
             if shaped:
-                raise ValueError(f"attach_run_dir: {self.attach_run_dir!r} attaches to a "
-                                 f"running job; leave out {', '.join(shaped)} (those describe "
-                                 f"a job to launch)")
+                what = (f"slurm_job_id: {self.slurm_job_id!r}" if self.slurm_job_id is not None
+                         else f"attach_run_dir: {self.attach_run_dir!r}")
+                raise ValueError(f"{what} attaches to a running job; leave out "
+                                 f"{', '.join(shaped)} (those describe a job to launch)")
         if isinstance(self.ready_step, bool) or not isinstance(self.ready_step, int) \
                 or self.ready_step < 0:
             raise ValueError(f"ready_step: expected an integer >= 0, got {self.ready_step!r}")
@@ -105,7 +121,8 @@ class RunContextConfig:
         return cls(**arguments)
 
 
-_ATTACH_OK = {"attach_run_dir", "ready_step", "ready_timeout_s"}
+_ATTACH_OK = {"attach_run_dir", "slurm_job_id", "allow_node_state_changes", "ready_step",
+              "ready_timeout_s"}
 _LAUNCH_ARGS = ("experiment_file", "preset", "steps", "nodes", "procs_per_node", "min_nodes",
                 "checkpoint_every", "seed", "overrides", "run_dir", "report_dir", "name")
 
@@ -140,7 +157,11 @@ def before_experiment_control(context: dict, configuration: dict | None = None,
     except (ValueError, TypeError) as e:
         raise InterruptExecution(f"faultlab run context: {e}") from None
     try:
-        if cfg.attach_run_dir is not None:
+        if cfg.slurm_job_id is not None:
+            run_dir = _jobs.attach_slurm(cfg.slurm_job_id, cfg.attach_run_dir,
+                                         cfg.allow_node_state_changes)
+            _OPEN.append(_Context(run_dir, launched=False))
+        elif cfg.attach_run_dir is not None:
             run_dir = _jobs.resolve_run_dir(cfg.attach_run_dir)
             if not AttachedTarget(run_dir).running():
                 raise FaultlabError(f"attach_run_dir: no job is running in {str(run_dir)!r}")
@@ -148,7 +169,8 @@ def before_experiment_control(context: dict, configuration: dict | None = None,
         else:
             run_dir = Path(start_training(**{k: getattr(cfg, k) for k in _LAUNCH_ARGS}))
             _OPEN.append(_Context(run_dir, launched=True))
-        logger.info(f"faultlab run context: {'attached to' if cfg.attach_run_dir else 'launched'}"
+        attached = cfg.attach_run_dir is not None or cfg.slurm_job_id is not None
+        logger.info(f"faultlab run context: {'attached to' if attached else 'launched'}"
                     f" the job in {run_dir}")
         _wait_ready(run_dir, cfg)
     except FaultlabError as e:
@@ -200,6 +222,12 @@ def _close_all() -> None:
                                else ""))
         except Exception as e:  # chaoslib would only log it at debug level: say it loudly
             logger.error(f"faultlab run context: undoing faults in {ctx.run_dir} failed: {e}")
+        try:  # an attached Slurm job: forgotten, what its faults left on the cluster restored
+            restored = _jobs.detach_slurm(ctx.run_dir)
+            if any(restored.values()):
+                logger.info(f"faultlab run context: restored {restored}")
+        except Exception as e:
+            logger.error(f"faultlab run context: restoring the cluster failed: {e}")
         if ctx.launched:
             try:
                 _jobs.stop(ctx.run_dir)

@@ -109,6 +109,13 @@ def test_a_shipped_slurm_experiment_passes(path: Path, cluster: Path, tmp_path: 
     _assert_nothing_left([view["job_id"]])
 
 
+def _wait_ended(job_id: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (job := show_job(job_id)) is not None and job["JobState"] not in TERMINAL:
+        assert time.monotonic() < deadline, job
+        time.sleep(0.3)
+
+
 def _hand_script(shared: Path, run_dir: Path) -> Path:
     """A team's own sbatch script: plain torchrun on every node, the reference trainer, no
     faultlab anywhere but the run directory its events go to."""
@@ -126,8 +133,8 @@ export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
 srun --kill-on-bad-exit=0 {sys.executable} -m torch.distributed.run --nnodes=2 \\
   --nproc-per-node=1 --max-restarts=2 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29611 \\
-  --rdzv-id=hand-$SLURM_JOB_ID -m reference_trainer.train --preset tiny --steps 40 \\
-  --checkpoint-every 10 --min-step-time-s 0.3 --run-dir {run_dir}
+  --rdzv-id=hand-$SLURM_JOB_ID -m reference_trainer.train --preset tiny --steps 30 \\
+  --checkpoint-every 10 --min-step-time-s 0.2 --run-dir {run_dir}
 """)
     return script
 
@@ -161,10 +168,38 @@ def test_a_job_submitted_by_hand_is_attached_by_id_and_a_rank_killed(cluster: Pa
         assert target.state() == "RUNNING"
     finally:
         subprocess.run(["scancel", str(job_id)], check=False, timeout=30)
-    deadline = time.monotonic() + 60
-    while (job := show_job(job_id)) is not None and job["JobState"] not in TERMINAL:
-        assert time.monotonic() < deadline, job
-        time.sleep(0.3)
+    _wait_ended(job_id)
+    _assert_nothing_left([job_id])
+
+
+def test_chaos_toolkit_downs_a_node_of_a_running_slurm_job_and_it_is_back_within_its_sla(
+        cluster: Path, tmp_path: Path) -> None:
+    """The shipped Chaos Toolkit experiment, through the real ``chaos run``, attached by job id
+    to a job submitted by hand: its node is set down, Slurm requeues the job, and it is back
+    within the SLA; the node is returned to service and the job is left to finish."""
+    run_dir = cluster / "runs" / f"chaos-{os.getpid()}-{time.time_ns()}"
+    (run_dir / "events").mkdir(parents=True)
+    job_id = int(_slurm("sbatch", "--parsable", str(_hand_script(cluster, run_dir))).strip())
+    journal_path = tmp_path / "journal.json"
+    try:
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "chaos"), "--no-version-check", "--no-log-file",
+             "run", "--journal-path", str(journal_path),
+             str(REPO / "experiments" / "chaostoolkit" / "slurm_node_down.json")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=360,
+            env={**os.environ, "FAULTLAB_SLURM_JOB_ID": str(job_id), "PYTHONUNBUFFERED": "1"})
+        out = proc.stdout + proc.stderr
+        assert journal_path.exists(), out
+        journal = json.loads(journal_path.read_text())
+        assert journal["status"] == "completed" and journal["deviated"] is False, out
+        ran = {r["activity"]["name"]: r.get("output") for r in journal["run"]}
+        assert ran["down-node-1"]["details"]["node"] == "node2", ran
+        assert ran["job-completes"] is True, out
+        job = show_job(job_id)
+        assert job is not None and int(job["Restarts"]) == 1, job  # Slurm requeued it once
+    finally:
+        subprocess.run(["scancel", str(job_id)], check=False, timeout=30)
+    _wait_ended(job_id)
     _assert_nothing_left([job_id])
 
 
@@ -192,8 +227,5 @@ def test_killing_faultlab_midway_leaves_no_job_no_down_node_and_no_process(
     assert guard["nodes_down"], guard
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    deadline = time.monotonic() + 60
-    while (job := show_job(guard["job_id"])) is not None and job["JobState"] not in TERMINAL:
-        assert time.monotonic() < deadline, job
-        time.sleep(0.3)
+    _wait_ended(guard["job_id"])
     _assert_nothing_left([guard["job_id"]])

@@ -86,8 +86,8 @@ def test_describe_schedule_says_what_where_when_and_how_it_is_undone() -> None:
                         f"or when the job reacts, whichever comes first (and always when the "
                         f"experiment ends)")
     times = ", ".join(f"{t:.1f} s" for t in arrival_times_s(exp, 2))
-    assert lines[2].startswith("node_kill-2: node_kill (signal=KILL, method=processes) on a random node each "
-                               "time (nodes ")
+    assert lines[2].startswith("node_kill-2: node_kill (signal=KILL, method=processes) on a "
+                               "random node each time (nodes ")
     assert lines[2].endswith(f"drawn from seed 0) at seeded random times (MTBF 30 s after 5 s, "
                              f"at most 3 times): {times}; permanent (this fault cannot be "
                              f"undone)")

@@ -117,11 +117,13 @@ class SlurmTarget(JobContext):
         injection time, not the moment faultlab started the step that sent it."""
 
     @classmethod
-    def attach(cls, job_id: int, run_dir: Path | None = None) -> SlurmTarget:
+    def attach(cls, job_id: int, run_dir: Path | None = None, *,
+               allow_node_state_changes: bool = False) -> SlurmTarget:
         """A Slurm job already running, submitted by anyone (the staging case): its events are
         read from ``run_dir`` (default: the job's working directory, ``WorkDir``), its ranks are
         reached on their nodes as for a job faultlab submitted. Stopping it does not cancel it:
-        it is not faultlab's."""
+        it is not faultlab's. ``allow_node_state_changes``: as ``slurm:``'s, for
+        ``slurm_node_down``."""
         try:
             job = show_job(job_id)
         except SlurmError as e:
@@ -133,7 +135,9 @@ class SlurmTarget(JobContext):
         folder = Path(run_dir or job.get("WorkDir") or ".").resolve()
         exp = Experiment.model_validate({
             "name": f"slurm-job-{job_id}",
-            "topology": {"launcher": "slurm", "slurm": {"run_dir": str(folder.parent)}}})
+            "topology": {"launcher": "slurm", "slurm": {
+                "run_dir": str(folder.parent),
+                "allow_node_state_changes": allow_node_state_changes}}})
         target = cls(exp, folder, job_id=job_id)
         target.start()
         return target
@@ -431,6 +435,10 @@ class SlurmTarget(JobContext):
 
     def set_node_state(self, node: str, state: str, reason: str) -> None:
         """``scontrol update nodename=NODE state=down|drain``; recorded for the guard first."""
+        assert self.spec is not None
+        if not self.spec.allow_node_state_changes:
+            raise FaultError(f"setting {node} {state} changes it for every user of the cluster: "
+                             f"allow it with slurm.allow_node_state_changes: true")
         self._nodes_down.append(node)
         self._write_guard()
         try:
