@@ -59,4 +59,6 @@ def log_losses(exp: Experiment, run_dir: Path) -> dict[int, float]:
     pattern = exp.observe.log_pattern if exp.observe else None
     if not pattern:
         return {}
-    return losses_from_logs(sorted((run_dir / "logs").glob("node*.log")), pattern)
+    logs = run_dir / "logs"  # a Slurm job of the user's script: its output file
+    return losses_from_logs(sorted(logs.glob("node*.log")) + sorted(logs.glob("slurm-*.out")),
+                            pattern)

@@ -166,8 +166,10 @@ class SlurmSpec(SpecModel):
     (events, logs, checkpoints); default ``$FAULTLAB_SLURM_SHARED/runs``."""
     script: Annotated[Path, Field(strict=False)] | None = None
     """Your own sbatch script, submitted unchanged (faultlab's own environment exported to it:
-    ``FAULTLAB_RUN_DIR``, the runtime agent's bootstrap); unset: faultlab's batch script, one
-    torchrun agent per node with the c10d rendezvous on the first node."""
+    ``FAULTLAB_RUN_DIR``, ``FAULTLAB_PYTHON``, and for a ``target.command`` the runtime agent's
+    bootstrap); ``target`` then says what the script runs, for the golden run. Unset:
+    faultlab's batch script, one torchrun agent per node with the c10d rendezvous on the first
+    node, running ``target``."""
     allow_node_state_changes: bool = False
     """Allow faults that change a node's state for every user of the cluster
     (``slurm_node_down``); the node is always resumed on undo and by the guard."""

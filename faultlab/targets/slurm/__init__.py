@@ -197,9 +197,11 @@ class SlurmTarget(JobContext):
     def job_environment(self) -> dict[str, str]:
         """What the job gets on top of the submitting environment (``--export=ALL``)."""
         env = {**self.env, "FAULTLAB_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1",
-               "FAULTLAB_RUNTIME_HOST": "@hostname"}
-        assert self.spec is not None
-        if self.exp.target.command or self.spec.script is not None:  # level 0
+               "FAULTLAB_RUNTIME_HOST": "@hostname",
+               # the interpreter (and virtual environment) faultlab runs on, for a script that
+               # wants the same: examples/slurm/fsdp2_dcp.sbatch
+               "FAULTLAB_PYTHON": sys.executable}
+        if self.exp.target.command:  # a user's trainer: level 0, through the bootstrap
             env.update(bootstrap_env())
         return env
 
