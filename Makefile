@@ -43,8 +43,7 @@ docker-engine:
 	@bash scripts/docker-engine.sh
 
 test: $(STAMP) chromium docker-engine
-	$(if $(filter true,$(CI)),FAULTLAB_REQUIRE_DOCKER=1 )$(PY) -m pytest -n 2 --dist loadgroup \
-	  --durations=25 \
+	$(if $(filter true,$(CI)),FAULTLAB_REQUIRE_DOCKER=1 )$(PY) -m pytest -n 2 --durations=25 \
 	  tests $(SHIPPED)
 
 bench: $(STAMP)
@@ -52,6 +51,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_level0.py
+	$(PY) benchmarks/bench_slurm.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -22,3 +22,28 @@ def golden_cache(session_tmp: Path) -> Path:
     tests, the suite test and the trainer's integration tests (tests/integration/conftest.py)
     compare against the same fault-free runs, so each of those runs once per session."""
     return session_tmp / "golden-cache"
+
+
+ONE_WORKER = "tests/slurm/"
+"""Tests under this folder share one local Slurm cluster (scripts/slurm-cluster.sh): they must
+run one at a time, on one xdist worker."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``-n N``: xdist's ``load`` distribution, except that every test of ``ONE_WORKER`` goes to
+    the same worker (one scope), in order.
+
+    ``--dist loadgroup`` with ``xdist_group`` markers would say the same, but does not work
+    with pytest 9.2 and pytest-xdist 3.8: xdist tags each test by appending ``@group`` to
+    ``item._nodeid``, which pytest 9.2 no longer reads (``Node.nodeid`` is ``str(self._id)``),
+    so the groups are silently ignored (seen in CI: two tests brought the cluster up at once).
+    """
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerForTheCluster(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return ONE_WORKER if nodeid.startswith(ONE_WORKER) else nodeid
+
+    return OneWorkerForTheCluster(config, log)

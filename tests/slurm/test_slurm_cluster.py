@@ -62,7 +62,6 @@ def cluster() -> Iterator[None]:
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.xdist_group("slurm")  # one cluster: its tests run one at a time
 @pytest.mark.timeout(420)
 def test_the_local_cluster_comes_up_repairs_itself_runs_a_job_and_goes_down(
         cluster: None) -> None:

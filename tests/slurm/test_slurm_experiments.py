@@ -5,7 +5,8 @@ queued or running, no node down or drained, no process of a job on any node.
 
 Needs root and a Docker engine: without them it skips with the reason, and under
 ``FAULTLAB_REQUIRE_DOCKER=1`` (``make test`` in CI) it fails. Its tests share one cluster, so
-they run one at a time (``xdist_group``); the cluster goes down at the end.
+they run one at a time, on one xdist worker (``tests/conftest.py``); the cluster goes down at
+the end.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ import pytest
 
 from faultlab.engine import run_experiment
 from faultlab.faults.base import Victim
-from faultlab.faults.process import RankKillFault
+from faultlab.faults.process import NodeHangFault, RankHangFault, RankKillFault
 from faultlab.spec import load_experiment
 from faultlab.targets.slurm import SlurmTarget
 from faultlab.targets.slurm.slurmcli import TERMINAL, show_job
 from faultlab.testing import require_docker_engine
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("slurm"),
-              pytest.mark.timeout(400)]
+# one cluster for every test here: tests/conftest.py sends them all to one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
@@ -162,6 +163,21 @@ def test_a_job_submitted_by_hand_is_attached_by_id_and_a_rank_killed(cluster: Pa
             time.sleep(0.3)
             target.refresh()
         assert target.stream.latest_start(1)["resumed_from_step"] >= 0
+        # a hang (SIGSTOP) of a rank and of a whole node, each undone (SIGCONT) on the node
+        for fault, victim in ((RankHangFault(RankHangFault.Params()), Victim("rank", 0)),
+                              (NodeHangFault(NodeHangFault.Params()), Victim("node", 1))):
+            node = target.node_of_rank(0) if victim.kind == "rank" else target.node_names()[1]
+            hung = fault.inject(target, victim)
+            states = target.on_node(node, "pids")["states"]
+            assert hung["pids"] and all(states[str(p)] == "T" for p in hung["pids"]), states
+            assert fault.undo(target)["continued"] == hung["pids"]
+            states = target.on_node(node, "pids")["states"]
+            assert all(states.get(str(p)) != "T" for p in hung["pids"]), states
+        step = target.stream.max_step()
+        while target.stream.max_step() <= step:  # it trains on after the hangs
+            assert time.monotonic() < deadline, target.log_tail()
+            time.sleep(0.3)
+            target.refresh()
         assert target.state() == "RUNNING"
         assert target.scheduler_view()["attached"] is True
         target.stop()  # not faultlab's job: it goes on

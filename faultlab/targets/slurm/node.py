@@ -12,7 +12,8 @@ node is ever signalled.
     python -m faultlab.targets.slurm.node pids --run-dir D
     python -m faultlab.targets.slurm.node signal --run-dir D --sig KILL (--pid P ... | --all)
 
-``pids`` and ``signal`` print one JSON line: ``{"node": ..., "pids": [...], "signalled": [...]}``.
+``pids`` and ``signal`` print one JSON line: ``{"node": ..., "pids": [...], ...}`` (``pids``
+adds each process's state letter, ``signal`` what it signalled and when).
 Exit codes: 0 done, 2 bad arguments, 3 a named process is not the job's (or is gone).
 """
 
@@ -113,9 +114,20 @@ def _signal(args: argparse.Namespace) -> int:
     return 3 if strangers else 0
 
 
+def _state(pid: int) -> str:
+    """The process's state letter (``R``, ``S``, ``T`` stopped ...); ``?`` if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "?"
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
 def _pids(args: argparse.Namespace) -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    print(json.dumps({"node": node, "pids": job_processes(args.run_dir)}), flush=True)
+    pids = job_processes(args.run_dir)
+    print(json.dumps({"node": node, "pids": pids, "states": {p: _state(p) for p in pids}}),
+          flush=True)
     return 0
 
 
