@@ -31,7 +31,6 @@ die() { echo "slurm cluster: $*" >&2; exit 1; }
 log() { echo "slurm cluster: $*"; }
 # the checkout a node mounts (its venv runs the jobs): a node of another checkout is replaced
 node_checkout() { docker inspect -f '{{index .Config.Labels "faultlab.checkout"}}' "$1" 2>/dev/null; }
-nodes_in_conf() { grep -c '^NodeName=' "$CONF" 2>/dev/null || echo 0; }
 controller_answers() { timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'; }
 idle_nodes() { timeout 5 sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

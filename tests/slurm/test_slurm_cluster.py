@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.testing import require_docker_engine
-
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
 LAB = Path("/var/lib/faultlab-slurm")
@@ -47,13 +45,7 @@ def _pids(name: str) -> list[int]:
 
 
 @pytest.fixture
-def cluster() -> Iterator[None]:
-    require_docker_engine()
-    if os.geteuid() != 0:
-        if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
-            pytest.fail("FAULTLAB_REQUIRE_DOCKER=1 but the Slurm test cluster needs root",
-                        pytrace=False)
-        pytest.skip("the Slurm test cluster needs root (daemons, munge key, containers)")
+def cluster(slurm_host: None) -> Iterator[None]:
     try:
         yield
     finally:

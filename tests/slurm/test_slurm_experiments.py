@@ -28,7 +28,6 @@ from faultlab.faults.process import NodeHangFault, RankHangFault, RankKillFault
 from faultlab.spec import load_experiment
 from faultlab.targets.slurm import SlurmTarget
 from faultlab.targets.slurm.slurmcli import TERMINAL, show_job
-from faultlab.testing import require_docker_engine
 
 # one cluster for every test here: tests/conftest.py sends them all to one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
@@ -45,13 +44,7 @@ def _slurm(*cmd: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Path]:
-    require_docker_engine()
-    if os.geteuid() != 0:
-        if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
-            pytest.fail("FAULTLAB_REQUIRE_DOCKER=1 but the Slurm test cluster needs root",
-                        pytrace=False)
-        pytest.skip("the Slurm test cluster needs root (daemons, munge key, containers)")
+def cluster(slurm_host: None) -> Iterator[Path]:
     up = subprocess.run(["bash", str(SCRIPT), "up", "3"], capture_output=True, text=True,
                         timeout=300, check=False)
     assert up.returncode == 0, up.stdout + up.stderr

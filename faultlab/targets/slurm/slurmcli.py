@@ -13,7 +13,7 @@ import shlex
 import subprocess
 from collections.abc import Mapping
 
-__all__ = ["TERMINAL", "SlurmError", "exit_code", "hostnames", "run", "show_job", "show_node"]
+__all__ = ["TERMINAL", "SlurmError", "exit_code", "hostnames", "run", "show_job"]
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -66,11 +66,6 @@ def show_job(job_id: int) -> dict[str, str] | None:
         raise SlurmError(f"scontrol show job {job_id}: {proc.stderr.strip()}")
     line = proc.stdout.strip().splitlines()
     return parse_record(line[0]) if line else None
-
-
-def show_node(node: str) -> dict[str, str]:
-    proc = run(["scontrol", "-o", "show", "node", node])
-    return parse_record(proc.stdout.strip())
 
 
 def hostnames(nodelist: str) -> list[str]:
