@@ -176,25 +176,35 @@ def test_killed_faultlab_leaves_no_container_network_or_image(docker_client: Any
                    "topology: {nodes: 2, launcher: docker}\nrun: {timeout_s: 200}\n"
                    "faults:\n  - type: node_pause\n    target: {node: 1}\n"
                    "    trigger: {at_time_s: 1}\n    duration_s: 150\n")
-    proc = subprocess.Popen([sys.executable, "-m", "faultlab.cli", "run", str(exp),
-                             "--report-dir", str(tmp_path / "reports")], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = tmp_path / "faultlab.out"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "faultlab.cli", "run", str(exp),
+                                 "--report-dir", str(tmp_path / "reports")], cwd=REPO,
+                                stdout=sink, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def said() -> str:  # what faultlab printed and its journal: all CI shows of a failure
+        journal = "".join(j.read_text()[-3000:]
+                          for j in (tmp_path / "reports").glob("*/journal*"))
+        return f"faultlab printed:\n{out.read_text()[-3000:]}\njournal:\n{journal}"
+
     try:
         deadline = time.monotonic() + 90
         run_id = None
-        while time.monotonic() < deadline and run_id is None:
+        while time.monotonic() < deadline and run_id is None and proc.poll() is None:
             for launch in (tmp_path / "reports").glob("*/job/launch.json"):
                 run_id = json.loads(launch.read_text())["run_id"]
             time.sleep(0.2)
-        assert run_id is not None, "the job never started"
-        while time.monotonic() < deadline:  # until node 1 is paused
+        assert run_id is not None, f"the job never started\n{said()}"
+        paused: list[Any] = []
+        while time.monotonic() < deadline and proc.poll() is None:  # until node 1 is paused
             paused = [c for c in docker_client.containers.list(
-                filters={"label": f"faultlab.run={run_id}"}) if c.status == "paused"]
+                filters={"label": f"faultlab.run={run_id}"}, ignore_removed=True)
+                if c.status == "paused"]
             if paused:
                 break
             time.sleep(0.2)
-        assert paused, "node_pause never struck"
+        assert paused, f"node_pause never struck\n{said()}"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         left: dict[str, list[str]] = {}

@@ -96,14 +96,21 @@ def build_image(client: Any, run_id: str) -> str:
 
 
 def run_resources(client: Any, run_id: str | None = None) -> dict[str, list[str]]:
-    """Names of what faultlab created in the engine: of one run, or of every run."""
+    """Names of what faultlab created in the engine: of one run, or of every run. Safe while
+    the guard or a ``stop`` removes them (docker-py's ``list`` inspects each container and
+    image it lists, and one removed in between raised NotFound)."""
     label = f"{RUN_LABEL}={run_id}" if run_id else f"{LABEL}=1"
     return {
-        "containers": [c.name for c in client.containers.list(all=True,
-                                                               filters={"label": label})],
+        "containers": [c.name for c in client.containers.list(
+            all=True, filters={"label": label}, ignore_removed=True)],
         "networks": [n.name for n in client.networks.list(filters={"label": label})],
-        "images": [t for i in client.images.list(filters={"label": label}) for t in i.tags],
+        "images": [t for i in _images(client, label) for t in i.get("RepoTags") or []],
     }
+
+
+def _images(client: Any, label: str) -> list[dict[str, Any]]:
+    """The images with ``label``, as the engine lists them (no inspect per image)."""
+    return list(client.api.images(filters={"label": label}))
 
 
 def remove_run(client: Any, run_id: str | None = None) -> dict[str, list[str]]:
@@ -113,7 +120,7 @@ def remove_run(client: Any, run_id: str | None = None) -> dict[str, list[str]]:
 
     label = f"{RUN_LABEL}={run_id}" if run_id else f"{LABEL}=1"
     removed: dict[str, list[str]] = {"containers": [], "networks": [], "images": []}
-    for c in client.containers.list(all=True, filters={"label": label}):
+    for c in client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
         try:
             if c.status == "paused":
                 c.unpause()
@@ -127,10 +134,10 @@ def remove_run(client: Any, run_id: str | None = None) -> dict[str, list[str]]:
             removed["networks"].append(n.name)
         except docker.errors.NotFound:
             pass
-    for image in client.images.list(filters={"label": label}):
+    for image in _images(client, label):
         try:
-            client.images.remove(image.id, force=True)
-            removed["images"] += image.tags or [image.id]
+            client.images.remove(image["Id"], force=True)
+            removed["images"] += image.get("RepoTags") or [image["Id"]]
         except docker.errors.NotFound:
             pass
     return removed
