@@ -17,11 +17,17 @@ def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def golden_cache(session_tmp: Path) -> Path:
-    """faultlab's golden-run cache for this test session, shared by the xdist workers: the CLI
-    tests, the suite test and the trainer's integration tests (tests/integration/conftest.py)
-    compare against the same fault-free runs, so each of those runs once per session."""
-    return session_tmp / "golden-cache"
+def golden_cache(pytestconfig: pytest.Config) -> Path:
+    """faultlab's golden-run cache, the one the shipped experiments that ``make test`` runs as
+    items use (the plugin's ``--faultlab-golden-cache``, by default ``reports/.golden``): the
+    CLI, suite, Chaos Toolkit, example and Slurm tests and the trainer's integration tests
+    (tests/integration/conftest.py) compare against the same fault-free runs as those items,
+    so each of those runs once (entries are keyed by code version and written under a
+    per-key lock, so the xdist workers share them)."""
+    from pytest_faultlab._items import settings_key
+
+    settings = pytestconfig.stash[settings_key]
+    return settings.golden_cache or settings.report_dir / ".golden"
 
 
 ONE_WORKER = "tests/slurm/"

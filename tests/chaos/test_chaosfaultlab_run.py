@@ -41,11 +41,6 @@ def outputs(journal: dict[str, Any]) -> dict[str, Any]:
     return {r["activity"]["name"]: r.get("output") for r in journal["run"]}
 
 
-@pytest.fixture(scope="module")
-def golden_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("golden-cache")
-
-
 def test_rank_kill_experiment_completes_without_deviation(tmp_path: Path,
                                                           golden_cache: Path) -> None:
     journal, out = chaos_run(EXPERIMENTS / "rank_kill.json", tmp_path, golden_cache)
