@@ -35,6 +35,21 @@ ONE_WORKER = "tests/slurm/"
 run one at a time, on one xdist worker."""
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest chains first, so that no worker starts one while the others have run out of
+    work: the Slurm tests (one worker, about 12 minutes under CI load), then every test that
+    launches real jobs (``integration`` and the shipped experiments), then the quick rest, which
+    fills the gaps at the end. A stable sort: the same order on every xdist worker."""
+    def rank(item: pytest.Item) -> int:
+        if item.nodeid.startswith(ONE_WORKER):
+            return 0
+        if item.get_closest_marker("integration") or ".yaml::" in item.nodeid:
+            return 1
+        return 2
+
+    items.sort(key=rank)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``-n N``: xdist's ``load`` distribution, except that every test of ``ONE_WORKER`` goes to
     the same worker (one scope), in order.

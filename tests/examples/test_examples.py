@@ -67,14 +67,32 @@ SCENARIOS = {
 }
 
 
+SHOWN_ON_SLURM = {"fsdp2_dcp/rank_kill.yaml": "slurm_rank_kill.yaml"}
+"""Examples whose run here would only repeat a shipped Slurm experiment that CI runs
+(tests/slurm): the same trainer, fault, schedule and expectations, on Slurm nodes. The local
+launcher with a team's own command is what every other example here runs."""
+
+
 def test_every_shipped_example_experiment_has_its_outcome_here() -> None:
     shipped = {f"{p.parent.parent.name}/{p.name}" for p in EXAMPLES.glob("*/experiments/*.yaml")}
     assert shipped == set(SCENARIOS)
 
 
+@pytest.mark.parametrize("name", sorted(SHOWN_ON_SLURM))
+def test_an_example_left_to_slurm_is_that_slurm_experiment_on_local_nodes(name: str) -> None:
+    local = load_experiment(EXAMPLES / name.replace("/", "/experiments/"))
+    slurm = load_experiment(EXAMPLES.parent / "experiments" / SHOWN_ON_SLURM[name])
+    assert slurm.topology.launcher == "slurm" and local.topology.launcher == "local"
+    assert (local.target, local.run, local.observe, local.faults, local.expect) == \
+        (slurm.target, slurm.run, slurm.observe, slurm.faults, slurm.expect)
+    assert (local.topology.nodes, local.topology.max_restarts) == \
+        (slurm.topology.nodes, slurm.topology.max_restarts)
+    assert SCENARIOS[name].verdict == "pass"  # tests/slurm asserts that the Slurm run passes
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - set(SHOWN_ON_SLURM)))
 def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Path) -> None:
     expected = SCENARIOS[name]
     result = run_experiment(load_experiment(EXAMPLES / name.replace("/", "/experiments/")),
