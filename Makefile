@@ -21,9 +21,8 @@ demo: $(STAMP)
 # the tests (rank_hang_default_timeouts fails by design; its test expects that;
 # rank_hang runs once, as tests/report/test_prelaunch_run.py's one-experiment suite, which
 # asserts that it passes; the slurm_*.yaml experiments run in tests/slurm, one at a time on the
-# local Slurm cluster). Three xdist workers on 2 cores: the Slurm tests (one worker, see
-# tests/conftest.py) mostly wait on Slurm (requeue holds, SlurmdTimeout), so the other two keep
-# both cores busy meanwhile.
+# local Slurm cluster). Two xdist workers, one per core: with three, a restarted rank's start-up
+# outlasted the 5 s step watchdog of network_partition.yaml and the recovery SLAs went red.
 SHIPPED := experiments/rank_kill.yaml \
 	experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
 	experiments/ckpt_torn_write.yaml experiments/spot_preemption_aws.yaml \
@@ -47,7 +46,7 @@ docker-engine:
 	@bash scripts/docker-engine.sh
 
 test: $(STAMP) chromium docker-engine
-	$(if $(filter true,$(CI)),FAULTLAB_REQUIRE_DOCKER=1 )$(PY) -m pytest -n 3 --durations=25 \
+	$(if $(filter true,$(CI)),FAULTLAB_REQUIRE_DOCKER=1 )$(PY) -m pytest -n 2 --durations=25 \
 	  tests $(SHIPPED)
 
 bench: $(STAMP)
