@@ -99,13 +99,18 @@ def run_resources(client: Any, run_id: str | None = None) -> dict[str, list[str]
     """Names of what faultlab created in the engine: of one run, or of every run. Safe while
     the guard or a ``stop`` removes them (docker-py's ``list`` inspects each container and
     image it lists, and one removed in between raised NotFound)."""
-    label = f"{RUN_LABEL}={run_id}" if run_id else f"{LABEL}=1"
+    label = _label(run_id)
     return {
         "containers": [c.name for c in client.containers.list(
             all=True, filters={"label": label}, ignore_removed=True)],
         "networks": [n.name for n in client.networks.list(filters={"label": label})],
         "images": [t for i in _images(client, label) for t in i.get("RepoTags") or []],
     }
+
+
+def _label(run_id: str | None) -> str:
+    """The label filter of one run's objects, or of every run's."""
+    return f"{RUN_LABEL}={run_id}" if run_id else f"{LABEL}=1"
 
 
 def _images(client: Any, label: str) -> list[dict[str, Any]]:
@@ -118,7 +123,7 @@ def remove_run(client: Any, run_id: str | None = None) -> dict[str, list[str]]:
     (or every faultlab run's, with no ``run_id``). Idempotent; returns what was removed."""
     import docker.errors
 
-    label = f"{RUN_LABEL}={run_id}" if run_id else f"{LABEL}=1"
+    label = _label(run_id)
     removed: dict[str, list[str]] = {"containers": [], "networks": [], "images": []}
     for c in client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
         try:
