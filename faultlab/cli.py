@@ -153,9 +153,14 @@ def main(argv: list[str] | None = None) -> int:
         experiments = load_experiments(args.experiments,
                                        seed=getattr(args, "seed", None))
         if args.command == "validate":
+            from faultlab.spec.checkpoint_args import checkpoint_warnings
+
             for path, exp in experiments:
                 console.print(f"ok  {path}  ({exp.name}: {len(exp.faults)} fault(s), "
                               f"{len(list(exp.expect.items()))} SLA(s))")
+                # Valid, but judged vacuously once a run resumes from another's checkpoints.
+                for warning in checkpoint_warnings(exp.target.command, path):
+                    console.print(f"[bold yellow]warning[/] {escape(str(warning))}")
             for path, suite in _planned_suites(args.experiments):
                 plan = suite.suite.plan
                 console.print(f"ok  {path}  (pre-launch suite {suite.name}: "
@@ -305,7 +310,11 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
             return EXIT_INTERRUPTED
         if on_result is not None:
             on_result(index, result.run_folder, result.verdict)
-        console.print(_sla_table(result))
+        if result.slas:  # none: stopped before the launch, and the error says why
+            console.print(_sla_table(result))
+        else:
+            console.print(f"[bold]{escape(result.name)}: {result.verdict.upper()}[/]  "
+                          f"({escape(str(result.run_folder))})")
         if result.error:
             console.print(f"[bold red]error:[/] {escape(result.error)}")
         for s in result.failures():

@@ -7,6 +7,12 @@ torch's, or for a user's command the git commit and uncommitted diff of the work
 directory). Entries are written atomically under a per-key file lock, so parallel experiments
 (pytest-xdist) that need the same golden run it once.
 
+A golden run that resumed from a checkpoint it did not write (a fixed ``--ckpt-dir`` that an
+earlier run filled) is no reference: it raises ``SharedCheckpoint`` and is not cached. Where
+it saved its checkpoints, when that is outside its run directory, is kept with the entry
+(``checkpoints_outside``): the experiment would find them there
+(``faultlab.engine.shared_checkpoints``).
+
 The golden run always runs on local nodes: where the nodes run (``topology.launcher``) decides
 no bit of the result — the same interpreter, torch and gloo compute it either way — so it is
 not part of the key, and a container experiment shares its golden run with a local one.
@@ -29,8 +35,11 @@ import torch
 
 import faultlab
 from faultlab.engine.foreign import complete_events, log_losses
+from faultlab.engine.shared_checkpoints import SharedCheckpoint
 from faultlab.errors import TargetError
 from faultlab.observe import compute_metrics
+from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
+from faultlab.runtime.events import read_events
 from faultlab.spec import Experiment
 from faultlab.spec.trainers import get_trainer
 
@@ -49,6 +58,9 @@ class GoldenRun:
     """Tensor name → SHA-256 of the final checkpoint (a job that writes no final_digest)."""
     not_measured: str | None = None
     """Why ``digest`` is None (a job that saved no final checkpoint)."""
+    checkpoints_outside: tuple[str, ...] = ()
+    """Checkpoints it saved outside ``run_dir`` (a fixed ``--ckpt-dir``): the experiment,
+    given the same path, would resume from them."""
 
 
 def code_version(exp: Experiment) -> str:
@@ -99,11 +111,17 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
         fcntl.flock(lock, fcntl.LOCK_EX)
         if entry.exists():
             data = json.loads(entry.read_text())
+            outside = data.get("checkpoints_outside")
+            if outside is None:  # an entry written before they were kept
+                events_dir = Path(data["run_dir"]) / "events"
+                outside = outside_saves(read_events(events_dir), data["run_dir"]) \
+                    if events_dir.is_dir() else []
             return GoldenRun(key=key, digest=data["digest"],
                              losses={int(k): v for k, v in data["losses"].items()},
                              wall_s=data["wall_s"], run_dir=data["run_dir"], cached=True,
                              tensors=data.get("tensors") or {},
-                             not_measured=data.get("not_measured"))
+                             not_measured=data.get("not_measured"),
+                             checkpoints_outside=tuple(outside))
         run_dir = cache_dir / key
         shutil.rmtree(run_dir, ignore_errors=True)
         target = LocalTarget(exp.model_copy(update={"faults": []}), run_dir)
@@ -122,6 +140,9 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
         if exp.target.command:  # a user's trainer: judged by exit codes and its checkpoint
             foreign = complete_events(run_dir, target.stream.events)
             target.stream.poll()
+        resumes = foreign_resumes(target.stream.events, run_dir)
+        if resumes:  # before judging its outcome: this is why it is what it is
+            raise SharedCheckpoint(resumes, run_dir)
         metrics = compute_metrics(target.stream.events, [])
         result = target.result()
         failed = not result.ok if foreign is not None else \
@@ -135,10 +156,13 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
         data: dict[str, Any] = {"digest": metrics.final_digest, "losses": losses,
                                 "wall_s": time.monotonic() - t0, "run_dir": str(run_dir),
                                 "tensors": foreign.tensors if foreign else {},
-                                "not_measured": foreign.not_measured if foreign else None}
+                                "not_measured": foreign.not_measured if foreign else None,
+                                "checkpoints_outside": outside_saves(target.stream.events,
+                                                                     run_dir)}
         tmp = entry.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, entry)
         return GoldenRun(key=key, digest=data["digest"], losses=losses, wall_s=data["wall_s"],
                          run_dir=str(run_dir), cached=False, tensors=data["tensors"],
-                         not_measured=data["not_measured"])
+                         not_measured=data["not_measured"],
+                         checkpoints_outside=tuple(data["checkpoints_outside"]))

@@ -29,6 +29,14 @@ from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.engine.golden import GoldenRun, golden_run
 from faultlab.engine.runtime_plan import RuntimeSetup
+from faultlab.engine.shared_checkpoints import (
+    SharedCheckpoint,
+    SharedCheckpointStop,
+    after_golden,
+    before_golden,
+    golden_resumed_message,
+    own_checkpoints_check,
+)
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
@@ -36,6 +44,7 @@ from faultlab.faults import Fault, Victim
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
+from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import Experiment, resolve_selector
 from faultlab.targets import make_target
@@ -178,13 +187,20 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     prepared: dict[int, Fault] = {}
     lingering: list[str] = []
     runtime: RuntimeSetup | None = None
+    stopped = False  # before the launch, for checkpoints shared between runs
     try:
         with _interruptible():
+            for warning in before_golden(exp, source):
+                view.note(f"warning: {warning}")
             if exp.expect.bitwise_equal_to_golden is not None:
                 view.note("golden run (same experiment, no faults; cached per code version)")
-                golden = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
+                try:
+                    golden = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
+                except SharedCheckpoint as e:
+                    raise SharedCheckpointStop(golden_resumed_message(exp, source, e)) from None
                 view.note(f"golden digest {str(golden.digest)[:16]}… "
                           f"({'cached' if golden.cached else f'{golden.wall_s:.1f} s'})")
+                after_golden(exp, source, golden.run_dir, golden.checkpoints_outside)
             node_env: dict[str, dict[str, str]] = {}
             nodes = [f"node{i}" for i in range(exp.topology.nodes)]
             for i, spec in enumerate(exp.faults):
@@ -249,6 +265,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     except KeyboardInterrupt:
         interrupted = True
         error = "interrupted (Ctrl-C or SIGTERM); every process of the job was stopped"
+    except SharedCheckpointStop as e:
+        stopped, error = True, str(e)
     except FaultlabError as e:
         error = str(e)
     finally:
@@ -286,8 +304,18 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         view.note("reading every checkpoint back")
         scan = scan_checkpoints(job_dir / "checkpoints")
         metrics.checkpoints_all_finite = scan.all_finite
-    slas = judge(exp, metrics, golden, timed_out=timed_out or interrupted, faults=records,
-                 events=events, final_state=final_state)
+    # Stopped before the launch: no SLA was measured, and a table of "not measured" would
+    # only bury the reason (the error).
+    slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,
+                                    faults=records, events=events, final_state=final_state)
+    own = own_checkpoints_check(exp, source, events, job_dir) if events else None
+    if own is not None:  # first: every other line of the verdict is vacuous beside it
+        slas.insert(0, own)
+    saved_outside = outside_saves(events, job_dir)
+    if saved_outside:
+        view.note(f"this run saved {len(saved_outside)} checkpoint(s) outside its run "
+                  f"directory ({saved_outside[0]} ...): the next run given the same path "
+                  f"would resume from them")
     verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"
     journal = {
         "verdict": verdict,
@@ -308,6 +336,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                                       if k != "tensors"} if final_state else None),
                 "log_losses": losses or None,
                 "stopped_after_completion": lingering,
+                "checkpoints_outside": saved_outside,
                 "slurm": slurm_view},
         "environment": environment(),
     }

@@ -8,6 +8,14 @@ from what it measured: the topology, the checkpoint directory the trainer used (
 naming it becomes ``{run_dir}/...``, so that runs never share checkpoints), a ``rank_kill``
 after the first checkpoint, and SLAs set from the measured start-up, step and checkpoint times
 plus headroom. It prints what it measured and where the experiment is.
+
+It never touches the user's checkpoints: a checkpoint-like argument with a fixed path
+(``--ckpt-dir ckpt``, ``faultlab.spec.checkpoint_args``) is pointed into the run's own
+directory *before* the fault-free run (``--ckpt-dir {run_dir}/ckpt``), and it says so. A
+trainer that picks its checkpoint directory itself (no argument names it) cannot be redirected;
+if the run then saved checkpoints outside its run directory, or resumed from one it did not
+write, init stops without writing an experiment (one that every run would judge vacuously),
+names the directory and asks for the argument. It deletes nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from typing import Any
 import yaml
 
 from faultlab.errors import FaultlabError, InvalidExperimentError
+from faultlab.observe.checkpoint_origin import checkpoint_roots, foreign_resumes, outside_saves
 from faultlab.spec import experiment_from_dict
+from faultlab.spec.checkpoint_args import CheckpointArg, checkpoint_args
 
 __all__ = ["InitError", "Measured", "TorchrunArgs", "parse_torchrun", "starter_document"]
 
@@ -182,6 +192,42 @@ def _with_run_dir(command: list[str], ckpt_dir: str | None) -> tuple[list[str], 
     return out, replaced
 
 
+def own_checkpoint_dirs(command: list[str]) -> tuple[list[str], list[CheckpointArg]]:
+    """``command`` with every fixed checkpoint-like argument pointed into the run directory
+    (``--ckpt-dir ckpt`` → ``--ckpt-dir {run_dir}/ckpt``), and the arguments it changed."""
+    out, moved = list(command), []
+    for arg in checkpoint_args(command):
+        if arg.fixed:
+            out[arg.index] = arg.with_value(arg.in_run_dir())
+            moved.append(arg)
+    return out, moved
+
+
+def shared_checkpoints(events: list[dict[str, Any]], run_dir: Path) -> str | None:
+    """Why no experiment may be written: the fault-free run resumed from a checkpoint it did
+    not write, or saved its checkpoints outside its run directory (None: neither)."""
+    resumed = foreign_resumes(events, run_dir)
+    if resumed:
+        where = ", ".join(checkpoint_roots([r.path for r in resumed]))
+        return (f"the fault-free run resumed from {resumed[0].path} (step {resumed[0].step}), "
+                f"a checkpoint it did not write, in {where}, which no argument of the command "
+                f"names: it started where an earlier run left off. No experiment was written, "
+                f"and faultlab deleted nothing. Give the command the trainer's "
+                f"checkpoint-directory argument (e.g. --ckpt-dir ckpt): init then points it "
+                f"into its own run directory.")
+    outside = outside_saves(events, run_dir)
+    if outside:
+        names = [Path(p).name for p in outside]
+        return (f"the trainer saved its checkpoints to {', '.join(checkpoint_roots(outside))} "
+                f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}), outside the "
+                f"run directory, and no argument of the command names that directory: every "
+                f"run would resume from the one before it. No experiment was written, and "
+                f"faultlab deleted nothing (remove them yourself if you do not want them). "
+                f"Give the command the trainer's checkpoint-directory argument (e.g. --ckpt-dir "
+                f"ckpt) and run init again: it points it into its own run directory.")
+    return None
+
+
 def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]:
     """The starter experiment for what ``m`` measured (validated before it is returned)."""
     if not m.ok:
@@ -190,6 +236,8 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
         raise InitError(f"the fault-free run reached step {m.steps}: faultlab saw no optimizer "
                         f"steps (does the trainer step a torch.optim optimizer?)")
     command, replaced = _with_run_dir(tr.command, m.checkpoint_dir)
+    # An argument init pointed into the run directory before the run (own_checkpoint_dirs).
+    replaced = replaced or any(not a.fixed for a in checkpoint_args(command))
     step_s = m.step_time_s or 1.0
     startup_s = m.startup_s or 10.0
     every = m.checkpoint_every or max(1, m.steps // 4)
@@ -270,6 +318,7 @@ def main(argv: list[str], console: Any) -> int:
     args = parser.parse_args(own)
     tr = parse_torchrun(command)
     out = args.out or Path(f"{args.name}.yaml")
+    tr.command, moved = own_checkpoint_dirs(tr.command)
     probe = experiment_from_dict({
         "name": args.name, "target": {"command": tr.command},
         "topology": {"nodes": tr.nodes, "procs_per_node": tr.procs_per_node,
@@ -277,6 +326,16 @@ def main(argv: list[str], console: Any) -> int:
         "run": {"timeout_s": args.timeout_s}, "expect": {"completes": True}})
     console.print(f"fault-free run of: {shlex.join(tr.command)} "
                   f"({tr.nodes} node(s) x {tr.procs_per_node} rank(s))")
+    for arg in moved:
+        console.print(f"  checkpoints: {escape(arg.shown())} runs as "
+                      f"{escape(arg.shown(arg.in_run_dir()))} ({{run_dir}} is each run's own "
+                      f"directory): init neither reads nor writes {escape(arg.value)}, and the "
+                      f"experiment keeps {{run_dir}}")
+    if not checkpoint_args(tr.command):
+        console.print("  checkpoints: no checkpoint-directory argument in the command "
+                      "(--ckpt-dir, --save-dir, --output-dir ...); if the trainer saves or "
+                      "resumes outside the run directory, init stops after the run and says "
+                      "where")
     result = run_experiment(probe, report_dir=args.report_dir)
     job_dir = result.run_folder / "job"
     events = read_events(job_dir / "events")
@@ -295,6 +354,10 @@ def main(argv: list[str], console: Any) -> int:
                          ("final checkpoint", "yes" if measured.final_checkpoint else "no"),
                          ("loss in the log", measured.loss_pattern or "not found")):
         console.print(f"  {label}: {escape(str(value))}")
+    shared = shared_checkpoints(events, job_dir)
+    if shared:
+        console.print(f"init stopped: {escape(shared)}")
+        return 1
     if not ok:
         console.print(f"the fault-free run did not complete; see {job_dir / 'logs'}")
         return 1

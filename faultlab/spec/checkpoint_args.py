@@ -1,0 +1,160 @@
+"""Checkpoint-like arguments of a user's command, and the warning for a fixed one.
+
+A trainer run by faultlab is launched at least twice with the same command: the golden run,
+then the experiment (and again on every later ``faultlab run``). Given a fixed checkpoint
+directory (``--ckpt-dir ckpt``), every launch reads and writes the same checkpoints: the
+experiment resumes from the golden run's final checkpoint and has nothing left to train, and a
+team's own checkpoints are resumed from and written to. ``{run_dir}`` in the argument
+(``--ckpt-dir {run_dir}/ckpt``) gives each launch its own.
+
+Which arguments name a checkpoint location is a guess from the name, so a fixed one is a
+*warning* (``faultlab validate``, and the start of ``faultlab run``); the proof — a checkpoint
+saved outside the run directory, or loaded without having been saved in the run — comes from
+the events (``faultlab.observe.checkpoint_origin``). Recognised forms: ``--name VALUE``,
+``--name=VALUE`` and ``name=VALUE`` (Hydra overrides, ``+``/``++`` included, and
+configurator-style ``--out_dir=...``), where the name, lower-cased with ``-`` and ``.`` read as
+``_``, is
+
+- anything with ``ckpt`` or ``checkpoint(s)`` that ends in ``dir``, ``dirpath``, ``path``,
+  ``folder``, ``root`` or the word itself: ``--ckpt-dir``, ``--checkpoint_dir``,
+  ``--checkpoint.folder`` (torchtitan), ``ckpt_path=`` (Lightning), ``--resume-from-checkpoint``;
+- or ends in ``save_dir``, ``save_path``, ``save_folder``, ``output_dir``, ``out_dir``,
+  ``dirpath`` (Lightning's ``ModelCheckpoint``), ``default_root_dir`` (Lightning's Trainer,
+  which checkpoints under it), or is ``save`` (Megatron's ``--save``).
+
+Values that are not paths are left alone: numbers, ``true``/``false``/``none``, Lightning's
+``ckpt_path`` keywords (``last``, ``best``, ``hpc``, ``registry``) and a flag followed by
+another flag (``--save --steps 9``: a switch).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from faultlab.errors import Problem
+
+__all__ = ["RUN_DIR", "CheckpointArg", "checkpoint_args", "checkpoint_warnings",
+           "command_line_of", "is_checkpoint_name"]
+
+RUN_DIR = "{run_dir}"
+"""The placeholder for each launch's own run directory (``faultlab.targets.local``)."""
+
+_CKPT_NAME = re.compile(r"(?:^|_)(?:ckpt|checkpoints?)(?:_[a-z0-9_]*)?"
+                        r"(?:dir|dirpath|dir_path|path|folder|root)?$")
+_CKPT_WORD_END = re.compile(r"(?:ckpt|checkpoints?|dir|dirpath|dir_path|path|folder|root)$")
+_OUTPUT_NAME = re.compile(r"(?:^|_)(?:save_dir|save_path|save_folder|output_dir|out_dir|"
+                          r"dirpath|default_root_dir)$")
+_NOT_A_PATH = {"true", "false", "none", "null", "yes", "no", "last", "best", "hpc",
+               "registry", ""}
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether an argument's name (``--ckpt-dir``, ``trainer.default_root_dir``, ``dirpath``)
+    names a checkpoint location (see the module docstring)."""
+    norm = re.sub(r"[-.]", "_", name.lstrip("-+").lower())
+    if norm == "save":
+        return True
+    if ("ckpt" in norm or "checkpoint" in norm) and _CKPT_WORD_END.search(norm) \
+            and _CKPT_NAME.search(norm):
+        return True
+    return bool(_OUTPUT_NAME.search(norm))
+
+
+def _is_path_value(value: str) -> bool:
+    if value.lower() in _NOT_A_PATH or value.startswith("-"):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointArg:
+    """One checkpoint-like argument of a command."""
+
+    index: int
+    """Index in the command of the argument that holds the value."""
+    name: str
+    """The name as written: ``--ckpt-dir``, ``ckpt_path``, ``+trainer.default_root_dir``."""
+    value: str
+    """The value as written (``{run_dir}`` not replaced)."""
+    joined: bool
+    """``name=value`` in one argument (else the value is the next argument)."""
+
+    @property
+    def fixed(self) -> bool:
+        """The same path for every launch (no ``{run_dir}`` in it)."""
+        return RUN_DIR not in self.value
+
+    def shown(self, value: str | None = None) -> str:
+        """The argument as a user writes it, with ``value`` instead of its own."""
+        value = self.value if value is None else value
+        return f"{self.name}={value}" if self.joined else f"{self.name} {value}"
+
+    def in_run_dir(self) -> str:
+        """The value moved into each launch's run directory: ``ckpt`` →
+        ``{run_dir}/ckpt``, ``/data/ckpts/run1`` → ``{run_dir}/run1``."""
+        base = Path(self.value.rstrip("/")).name
+        return f"{RUN_DIR}/{base if base not in ('', '.', '..') else 'checkpoints'}"
+
+    def with_value(self, value: str) -> str:
+        """The argument at ``index`` with ``value`` instead of its own."""
+        return f"{self.name}={value}" if self.joined else value
+
+    def resolved(self, cwd: Path | None = None) -> Path:
+        """Where a fixed value points (relative to ``cwd``: where faultlab and the ranks
+        run)."""
+        return Path(os.path.abspath(Path(cwd or Path.cwd()) / self.value))
+
+
+def checkpoint_args(command: tuple[str, ...] | list[str] | None) -> list[CheckpointArg]:
+    """Every checkpoint-like argument of ``command`` (the module docstring says which)."""
+    out: list[CheckpointArg] = []
+    args = list(command or ())
+    for i, arg in enumerate(args):
+        if i == 0:
+            continue  # the program
+        name, eq, value = arg.partition("=")
+        if eq and not name.startswith("/") and is_checkpoint_name(name) and \
+                _is_path_value(value):
+            out.append(CheckpointArg(i, name, value, True))
+        elif not eq and arg.startswith("--") and is_checkpoint_name(arg) and \
+                i + 1 < len(args) and _is_path_value(args[i + 1]):
+            out.append(CheckpointArg(i + 1, arg, args[i + 1], False))
+    return out
+
+
+def command_line_of(file: Path | None, index: int | None) -> int | None:
+    """The line of ``target.command[index]`` (or of ``target.command``) in ``file``."""
+    if file is None:
+        return None
+    from faultlab.spec._yaml import read_yaml
+
+    try:
+        doc = read_yaml(file.read_text(), file)
+    except (OSError, UnicodeDecodeError):
+        return None
+    key: tuple[str | int, ...] = ("target", "command") + (() if index is None else (index,))
+    return doc.line_of(key) if doc.lines else None
+
+
+def fixed_arg_message(arg: CheckpointArg) -> str:
+    """What is wrong with a fixed checkpoint argument, and the fix."""
+    return (f"{arg.shown()!s} is a fixed checkpoint path: the golden run and every run of this "
+            f"experiment would read and write the same checkpoints there (a run resumes from "
+            f"the last one's and has nothing left to train; a team's own checkpoints would be "
+            f"resumed from and overwritten); give each run its own: {arg.shown(arg.in_run_dir())}")
+
+
+def checkpoint_warnings(command: tuple[str, ...] | list[str] | None,
+                        file: Path | None) -> list[Problem]:
+    """One located warning per fixed checkpoint-like argument of ``command`` (``file`` is
+    the experiment it came from, for the line)."""
+    return [Problem(file, command_line_of(file, a.index), f"target.command[{a.index}]",
+                    fixed_arg_message(a))
+            for a in checkpoint_args(command) if a.fixed]
