@@ -9,8 +9,9 @@ it, so ``faultlab report RUN_DIR`` can re-render any past run. Top level::
     metrics         run-level and per-fault metrics (faultlab.observe)
     faults          [{id, type, target, injected_t, undone_t, details, error}]
     experiment      name, description, file, seed, the validated document
-    golden          {key, digest, cached, run_dir} or null
-    run             started_t, ended_t, wall_s, timed_out, interrupted, exit_codes, job_dir
+    golden          {key, digest, cached, run_dir, checkpoints_outside} or null
+    run             started_t, ended_t, wall_s, timed_out, interrupted, exit_codes, job_dir,
+                    checkpoints_outside (saved outside the run folder: the next run finds them)
     environment     faultlab, torch, python, platform, host, cpu_count, git_sha
 """
 

@@ -121,8 +121,10 @@ def test_init_writes_a_valid_starter_from_one_fault_free_run(tmp_path: Path) -> 
                  "--ckpt-dir", str(tmp_path / "ckpts")])
     assert code == 0 and out.read_text().startswith("# starter: a starter chaos experiment")
     exp = load_experiment(out)
+    # pointed into init's own run folder before the run: the user's directory stays untouched
     assert exp.target.command == ("python", str(trainer), "--steps", "8", "--ckpt-every", "4",
-                                  "--ckpt-dir", "{run_dir}/checkpoints")
+                                  "--ckpt-dir", "{run_dir}/ckpts")
+    assert not (tmp_path / "ckpts").exists()
     assert (exp.topology.nodes, exp.run.steps, exp.run.checkpoint_every) == (2, 8, 4)
     assert exp.faults[0].type == "rank_kill" and exp.faults[0].trigger.at_step == 6
     assert exp.expect.bitwise_equal_to_golden is True and exp.observe.log_pattern
