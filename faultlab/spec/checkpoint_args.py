@@ -20,7 +20,9 @@ configurator-style ``--out_dir=...``), where the name, lower-cased with ``-`` an
   ``--checkpoint.folder`` (torchtitan), ``ckpt_path=`` (Lightning), ``--resume-from-checkpoint``;
 - or ends in ``save_dir``, ``save_path``, ``save_folder``, ``output_dir``, ``out_dir``,
   ``dirpath`` (Lightning's ``ModelCheckpoint``), ``default_root_dir`` (Lightning's Trainer,
-  which checkpoints under it), or is ``save`` (Megatron's ``--save``).
+  which checkpoints under it), or is ``save`` (Megatron's ``--save``), ``resume``,
+  ``resume_from``, ``resume_path`` or ``resume_dir`` (``--resume PATH``, as in PyTorch's
+  ImageNet example).
 
 Values that are not paths are left alone: numbers, ``true``/``false``/``none``, Lightning's
 ``ckpt_path`` keywords (``last``, ``best``, ``hpc``, ``registry``) and a flag followed by
@@ -47,6 +49,7 @@ _CKPT_NAME = re.compile(r"(?:^|_)(?:ckpt|checkpoints?)(?:_[a-z0-9_]*)?"
 _CKPT_WORD_END = re.compile(r"(?:ckpt|checkpoints?|dir|dirpath|dir_path|path|folder|root)$")
 _OUTPUT_NAME = re.compile(r"(?:^|_)(?:save_dir|save_path|save_folder|output_dir|out_dir|"
                           r"dirpath|default_root_dir)$")
+_EXACT_NAMES = {"save", "resume", "resume_from", "resume_path", "resume_dir"}
 _NOT_A_PATH = {"true", "false", "none", "null", "yes", "no", "last", "best", "hpc",
                "registry", ""}
 
@@ -55,7 +58,7 @@ def is_checkpoint_name(name: str) -> bool:
     """Whether an argument's name (``--ckpt-dir``, ``trainer.default_root_dir``, ``dirpath``)
     names a checkpoint location (see the module docstring)."""
     norm = re.sub(r"[-.]", "_", name.lstrip("-+").lower())
-    if norm == "save":
+    if norm in _EXACT_NAMES:
         return True
     if ("ckpt" in norm or "checkpoint" in norm) and _CKPT_WORD_END.search(norm) \
             and _CKPT_NAME.search(norm):

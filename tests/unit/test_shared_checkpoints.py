@@ -73,11 +73,13 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
      [(3, "--save-dir", "s"), (5, "--output-dir", "o"), (6, "--out_dir", "x")]),
     (["python", "t.py", "trainer.default_root_dir=runs", "+callbacks.ckpt.dirpath=c"],
      [(2, "trainer.default_root_dir", "runs"), (3, "+callbacks.ckpt.dirpath", "c")]),
-    (["python", "t.py", "--save", "/ckpts"], [(3, "--save", "/ckpts")]),
+    (["python", "t.py", "--save", "/ckpts", "--resume", "ck/latest.pt"],
+     [(3, "--save", "/ckpts"), (5, "--resume", "ck/latest.pt")]),
     (["python", "t.py", "ckpt_path=/runs/last.ckpt"], [(2, "ckpt_path", "/runs/last.ckpt")]),
     # not a location: a number, a keyword, a switch, another kind of directory
     (["python", "t.py", "--ckpt-every", "4", "--num-checkpoints", "3", "ckpt_path=last",
-      "--save", "--log-dir", "logs", "--data-dir", "d", "--resume-from-checkpoint", "true"], []),
+      "--save", "--resume", "--log-dir", "logs", "--data-dir", "d",
+      "--resume-from-checkpoint", "true"], []),
 ])
 def test_checkpoint_like_arguments_are_recognised(command: list[str],
                                                   found: list[tuple[int, str, str]]) -> None:
