@@ -109,19 +109,22 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
     entry = cache_dir / f"{key}.json"
     with open(cache_dir / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if entry.exists():
-            data = json.loads(entry.read_text())
-            outside = data.get("checkpoints_outside")
-            if outside is None:  # an entry written before they were kept
-                events_dir = Path(data["run_dir"]) / "events"
-                outside = outside_saves(read_events(events_dir), data["run_dir"]) \
-                    if events_dir.is_dir() else []
-            return GoldenRun(key=key, digest=data["digest"],
-                             losses={int(k): v for k, v in data["losses"].items()},
-                             wall_s=data["wall_s"], run_dir=data["run_dir"], cached=True,
-                             tensors=data.get("tensors") or {},
-                             not_measured=data.get("not_measured"),
-                             checkpoints_outside=tuple(outside))
+        cached: dict[str, Any] | None = json.loads(entry.read_text()) \
+            if entry.exists() else None
+        if cached is not None and cached.get("checkpoints_outside") is None:
+            # an entry written before they were kept: read them from its events
+            events_dir = Path(cached["run_dir"]) / "events"
+            events = read_events(events_dir) if events_dir.is_dir() else []
+            cached["checkpoints_outside"] = outside_saves(events, cached["run_dir"])
+            if foreign_resumes(events, cached["run_dir"]):
+                cached = None  # cached before such a run was refused: no reference, run again
+        if cached is not None:
+            return GoldenRun(key=key, digest=cached["digest"],
+                             losses={int(k): v for k, v in cached["losses"].items()},
+                             wall_s=cached["wall_s"], run_dir=cached["run_dir"], cached=True,
+                             tensors=cached.get("tensors") or {},
+                             not_measured=cached.get("not_measured"),
+                             checkpoints_outside=tuple(cached["checkpoints_outside"]))
         run_dir = cache_dir / key
         shutil.rmtree(run_dir, ignore_errors=True)
         target = LocalTarget(exp.model_copy(update={"faults": []}), run_dir)

@@ -18,7 +18,7 @@ import pytest
 
 from faultlab.cli import main as cli_main
 from faultlab.engine import run_experiment
-from faultlab.engine.golden import golden_key
+from faultlab.engine.golden import golden_key, golden_run
 from faultlab.engine.shared_checkpoints import (
     OWN_CHECKPOINTS_CHECK,
     SharedCheckpoint,
@@ -266,3 +266,17 @@ def test_init_stops_when_the_trainer_chose_a_shared_directory(project: Path) -> 
     assert message is not None and message.startswith(
         f"the fault-free run resumed from {project / 'checkpoints' / 'step_30'} (step 30), a "
         f"checkpoint it did not write")
+
+
+def test_a_cache_entry_from_before_reads_its_checkpoints_from_its_events(project: Path) -> None:
+    exp = load_experiment("my_job.yaml")
+    cache = project / "reports" / ".golden"
+    (cache / "g" / "events").mkdir(parents=True)
+    saved = str(project / "ckpt" / "step_40")
+    (cache / "g" / "events" / "node0-rank0.jsonl").write_text(json.dumps(
+        _ev(1, "checkpoint_saved", step=40, path=saved)) + "\n")
+    (cache / f"{golden_key(exp)}.json").write_text(json.dumps({
+        "digest": "ab" * 32, "losses": {}, "wall_s": 1.0, "run_dir": str(cache / "g"),
+        "tensors": {}, "not_measured": None}))
+    golden = golden_run(exp, cache, timeout_s=1)
+    assert golden.cached and golden.checkpoints_outside == (saved,)
