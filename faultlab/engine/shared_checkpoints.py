@@ -21,9 +21,15 @@ error):
    (:func:`golden_outside_message`): the experiment, given the same path, would resume from
    them.
 
+The runner calls :func:`before_golden` and :func:`after_golden`, which raise
+:class:`SharedCheckpointStop`.
+
 After a run, a resume from a checkpoint the run did not write is a failed check of its own,
-``resumed_from_own_checkpoints`` (:func:`own_checkpoints_check`), first in the verdict. The
-user's files are never deleted or moved: the messages say what is there and leave it to them.
+``resumed_from_own_checkpoints`` (:func:`own_checkpoints_check`), first in the verdict. An
+experiment's own saves outside its run directory are only noted (the journal's
+``run.checkpoints_outside``): that run itself was genuine, and the next one, given the same
+path, is stopped by (1) or failed by this check. The user's files are never deleted or moved:
+the messages say what is there and leave it to them.
 """
 
 from __future__ import annotations
