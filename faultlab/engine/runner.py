@@ -373,6 +373,9 @@ def _struck(exp: Experiment, index: int, target: LocalTarget,
                    "type", "step")}}
     if spec.target.kind == "rank":
         details["ranks"] = [spec.target.value]
+    num_steps = getattr(spec.params, "num_steps", None)
+    if num_steps and spec.trigger.at_step is not None:  # the plan's window (runtime_plan.py)
+        details["window_steps"] = [spec.trigger.at_step, spec.trigger.at_step + num_steps - 1]
     records.append(FaultRecord(id=spec.id, type=spec.type, injected_t=float(first["t"]),
                                target=str(Victim(spec.target.kind, spec.target.value)),
                                details=details))
