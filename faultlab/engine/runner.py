@@ -168,6 +168,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     records: list[FaultRecord] = []
     active: list[_Active] = []
     timed_out = interrupted = False
+    job_s: float | None = None  # how long the job ran, on the clock the triggers read
     error: str | None = None
     golden: GoldenRun | None = None
     started_t = time.time()
@@ -178,6 +179,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     prepared: dict[int, Fault] = {}
     lingering: list[str] = []
     runtime: RuntimeSetup | None = None
+    t0: float | None = None
     try:
         with _interruptible():
             if exp.expect.bitwise_equal_to_golden is not None:
@@ -253,6 +255,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         error = str(e)
     finally:
         with _shielded():
+            if t0 is not None:
+                job_s = time.monotonic() - t0
             if runtime is not None:
                 runtime.open_all_gates()
             for act in active:
@@ -287,7 +291,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         scan = scan_checkpoints(job_dir / "checkpoints")
         metrics.checkpoints_all_finite = scan.all_finite
     slas = judge(exp, metrics, golden, timed_out=timed_out or interrupted, faults=records,
-                 events=events, final_state=final_state)
+                 events=events, final_state=final_state, job_s=job_s)
     verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"
     journal = {
         "verdict": verdict,
@@ -299,7 +303,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                        "document": exp.model_dump(mode="json")},
         "golden": dataclasses.asdict(golden) if golden else None,
         "run": {"started_t": started_t, "ended_t": time.time(),
-                "wall_s": time.time() - started_t, "timed_out": timed_out,
+                "wall_s": time.time() - started_t, "job_s": job_s, "timed_out": timed_out,
                 "interrupted": interrupted, "error": error, "job_dir": str(job_dir),
                 "exit_codes": target.result().returncodes if target else {},
                 "command": target.describe() if target else None,
