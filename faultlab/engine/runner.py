@@ -177,6 +177,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     records: list[FaultRecord] = []
     active: list[_Active] = []
     timed_out = interrupted = False
+    job_s: float | None = None  # how long the job ran, on the clock the triggers read
     error: str | None = None
     golden: GoldenRun | None = None
     started_t = time.time()
@@ -188,6 +189,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     lingering: list[str] = []
     runtime: RuntimeSetup | None = None
     stopped = False  # before the launch, for checkpoints shared between runs
+    t0: float | None = None
     try:
         with _interruptible():
             for warning in before_golden(exp, source):
@@ -271,6 +273,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         error = str(e)
     finally:
         with _shielded():
+            if t0 is not None:
+                job_s = time.monotonic() - t0
             if runtime is not None:
                 runtime.open_all_gates()
             for act in active:
@@ -307,7 +311,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     # Stopped before the launch: no SLA was measured, and a table of "not measured" would
     # only bury the reason (the error).
     slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,
-                                    faults=records, events=events, final_state=final_state)
+                                    faults=records, events=events, final_state=final_state,
+                                    job_s=job_s)
     own = own_checkpoints_check(exp, source, events, job_dir) if events else None
     if own is not None:  # first: every other line of the verdict is vacuous beside it
         slas.insert(0, own)
@@ -327,7 +332,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                        "document": exp.model_dump(mode="json")},
         "golden": dataclasses.asdict(golden) if golden else None,
         "run": {"started_t": started_t, "ended_t": time.time(),
-                "wall_s": time.time() - started_t, "timed_out": timed_out,
+                "wall_s": time.time() - started_t, "job_s": job_s, "timed_out": timed_out,
                 "interrupted": interrupted, "error": error, "job_dir": str(job_dir),
                 "exit_codes": target.result().returncodes if target else {},
                 "command": target.describe() if target else None,
@@ -402,6 +407,9 @@ def _struck(exp: Experiment, index: int, target: LocalTarget,
                    "type", "step")}}
     if spec.target.kind == "rank":
         details["ranks"] = [spec.target.value]
+    num_steps = getattr(spec.params, "num_steps", None)
+    if num_steps and spec.trigger.at_step is not None:  # the plan's window (runtime_plan.py)
+        details["window_steps"] = [spec.trigger.at_step, spec.trigger.at_step + num_steps - 1]
     records.append(FaultRecord(id=spec.id, type=spec.type, injected_t=float(first["t"]),
                                target=str(Victim(spec.target.kind, spec.target.value)),
                                details=details))

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from faultlab.judge.slas import SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState, first_difference
-from faultlab.spec import Experiment
+from faultlab.spec import Experiment, arrival_times_s
 
 __all__ = ["Golden", "SLAResult", "judge"]
 
@@ -51,20 +51,22 @@ class SLAResult:
 def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
           timed_out: bool, faults: list[FaultRecord],
           events: Sequence[Mapping[str, Any]] = (),
-          final_state: FinalState | None = None) -> list[SLAResult]:
+          final_state: FinalState | None = None,
+          job_s: float | None = None) -> list[SLAResult]:
     """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
     fault was injected at least once (an experiment whose fault never fired proved nothing).
 
     ``events`` and ``final_state`` (a job judged by its final checkpoint) only sharpen the
     notes: which tensor differs first from the golden run, which damaged checkpoint was loaded
-    at which step, why the bitwise verdict could not be measured."""
+    at which step, why the bitwise verdict could not be measured; ``job_s`` (how long the job
+    ran, on the clock the triggers read) says which time trigger the run never reached."""
     out = []
     fired = {f.id.split("#")[0] for f in faults if not f.details.get("error")}
-    for spec in exp.faults:
+    for i, spec in enumerate(exp.faults):
         fid = spec.id
         out.append(SLAResult(f"fault_injected[{fid}]", True, fid in fired, fid in fired,
-                             "" if fid in fired else "the trigger never fired or the "
-                                                     "injection failed"))
+                             "" if fid in fired else _not_fired(exp, i, faults, metrics,
+                                                                events, job_s)))
     values = metrics.to_dict()
     if golden is not None and metrics.final_digest is not None and golden.digest is not None:
         values["bitwise_equal_to_golden"] = metrics.final_digest == golden.digest
@@ -92,6 +94,49 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
         passed = measured is not None and sla.holds(measured, bound)
         out.append(SLAResult(name, bound, measured, passed, note))
     return out
+
+
+def _not_fired(exp: Experiment, index: int, faults: list[FaultRecord], metrics: Metrics,
+               events: Sequence[Mapping[str, Any]], job_s: float | None) -> str:
+    """Why fault ``index`` was never injected: the injection failed, or the run ended before
+    its trigger (the step, the time, the event or the first seeded arrival) was reached."""
+    spec = exp.faults[index]
+    failed = [f.details["error"] for f in faults
+              if f.id.split("#")[0] == spec.id and f.details.get("error")]
+    if failed:
+        return f"the trigger fired but the injection failed: {failed[0]}"
+    t = spec.trigger
+    ran = f"{job_s:.1f} s" if job_s is not None else None
+    if t.at_step is not None:
+        if metrics.max_step < t.at_step:
+            return (f"trigger never reached: the run ended at step {metrics.max_step}, before "
+                    f"at_step {t.at_step}" + (f" (after {ran})" if ran else ""))
+        return (f"step {t.at_step} was reached but no injection was recorded: a fault planned "
+                f"in the ranks never reported striking (no fault_injected event for "
+                f"{spec.id!r}), or the job ended before faultlab could fire it")
+    if t.at_time_s is not None and job_s is not None and job_s < t.at_time_s:
+        return (f"trigger never reached: the run ended at {ran}, before at_time_s "
+                f"{t.at_time_s:g} s (trigger earlier, or run longer)")
+    if t.after_event is not None:
+        want = t.after_event
+        seen = sum(1 for e in events if e.get("kind") == want.kind
+                   and all(k in e and e[k] == v for k, v in want.match.items()))
+        if seen < want.count:
+            matching = f" matching {dict(want.match)}" if want.match else ""
+            return (f"trigger never reached: the run ended after {seen} {want.kind} event"
+                    f"{'' if seen == 1 else 's'}{matching}, before the {_nth(want.count)}")
+    if t.every is not None and job_s is not None:
+        arrivals = arrival_times_s(exp, index)
+        if not arrivals or arrivals[0] > job_s:
+            first = f"at {arrivals[0]:.1f} s" if arrivals else "within the run"
+            return (f"trigger never reached: the first seeded arrival ({first}) came after "
+                    f"the run ended at {ran}")
+    return "the trigger fired but no injection was recorded"
+
+
+def _nth(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _bitwise_note(measured: Any, golden: Golden | None, final: FinalState | None) -> str:

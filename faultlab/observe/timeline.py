@@ -72,7 +72,12 @@ straggler_detected_s
 slowdown
     Only for slowing faults: rank 0's median ``step_time_s`` while the fault was in force
     (``T`` to its undo) over its median before ``T`` (warm-up steps left out); None with fewer
-    than 3 steps before or none during. Run level: the worst (max) over the slowing faults.
+    than 3 steps before or none during. A fault planned for a window of steps (``num_steps``;
+    its record's ``details["window_steps"] = [first, last]``) is in force for exactly those
+    steps: "during" is the steps numbered ``first..last`` after ``T`` (a replayed step of the
+    window counts, as it is delayed again), not every step after ``T``, which would dilute a
+    12-step window with the rest of a 40-step run. Run level: the worst (max) over the slowing
+    faults.
 """
 
 from __future__ import annotations
@@ -192,7 +197,8 @@ class _Timeline:
                           and _int(r.get("straggler_rank")) in victims), None)
             if named is not None:
                 m.straggler_detected_s = float(named["t"]) - T
-            m.slowdown = _slowdown(before, after, fault.undone_t)
+            m.slowdown = _slowdown(before, after, fault.undone_t,
+                                   _window((fault.details or {}).get("window_steps")))
         detect_i = next((i for i, r in enumerate(after) if reacted(r)), None)
         if detect_i is None:
             return m  # nobody noticed: not down, nothing lost
@@ -267,9 +273,23 @@ def _step_times(records: list[Record]) -> list[float]:
     return out
 
 
-def _slowdown(before: list[Record], after: list[Record], undone_t: float | None) -> float | None:
-    """Median step time while the fault was in force over the median before it."""
-    during = [r for r in after if undone_t is None or r["t"] <= undone_t]
+def _window(value: Any) -> tuple[int, int] | None:
+    """A fault's planned step window ``[first, last]``; None when absent or garbled."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        first, last = _int(value[0]), _int(value[1])
+        if first is not None and last is not None and first <= last:
+            return first, last
+    return None
+
+
+def _slowdown(before: list[Record], after: list[Record], undone_t: float | None,
+              window: tuple[int, int] | None = None) -> float | None:
+    """Median step time while the fault was in force over the median before it; with a step
+    window, only that window's steps are "while in force" (start records are kept: they mark a
+    restart's warm-up step)."""
+    during = [r for r in after if (undone_t is None or r["t"] <= undone_t) and (
+        window is None or r.get("kind") != "step"
+        or ((step := _step(r)) is not None and window[0] <= step <= window[1]))]
     base, slow = _step_times(before), _step_times(during)
     if len(base) < 3 or not slow or statistics.median(base) <= 0:
         return None

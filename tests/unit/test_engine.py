@@ -296,3 +296,33 @@ def test_guard_continues_and_kills_the_job_when_its_parent_dies(tmp_path: Path) 
     assert guard.wait(timeout=20) == 0
     assert victim.wait(timeout=10) == -9
     assert "killed 1 process" in (guard.stderr.read() if guard.stderr else "")
+
+
+@pytest.mark.parametrize(("fault", "records", "note"), [
+    ("{id: k, type: rank_kill, target: {rank: 1}, trigger: {at_time_s: 12}}", [],
+     "trigger never reached: the run ended at 7.3 s, before at_time_s 12 s (trigger earlier, "
+     "or run longer)"),
+    ("{id: k, type: rank_kill, target: {rank: 1}, trigger: {at_step: 10}}", [],
+     "trigger never reached: the run ended at step 4, before at_step 10 (after 7.3 s)"),
+    ("{id: k, type: rank_kill, target: {rank: 1}, trigger: {after_event: "
+     "{kind: step, count: 5, match: {rank: 0}}}}", [],
+     "trigger never reached: the run ended after 4 step events matching {'rank': 0}, before "
+     "the 5th"),
+    ("{id: k, type: rank_kill, target: {rank: 1}, trigger: {at_step: 2}}", [],
+     "step 2 was reached but no injection was recorded: a fault planned in the ranks never "
+     "reported striking (no fault_injected event for 'k'), or the job ended before faultlab "
+     "could fire it"),
+    ("{id: k, type: rank_kill, target: {rank: 1}, trigger: {at_time_s: 1}}",
+     [FaultRecord(id="k", type="rank_kill", injected_t=1.0, details={"error": "no such rank"})],
+     "the trigger fired but the injection failed: no such rank"),
+])
+def test_a_fault_that_never_fired_says_why(fault: str, records: list[FaultRecord],
+                                           note: str) -> None:
+    """The run of ``_run_events`` ended at step 4, 7.3 s after launch: a trigger it never
+    reached is named as such, not "never fired or failed"."""
+    exp = exp_with(f"  - {fault}\n", "  completes: true\n")
+    events = _run_events()
+    (injected,) = [s for s in judge(exp, compute_metrics(events, records), GOLDEN,
+                                    timed_out=False, faults=records, events=events, job_s=7.3)
+                   if s.name == "fault_injected[k]"]
+    assert not injected.passed and injected.note == note

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -12,7 +13,9 @@ from fsdp_helpers import Recorder, build_fsdp, train_step
 from torch.distributed.device_mesh import DeviceMesh
 
 from faultlab.engine.checkpoints import scan_checkpoints
+from faultlab.engine.runner import _struck
 from faultlab.engine.runtime_plan import RuntimeSetup, planned_victim_ranks, read_secret
+from faultlab.observe import FaultRecord
 from faultlab.spec import experiment_from_dict
 from reference_trainer.checkpoint import CheckpointManager
 
@@ -86,3 +89,19 @@ def test_checkpoint_scan_finds_a_saved_nan_and_skips_what_does_not_verify(
     assert list(scan.not_read) == [str(tmp_path / "step_00000030")]
     assert scan.all_finite is False
     assert scan_checkpoints(tmp_path / "empty").all_finite is None
+
+
+def test_a_struck_window_fault_records_its_planned_step_window() -> None:
+    """The journal's record of a windowed collective_delay carries its window, which is what
+    ``slowdown`` compares with the steps before it (tests/unit/test_observe_metrics.py)."""
+    exp = experiment_from_dict(DOC)
+    strike = {"t": 5.0, "kind": "fault_injected", "fault_id": "window", "type": "collective_delay",
+              "step": 6, "rank": 1, "source": "plan", "op": "all_reduce"}
+    target = SimpleNamespace(stream=SimpleNamespace(events=[strike]))
+    records: list[FaultRecord] = []
+    assert _struck(exp, 5, target, records)  # type: ignore[arg-type]
+    assert records[0].details["window_steps"] == [6, 8]
+    assert records[0].details["ranks"] == [1] and records[0].injected_t == 5.0
+    assert _struck(exp, 0, SimpleNamespace(stream=SimpleNamespace(events=[  # type: ignore[arg-type]
+        {**strike, "fault_id": "nan", "type": "grad_nan", "step": 12}])), records)
+    assert "window_steps" not in records[1].details  # a one-step fault has no window

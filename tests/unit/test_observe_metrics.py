@@ -7,6 +7,7 @@ slice), with timestamps chosen by each test so every expected latency is exact a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -629,3 +630,23 @@ def test_faults_may_come_as_a_generator_and_pids_garbled() -> None:
     assert compute_metrics(events, iter([fault])).to_dict() == as_list.to_dict()
     slow = FaultRecord(id="s", type="collective_delay", injected_t=4.5)
     compute_metrics(events, [slow])  # must not raise on the list-valued pid
+
+
+def test_slowdown_of_a_step_window_compares_the_window_not_the_rest_of_the_run() -> None:
+    """collective_delay with num_steps is in force for its window only: "during" is steps
+    5-7 (3 s each), not every step after the injection (steps 8-10 are back at 1 s). Taken
+    over all of them the median was 1 s: the 1.163 that collective_delay_straggler reported."""
+    job = Job()
+    job.launch(100.0, 2)
+    job.steps(101.0, 1, 4, step_time_s=1.0)
+    job.steps(105.0, 5, 7, dt=3.0, step_time_s=3.0)
+    job.steps(111.0, 8, 12, step_time_s=1.0)
+    job.finish(112.5, 12)
+    windowed = FaultRecord(id="slow", type="collective_delay", injected_t=104.5,
+                           target="rank 1", details={"ranks": [1], "window_steps": [5, 7]})
+    assert compute_metrics(job.records, [windowed]).slowdown == 3.0
+    unbounded = FaultRecord(id="slow", type="collective_delay", injected_t=104.5,
+                            target="rank 1", details={"ranks": [1]})
+    assert compute_metrics(job.records, [unbounded]).slowdown == 1.0
+    garbled = dataclasses.replace(windowed, details={"window_steps": ["x", None]})
+    assert compute_metrics(job.records, [garbled]).slowdown == 1.0
