@@ -4,7 +4,7 @@ write, ``faultlab validate`` warning of a fixed checkpoint argument, ``faultlab 
 it into its run directory. Every message is located and shows the ``{run_dir}`` fix; no file
 of the user's is ever deleted.
 
-The one real job of this scenario is ``tests/integration/test_shared_checkpoints.py``.
+The one real job of this scenario is ``tests/integration/test_fixed_checkpoint_dir.py``.
 """
 
 from __future__ import annotations
