@@ -13,11 +13,15 @@ from pytest_faultlab.plugin import (
     BAD_DIRECTORY,
     BAD_INTEGER,
     BAD_MARKER,
+    BAD_PASS_RATE,
+    BAD_REPEAT,
     INVALID_EXPERIMENT,
     JOURNAL,
     MARKER_WITHOUT_FIXTURE,
     MISSING_PATH,
     NO_MARKER,
+    PASS_RATE_WITHOUT_REPEAT,
+    REPEAT_FAILED,
     SLA_FAILED,
     SUITE_IN_RUN,
     sla_table,
@@ -168,6 +172,32 @@ def test_bad_paths_say_where_they_came_from(pytester: pytest.Pytester) -> None:
     assert MISSING_PATH.format(
         setting="faultlab_experiments = 'nowhere'", source="[pytest] in pytest.ini",
         path=pytester.path / "nowhere") in result.stderr.str()
+
+
+def test_bad_repeat_settings_say_where_they_came_from(pytester: pytest.Pytester) -> None:
+    flag = "the command line (--faultlab-repeat)"
+    result = pytester.runpytest_subprocess("--faultlab-repeat", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert BAD_REPEAT.format(setting="--faultlab-repeat '0'", source=flag) in \
+        result.stderr.str()
+
+    pytester.makefile(".ini", pytest="[pytest]\nfaultlab_repeat = 3\n"
+                                     "faultlab_min_pass_rate = 120%\n")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert BAD_PASS_RATE.format(
+        setting="faultlab_min_pass_rate = '120%'", source="[pytest] in pytest.ini",
+        problem="'120%' is not a pass rate in (0, 1]; write e.g. 0.95 or 95%, or leave it out "
+                "to require every run to pass") in result.stderr.str()
+
+    # the flag beats the ini key: a repeat of 1 leaves the ini's (valid) rate without a set
+    pytester.makefile(".ini", pytest="[pytest]\nfaultlab_repeat = 3\n"
+                                     "faultlab_min_pass_rate = 0.9\n")
+    result = pytester.runpytest_subprocess("--faultlab-repeat", "1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert PASS_RATE_WITHOUT_REPEAT.format(setting="faultlab_min_pass_rate = '0.9'",
+                                           source="[pytest] in pytest.ini") in \
+        result.stderr.str()
 
 
 # ---------------------------------------------------------------------- fixture and marker
