@@ -75,6 +75,7 @@ from pytest_faultlab._items import (
     ExperimentFile,
     ExperimentItem,
     looks_like_experiment,
+    repeat_table,
     settings_key,
     sla_table,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "Settings",
     "faultlab",
     "faultlab_result",
+    "repeat_table",
     "sla_table",
 ]
 

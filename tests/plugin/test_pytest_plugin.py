@@ -6,6 +6,7 @@ both; passing items are the shipped experiments that make test runs)."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +25,7 @@ from pytest_faultlab.plugin import (
     REPEAT_FAILED,
     SLA_FAILED,
     SUITE_IN_RUN,
+    repeat_table,
     sla_table,
 )
 
@@ -255,6 +257,35 @@ def test_sla_table_shows_bound_measured_result_and_note() -> None:
     assert lines[3].split() == ["resume_time_s", "<=", "0.001", "3.250", "FAIL"]
     assert lines[4].split()[:5] == ["lost_steps", "<=", "10", "not", "measured"]
     assert lines[-1] == JOURNAL.format(path="r/kill/journal.json")
+
+
+def test_repeat_table_shows_stability_each_sla_over_the_runs_and_why_runs_failed() -> None:
+    from faultlab.engine import SLAResult
+    from faultlab.judge.repeats import parse_pass_rate, summarize
+
+    def run(resume_s: float) -> SimpleNamespace:
+        slas = [SLAResult("completes", True, True, True),
+                SLAResult("resume_time_s", 30, resume_s, resume_s <= 30)]
+        r = SimpleNamespace(slas=slas, passed=resume_s <= 30, error=None,
+                            run_folder=Path(f"r/kill-{resume_s:g}"))
+        r.failures = lambda: [s for s in slas if not s.passed]
+        r.journal = {"verdict": "pass" if r.passed else "fail", "metrics": {},
+                     "slas": [{"name": s.name, "bound": s.bound, "measured": s.measured,
+                               "passed": s.passed} for s in slas]}
+        return r
+
+    runs = [run(5.0), run(41.5), run(7.0)]
+    outcome = SimpleNamespace(name="kill", results=runs, record_path="r/kill-x3/repeats.json",
+                              summary=summarize([r.journal for r in runs],
+                                                min_pass_rate=parse_pass_rate("95%")))
+    lines = repeat_table(outcome).splitlines()
+    assert lines[0] == REPEAT_FAILED.format(
+        name="kill", num_runs=3, stability="2/3 passed (67%; required 3, min pass rate 95%)")
+    assert lines[1].split() == ["SLA", "bound", "met", "median", "tail", "headroom"]
+    assert lines[3].split() == ["resume_time_s", "≤", "30.00", "s", "2/3", "7.00", "s", "p95",
+                                "41.50", "s", "-11.50", "s", "(-38%)"]
+    assert lines[4] == "failed run kill-41.5: resume_time_s: measured 41.5, required <= 30"
+    assert lines[-1] == JOURNAL.format(path="r/kill-x3/repeats.json")
 
 
 # -------------------------------------------------------------------------------- real runs
