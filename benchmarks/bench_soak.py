@@ -241,7 +241,8 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
     problems = collisions(folders)
     notes = [f"{k}: not run: {why}" for k, why in skipped.items()]
     notes += [f"collision: {c}" for c in problems] or ["no collision between concurrent runs"]
-    notes.append("p95 by nearest rank: the maximum below 20 runs; times in seconds")
+    notes.append("p95 by nearest rank: the maximum below 20 runs; times in seconds; wall: the "
+                 "job's first to last event (no golden run, no start-up of faultlab)")
     print_table(f"soak: {args.runs} runs per experiment, {args.parallel} at a time",
                 [f"{len(jobs)} runs in {took_s / 60:.1f} min; run folders and logs in {out}"],
                 ["experiment", "passed", "stable", "resume p50", "p95", "detection p50", "p95",
