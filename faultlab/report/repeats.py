@@ -112,7 +112,8 @@ def spread_rows(summary: dict[str, Any]) -> tuple[list[list[str]], list[list[str
         frac = s.get("headroom_fraction")
         headroom = ("—" if s["headroom"] is None else
                     _value(name, s["headroom"])
-                    + ("" if frac is None else f" ({100 * frac:.0f}%)"))
+                    # a percentage of a near-zero bound says nothing (-2289687%)
+                    + ("" if frac is None or abs(frac) > 10 else f" ({100 * frac:.0f}%)"))
         slas.append([name, fmt.sla_bound(name, s["bound"]),
                      f"{s['num_passed']}/{s['num_runs']}", _value(name, s["median"]),
                      f"{_tail_label(s['kind'])} {_value(name, s['tail'])}", headroom])
