@@ -49,12 +49,15 @@ test: $(STAMP) chromium docker-engine
 	$(if $(filter true,$(CI)),FAULTLAB_REQUIRE_DOCKER=1 )$(PY) -m pytest -n 2 --durations=25 \
 	  tests $(SHIPPED)
 
+# The soak runs last: every experiment CI runs, 20 times, two at a time (hours; by itself:
+# python benchmarks/bench_soak.py --runs 4 experiments/rank_kill.yaml).
 bench: $(STAMP)
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_level0.py
 	$(PY) benchmarks/bench_slurm.py
+	$(PY) benchmarks/bench_soak.py --runs 20 --parallel 2 --out reports --slurm-cluster
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """`faultlab` command line.
 
     faultlab run EXPERIMENT... [--report-dir DIR] [--seed N] [--dry-run] [--golden-cache DIR]
+                              [--repeat N [--min-pass-rate RATE]]
     faultlab launch [--nodes N] [--min-nodes M] ... --run-dir DIR -- COMMAND...
     faultlab init --name NAME [--out FILE] -- [torchrun FLAGS] train.py ARGS...
     faultlab validate EXPERIMENT...
@@ -20,6 +21,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="validate and print the schedule; inject nothing")
     run.add_argument("--golden-cache", type=Path, default=None,
                      help="golden-run cache (default: REPORT_DIR/.golden)")
+    run.add_argument("--repeat", type=_repeat, default=1, metavar="N",
+                     help="run each experiment N times, each run independent (the golden run "
+                          "is shared); report how many passed and every metric's median and "
+                          "p95; passes only if every run passes, unless --min-pass-rate")
+    run.add_argument("--min-pass-rate", type=_pass_rate, default=None, metavar="RATE",
+                     help="with --repeat: the fraction of runs that must pass, in (0, 1] "
+                          "(0.95 or 95%%; default: every run)")
     sub.add_parser("init", add_help=False,
                    help="write a starter experiment for your trainer from one fault-free run: "
                         "faultlab init --name NAME -- torchrun ... train.py ...")
@@ -110,6 +119,22 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _repeat(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs >= 1; e.g. "
+                                         f"--repeat 20")
+    return int(text)
+
+
+def _pass_rate(text: str) -> Fraction:
+    from faultlab.judge.repeats import parse_pass_rate
+
+    try:
+        return parse_pass_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -136,7 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             Console(stderr=True, highlight=False, soft_wrap=True).print(
                 f"faultlab init: error: {escape(str(e))}")
             return EXIT_INVALID
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.min_pass_rate is not None and args.repeat < 2:
+        from faultlab.judge.repeats import format_rate
+
+        rate = format_rate(args.min_pass_rate)
+        parser.error(f"--min-pass-rate {rate} needs --repeat N with N >= 2 (a single run "
+                     f"either passes or fails); e.g. --repeat 20 --min-pass-rate {rate}")
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
@@ -203,9 +235,12 @@ def _list_faults(console: Console) -> int:
 def _report(run_dir: Path, console: Console) -> int:
     from faultlab.report.journal import read_journal, render_markdown
     from faultlab.report.prelaunch import is_suite_folder
+    from faultlab.report.repeats import is_repeat_folder
 
     if is_suite_folder(run_dir):
         return _report_suite(run_dir, console)
+    if is_repeat_folder(run_dir):
+        return _report_repeats(run_dir, console)
     try:
         journal = read_journal(run_dir)
     except FileNotFoundError:
@@ -296,7 +331,17 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
     from faultlab.engine import RunView, run_experiment
 
     verdicts = []
+    repeat = getattr(args, "repeat", 1)
     for index, (path, exp) in enumerate(experiments):
+        if repeat > 1:
+            code = _run_repeated(exp, path, args, console, index=index,
+                                 report_dir=report_dir or args.report_dir,
+                                 golden_cache=golden_cache or args.golden_cache,
+                                 on_result=on_result)
+            if code == EXIT_INTERRUPTED:
+                return code
+            verdicts.append((exp.name, code == EXIT_PASS))
+            continue
         try:
             result = run_experiment(exp, source=path, report_dir=report_dir or args.report_dir,
                                     golden_cache=golden_cache or args.golden_cache,
@@ -326,6 +371,97 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
         console.print(f"[bold]overall: {'PASS' if passed == len(verdicts) else 'FAIL'}[/] "
                       f"({passed}/{len(verdicts)} experiments passed)")
     return EXIT_PASS if all(ok for _n, ok in verdicts) else EXIT_FAIL
+
+
+# --- repeated runs: one experiment N times, judged together ----------------------------------
+
+def _run_repeated(exp, path: Path, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+                  console: Console, *, index: int, report_dir: Path,
+                  golden_cache: Path | None,
+                  on_result: Callable[[int, Path, str], None] | None) -> int:
+    from faultlab.engine import RunView
+    from faultlab.engine.repeat import run_repeated
+    from faultlab.judge.repeats import ALL_PASS
+
+    repeat = args.repeat
+
+    def view(i: int) -> RunView:
+        console.print(f"[bold]{escape(exp.name)}: run {i}/{repeat}[/]")
+        return RunView(console)
+
+    def ran(i: int, result) -> None:  # type: ignore[no-untyped-def]
+        m = result.metrics
+        failed = ", ".join(s.name for s in result.failures())
+        verdict = "[green]PASS[/]" if result.passed else "[bold red]FAIL[/]"
+        console.print(f"run {i}/{repeat}: {verdict}"
+                      f"  resume {_secs(m.resume_time_s)}, detection "
+                      f"{_secs(m.detection_latency_s)}, recovery {_secs(m.recovery_time_s)}, "
+                      f"lost steps {m.lost_steps if m.lost_steps is not None else '—'}"
+                      + (f"  failed: {escape(failed)}" if failed else "")
+                      + (f"  error: {escape(result.error)}" if result.error else "")
+                      + f"  ({result.run_folder.name})")
+
+    try:
+        outcome = run_repeated(exp, repeat, min_pass_rate=args.min_pass_rate or ALL_PASS,
+                               source=path, report_dir=report_dir, golden_cache=golden_cache,
+                               view_factory=view, on_run=ran)
+    except KeyboardInterrupt as e:
+        partial = e.args[0] if e.args else None
+        folder = getattr(partial, "folder", None)
+        if folder is not None and on_result is not None:
+            on_result(index, folder, "fail")
+        console.print("[bold red]interrupted[/]: every process of the job was stopped"
+                      + (f"; record of the runs so far in {folder}" if folder else ""))
+        return EXIT_INTERRUPTED
+    if on_result is not None:
+        on_result(index, outcome.folder, outcome.verdict)
+    for table in repeat_tables(outcome.name, outcome.summary.to_dict(), outcome.folder):
+        console.print(table)
+    verdict = "[green]PASS[/]" if outcome.passed else "[bold red]FAIL[/]"
+    console.print(f"[bold]{escape(exp.name)}[/]: {verdict}  {outcome.summary.stability()}")
+    console.print(f"record: {outcome.record_path} (and report.md; each run under "
+                  f"{outcome.folder / 'runs'})")
+    return EXIT_PASS if outcome.passed else EXIT_FAIL
+
+
+def _secs(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
+def repeat_tables(name: str, summary: dict, folder: Path) -> list[Table]:  # type: ignore[type-arg]
+    """The SLA table over the runs (bound beside median, tail and headroom) and the metric
+    table (median, p95, min, max), as the terminal shows them."""
+    from faultlab.report.repeats import METRIC_HEADER, SLA_HEADER, spread_rows
+
+    sla_rows, metric_rows = spread_rows(summary)
+    slas = Table(title=f"{name} x {summary['num_runs']}: {summary['verdict'].upper()}  "
+                       f"({summary['stability']})")
+    for col in SLA_HEADER:
+        slas.add_column(col, no_wrap=col in ("SLA", "tail"))
+    for row in sla_rows:
+        met, runs = (int(x) for x in row[2].split("/"))
+        slas.add_row(*map(escape, row[:2]),
+                     f"[green]{row[2]}[/]" if met == runs else f"[bold red]{row[2]}[/]",
+                     *map(escape, row[3:]))
+    metrics = Table(title=f"{name}: metrics over {summary['num_runs']} runs ({folder})")
+    for col in METRIC_HEADER:
+        metrics.add_column(col, no_wrap=col == "metric")
+    for row in metric_rows:
+        metrics.add_row(*map(escape, row))
+    return [slas, metrics]
+
+
+def _report_repeats(folder: Path, console: Console) -> int:
+    from faultlab.report.repeats import rerender_folder
+
+    try:
+        record = rerender_folder(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise FaultlabError(f"{folder}: cannot rebuild the repeats report: "
+                            f"{type(e).__name__}: {e}") from None
+    console.print(f"wrote {folder / 'repeats.json'}, {folder / 'report.md'} (verdict: "
+                  f"{record['verdict']}; {record['summary']['stability']})")
+    return EXIT_PASS if record["verdict"] == "pass" else EXIT_FAIL
 
 
 # --- pre-launch suites: every experiment of the suite, then one report folder --------------

@@ -2,7 +2,9 @@
 
 It owns the SLAs — for every ``expect`` key, the metric it is judged against and how
 (``slas.py``) — the comparison of the run's final digest with the fault-free golden run's, and
-the verdict: one ``SLAResult`` per SLA and per fault, judged by ``judge()`` (``verdict.py``).
+the verdict: one ``SLAResult`` per SLA and per fault, judged by ``judge()`` (``verdict.py``);
+and the verdict of N runs of one experiment judged together, with the spread of what they
+measured (``repeats.py``: ``summarize``, ``parse_pass_rate``).
 The spec's ``Expect`` model says which keys an experiment may state and validates them; the
 judge says what each one means.
 

@@ -15,6 +15,7 @@ from markupsafe import Markup
 from faultlab.report import _format as fmt
 from faultlab.report.markdown import PROJECTION_ROWS, sla_summary
 from faultlab.report.plots import PHASE_COLORS, loss_svg, recovery_svg, timeline_svg
+from faultlab.report.repeats import METRIC_HEADER, SLA_HEADER, spread_rows
 
 __all__ = ["TEMPLATE", "render_html"]
 
@@ -28,7 +29,8 @@ def _environment() -> Environment:
     env.filters.update(seconds=fmt.seconds, number=fmt.number, percent=fmt.percent,
                        usd=fmt.usd, size=fmt.size, timestamp=fmt.timestamp,
                        verdict=fmt.verdict)
-    env.globals.update(sla_bound=fmt.sla_bound, measured=fmt.measured, sla_summary=sla_summary)
+    env.globals.update(sla_bound=fmt.sla_bound, measured=fmt.measured, sla_summary=sla_summary,
+                       repeat_rows=spread_rows, repeat_headers=(SLA_HEADER, METRIC_HEADER))
     return env
 
 

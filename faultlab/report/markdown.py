@@ -51,6 +51,24 @@ def sla_summary(slas: list[dict[str, Any]]) -> str:
                      for s in slas if not s["name"].startswith("fault_injected"))
 
 
+def scorecard_verdict(entry: dict[str, Any]) -> str:
+    """``PASS``, or for a repeated experiment ``PASS (19/20)``."""
+    repeats = entry.get("repeats")
+    return fmt.verdict(entry["verdict"]) + (
+        f" ({repeats['num_passed']}/{repeats['num_runs']})" if repeats else "")
+
+
+def repeat_sla_summary(repeats: dict[str, Any]) -> str:
+    """One line over the runs: ``resume_time_s median 5.10 s, p95 7.02 s (≤ 30.00 s) 20/20;
+    …``."""
+    from faultlab.report.repeats import spread_rows
+
+    rows = spread_rows(repeats)[0]
+    return "; ".join(f"{name} " + (f"median {median}, {tail} " if median != "—" else "")
+                     + f"({bound}) {met}" for name, bound, met, median, tail, _h in rows
+                     if not name.startswith("fault_injected"))
+
+
 def render_suite_markdown(report: dict[str, Any]) -> str:
     suite, env = report["suite"], report["environment"]
     lines = [f"# Pre-launch report: {suite['name']}: {fmt.verdict(report['verdict'])}", ""]
@@ -68,8 +86,9 @@ def render_suite_markdown(report: dict[str, Any]) -> str:
                     [[f["family"], fmt.verdict(f["verdict"]), ", ".join(f["experiments"]) or "—",
                       ", ".join(f["fault_types"]) or "—"] for f in report["families"]])
     lines += _table(["family", "experiment", "verdict", "measured vs SLA"],
-                    [[e["family"], e["experiment"], fmt.verdict(e["verdict"]),
-                      sla_summary(e["slas"]) or e.get("error") or "—"]
+                    [[e["family"], e["experiment"], scorecard_verdict(e),
+                      (repeat_sla_summary(e["repeats"]) if e.get("repeats")
+                       else sla_summary(e["slas"])) or e.get("error") or "—"]
                      for e in report["scorecard"]])
 
     lines += _projection(report["projection"])
@@ -134,6 +153,17 @@ def _checkpoint_cost(cost: dict[str, Any]) -> list[str]:
                            "stall (max)", "size on disk (median)"], rows)
 
 
+def _repeats(repeats: dict[str, Any]) -> list[str]:
+    from faultlab.report.repeats import METRIC_HEADER, SLA_HEADER, spread_rows
+
+    sla_rows, metric_rows = spread_rows(repeats)
+    return ([f"Over {repeats['num_runs']} runs: {repeats['stability']}. The tail is the p95 of "
+             f"an upper bound, the p5 of a lower one; the tables after these are of run "
+             f"{repeats['shown_index']} (`{repeats['shown_run']}`), the first that failed, "
+             f"else the first.", ""]
+            + _table(SLA_HEADER, sla_rows) + _table(METRIC_HEADER, metric_rows))
+
+
 def _experiment(exp: dict[str, Any]) -> list[str]:
     lines = [f"## {exp['name']}: {fmt.verdict(exp['verdict'])}", ""]
     if exp.get("description"):
@@ -142,6 +172,8 @@ def _experiment(exp: dict[str, Any]) -> list[str]:
               + (f", run folder `{exp['run_folder']}`" if exp.get("run_folder") else ""), ""]
     if exp.get("error"):
         lines += [f"**Error:** {exp['error']}", ""]
+    if exp.get("repeats"):
+        lines += _repeats(exp["repeats"])
     if exp.get("slas"):
         lines += _table(["SLA", "bound", "measured", "result"],
                         [[s["name"], fmt.sla_bound(s["name"], s["bound"]),

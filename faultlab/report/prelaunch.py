@@ -10,6 +10,11 @@ A suite run's folder::
         report.md       renderings of report.json, and of nothing else
         report.html
 
+Run with ``--repeat N``, an experiment's run folder is a repeat set's folder
+(``faultlab.report.repeats``): its verdict is the set's, ``repeats`` holds the set's summary
+(stability, per-SLA and per-metric median and p95), and the run shown in the plots and tables
+is the first that failed, else the first (``repeats.shown_run``).
+
 ``build_report`` reads only that folder (and the golden runs a journal points to), so
 ``faultlab report FOLDER`` rebuilds all three files at any time. Top level of report.json::
 
@@ -17,7 +22,7 @@ A suite run's folder::
     ended_t, interrupted, suite {name, description, file, plan},
     families [{family, verdict, experiments}], scorecard [{experiment, family, verdict, slas}],
     experiments [{name, verdict, slas, faults (each with its recovery breakdown), timeline,
-                  loss, checkpoints}],
+                  loss, checkpoints, repeats}],
     recovery {phases, rows}, checkpoint_cost, projection {inputs, results, formulas, notes},
     environment
 """
@@ -37,6 +42,7 @@ from faultlab.observe.phases import PHASES, recovery_breakdown
 from faultlab.observe.stream import EventStream
 from faultlab.report.journal import read_journal
 from faultlab.report.projection import FORMULAS, project
+from faultlab.report.repeats import is_repeat_folder, read_record
 
 __all__ = ["REPORT_FILES", "SCHEMA_VERSION", "SUITE_RECORD", "SuiteRun", "build_report",
            "is_suite_folder", "render_folder", "write_report"]
@@ -198,7 +204,8 @@ def build_report(folder: Path) -> dict[str, Any]:
         "families": _families(experiments, families_of),
         "scorecard": [{"experiment": e["name"], "family": e["family"],
                        "families": e["families"], "verdict": e["verdict"],
-                       "file": e["file"], "slas": e.get("slas", []), "error": e.get("error")}
+                       "file": e["file"], "slas": e.get("slas", []), "error": e.get("error"),
+                       "repeats": e.get("repeats")}
                       for e in experiments],
         "experiments": experiments,
         "recovery": {"phases": list(PHASES), "rows": rows},
@@ -232,11 +239,28 @@ def _experiment(folder: Path, entry: dict[str, Any], families_of: dict[str, str]
                            "family": families[0] if families else "none",
                            "families": families, "wall_s": None, "error": None,
                            "slas": [], "metrics": {}, "faults": [], "timeline": None,
-                           "loss": None, "checkpoints": None, "golden": None}
+                           "loss": None, "checkpoints": None, "golden": None,
+                           "repeats": None}
     if not entry.get("run_folder"):
         out["error"] = "not run (the suite was interrupted or stopped before it)"
         return out
     run_folder = folder / entry["run_folder"]
+    repeats = None
+    if is_repeat_folder(run_folder):  # faultlab run SUITE --repeat N
+        try:
+            record = read_record(run_folder)
+        except (OSError, ValueError) as e:
+            out["error"] = f"cannot read its repeats record: {e}"
+            return out
+        runs = [r for r in record["runs"] if r.get("run_folder")]
+        if not runs:
+            out["error"] = "no run of the set finished (interrupted)"
+            return out
+        # One run stands for the set in the plots and tables: the first that failed, if any.
+        shown = next((r for r in runs if r["verdict"] != "pass"), runs[0])
+        repeats = {**record["summary"], "shown_index": shown["index"],
+                   "shown_run": f"{entry['run_folder']}/{shown['run_folder']}"}
+        run_folder = run_folder / shown["run_folder"]
     try:
         journal = read_journal(run_folder)
     except (OSError, ValueError) as e:
@@ -287,6 +311,8 @@ def _experiment(folder: Path, entry: dict[str, Any], families_of: dict[str, str]
         "golden": None if not golden else {"digest": golden.get("digest"),
                                            "cached": golden.get("cached")},
     })
+    if repeats is not None:
+        out.update(verdict=repeats["verdict"], repeats=repeats)
     return out
 
 

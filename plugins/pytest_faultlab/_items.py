@@ -11,11 +11,17 @@ import pytest
 import yaml
 
 from faultlab.errors import InvalidExperimentError
-from pytest_faultlab._messages import INVALID_EXPERIMENT, JOURNAL, RUN_ERROR, SLA_FAILED
+from pytest_faultlab._messages import (
+    INVALID_EXPERIMENT,
+    JOURNAL,
+    REPEAT_FAILED,
+    RUN_ERROR,
+    SLA_FAILED,
+)
 from pytest_faultlab._options import Settings
 
 __all__ = ["ExperimentFailed", "ExperimentFile", "ExperimentItem", "looks_like_experiment",
-           "record_properties", "sla_table", "settings_key"]
+           "record_properties", "repeat_table", "sla_table", "settings_key"]
 
 settings_key = pytest.StashKey[Settings]()
 
@@ -32,12 +38,14 @@ def looks_like_experiment(path: Path) -> bool:
 
 
 class ExperimentFailed(Exception):
-    """An experiment ran and an SLA failed (or the run broke); carries the ``RunResult``."""
+    """An experiment ran and an SLA failed (or the run broke); carries the ``RunResult`` (a
+    ``RepeatResult`` under ``faultlab_repeat``)."""
 
     def __init__(self, result: Any, notes: list[str]) -> None:
         self.result = result
         self.notes = notes
-        super().__init__(sla_table(result))
+        super().__init__(repeat_table(result) if hasattr(result, "summary")
+                         else sla_table(result))
 
 
 class ExperimentFile(pytest.File):
@@ -74,7 +82,8 @@ class ExperimentItem(pytest.Item):
         if experiment is not None and self.config.pluginmanager.hasplugin("timeout"):
             # The repo-wide timeout (e.g. 120 s) is for unit tests; an experiment bounds
             # itself with run.timeout_s (twice when a golden run may be needed first).
-            runs = 2 if experiment.expect.bitwise_equal_to_golden is not None else 1
+            runs = self.config.stash[settings_key].repeat
+            runs += 1 if experiment.expect.bitwise_equal_to_golden is not None else 0
             self.add_marker(pytest.mark.timeout(runs * experiment.run.timeout_s + 120))
 
     def runtest(self) -> None:
@@ -88,12 +97,31 @@ class ExperimentItem(pytest.Item):
             require_docker_engine()
         settings = self.config.stash[settings_key]
         view = NotesView()
+        if settings.repeat > 1:
+            self._run_repeated(settings, view)
+            return
         result = run_experiment(self.experiment, source=self.source,
                                 report_dir=settings.report_dir,
                                 golden_cache=settings.golden_cache, view=view)
         record_properties(self.user_properties, result)
         if not result.passed:
             raise ExperimentFailed(result, view.notes)
+
+    def _run_repeated(self, settings: Settings, view: NotesView) -> None:
+        """``faultlab_repeat`` runs, judged together; the notes of failed runs are kept."""
+        from faultlab.engine.repeat import run_repeated
+
+        def view_of(index: int) -> NotesView:
+            view.note(f"run {index}/{settings.repeat}")
+            return view
+
+        outcome = run_repeated(self.experiment, settings.repeat,
+                               min_pass_rate=settings.min_pass_rate, source=self.source,
+                               report_dir=settings.report_dir,
+                               golden_cache=settings.golden_cache, view_factory=view_of)
+        record_repeat_properties(self.user_properties, outcome)
+        if not outcome.passed:
+            raise ExperimentFailed(outcome, view.notes)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | Any:
@@ -157,6 +185,39 @@ def sla_table(result: Any) -> str:
         lines.append(RUN_ERROR.format(error=result.error))
     lines.append(JOURNAL.format(path=result.journal_path))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def repeat_table(outcome: Any) -> str:
+    """A repeated experiment's failure: stability, each SLA over the runs, the record."""
+    from faultlab.report.repeats import SLA_HEADER, spread_rows
+
+    summary = outcome.summary.to_dict()
+    rows = [SLA_HEADER, *spread_rows(summary)[0]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(SLA_HEADER))]
+    lines = [REPEAT_FAILED.format(name=outcome.name, num_runs=summary["num_runs"],
+                                  stability=summary["stability"])]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    for result in outcome.results:
+        if not result.passed:
+            why = "; ".join(s.describe() for s in result.failures()) or result.error or ""
+            lines.append(f"failed run {result.run_folder.name}: {why}")
+    lines.append(JOURNAL.format(path=outcome.record_path))
+    return "\n".join(lines)
+
+
+def record_repeat_properties(props: list[tuple[str, object]], outcome: Any) -> None:
+    """JUnit XML of a repeated item: the set's verdict and stability, each metric's median
+    and p95, and the record's path."""
+    summary = outcome.summary
+    props.append(("faultlab.verdict", summary.verdict))
+    props.append(("faultlab.journal", str(outcome.record_path)))
+    props.append(("faultlab.repeat.num_runs", summary.num_runs))
+    props.append(("faultlab.repeat.num_passed", summary.num_passed))
+    props.append(("faultlab.repeat.min_pass_rate", float(summary.min_pass_rate)))
+    for m in summary.metrics:
+        props.append((f"faultlab.{m.name}.median", _prop(m.median)))
+        props.append((f"faultlab.{m.name}.p95", _prop(m.p95)))
 
 
 def record_properties(props: list[tuple[str, object]], result: Any) -> None:

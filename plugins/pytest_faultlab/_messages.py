@@ -4,6 +4,11 @@ retyping them. ``{placeholders}`` are filled with ``str.format``."""
 from __future__ import annotations
 
 BAD_INTEGER = "{setting} from {source} is not an integer in [0, 2**63); use e.g. 0 or 1234"
+BAD_REPEAT = "{setting} from {source} is not a number of runs >= 1; use e.g. 20"
+BAD_PASS_RATE = "{setting} from {source}: {problem}"
+PASS_RATE_WITHOUT_REPEAT = ("{setting} from {source} needs faultlab_repeat (--faultlab-repeat) "
+                            "of 2 or more: a single run either passes or fails")
+REPEAT_FAILED = "{name}: FAIL over {num_runs} runs: {stability}"
 BAD_DIRECTORY = "{setting} from {source} is not a directory ({path}); point it at a folder"
 MISSING_PATH = ("{setting} from {source}: no such file or directory: {path}; list experiment "
                 "files or folders that exist")

@@ -7,12 +7,20 @@ A bad value is a ``pytest.UsageError`` that says where the value came from (the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_faultlab._messages import BAD_DIRECTORY, BAD_INTEGER, MISSING_PATH
+from pytest_faultlab._messages import (
+    BAD_DIRECTORY,
+    BAD_INTEGER,
+    BAD_PASS_RATE,
+    BAD_REPEAT,
+    MISSING_PATH,
+    PASS_RATE_WITHOUT_REPEAT,
+)
 
 __all__ = ["OPTIONS", "Settings", "add_options", "read_settings"]
 
@@ -24,6 +32,14 @@ OPTIONS = {
                               "golden-run cache, shared by xdist workers (default: "
                               "REPORT_DIR/.golden)"),
     "faultlab_seed": ("--faultlab-seed", "override every experiment's seed"),
+    "faultlab_repeat": ("--faultlab-repeat",
+                        "run each experiment item N times, each run independent (the golden "
+                        "run is shared); the item passes only if every run passes, unless "
+                        "faultlab_min_pass_rate (default 1)"),
+    "faultlab_min_pass_rate": ("--faultlab-min-pass-rate",
+                               "with faultlab_repeat: the fraction of runs that must pass, a "
+                               "fraction in (0, 1] such as 0.95, or a percentage (default: "
+                               "every run)"),
     "faultlab_experiments": ("--faultlab-experiments",
                              "experiment files or folders to collect as test items (YAML "
                              "files given on the command line are always collected)"),
@@ -38,6 +54,10 @@ class Settings:
     experiments: tuple[Path, ...]
     """Resolved paths whose YAML experiments are collected."""
     experiments_from_flag: bool
+    repeat: int = 1
+    """Runs per experiment item (``faultlab run --repeat``)."""
+    min_pass_rate: Fraction = Fraction(1)
+    """The fraction of an item's runs that must pass."""
 
     def covers(self, path: Path) -> bool:
         return any(path == p or p in path.parents for p in self.experiments)
@@ -51,8 +71,9 @@ def add_options(parser: pytest.Parser) -> None:
                             default=None, help=help_)
             parser.addini(ini, help_, type="args", default=[])
         else:
-            group.addoption(flag, dest=ini, default=None,
-                            metavar="N" if ini == "faultlab_seed" else "DIR", help=help_)
+            metavar = {"faultlab_seed": "N", "faultlab_repeat": "N",
+                       "faultlab_min_pass_rate": "RATE"}.get(ini, "DIR")
+            group.addoption(flag, dest=ini, default=None, metavar=metavar, help=help_)
             parser.addini(ini, help_, default=None)
 
 
@@ -61,8 +82,10 @@ def read_settings(config: pytest.Config) -> Settings:
     golden = _path_setting(config, "faultlab_golden_cache")
     seed = _seed(config)
     paths, from_flag = _experiments(config)
+    repeat = _repeat(config)
     return Settings(report_dir=report or config.rootpath / "reports", golden_cache=golden,
-                    seed=seed, experiments=paths, experiments_from_flag=from_flag)
+                    seed=seed, experiments=paths, experiments_from_flag=from_flag,
+                    repeat=repeat, min_pass_rate=_min_pass_rate(config, repeat))
 
 
 # --------------------------------------------------------------------------- internals
@@ -120,6 +143,35 @@ def _seed(config: pytest.Config) -> int | None:
         raise pytest.UsageError(BAD_INTEGER.format(
             setting=_setting("faultlab_seed", value, source), source=source))
     return seed
+
+
+def _repeat(config: pytest.Config) -> int:
+    value, source, _ = _raw(config, "faultlab_repeat")
+    if value is None:
+        return 1
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise pytest.UsageError(BAD_REPEAT.format(
+            setting=_setting("faultlab_repeat", value, source), source=source))
+    return int(text)
+
+
+def _min_pass_rate(config: pytest.Config, repeat: int) -> Fraction:
+    from faultlab.judge.repeats import ALL_PASS, parse_pass_rate
+
+    ini = "faultlab_min_pass_rate"
+    value, source, _ = _raw(config, ini)
+    if value is None:
+        return ALL_PASS
+    try:
+        rate = parse_pass_rate(str(value))
+    except ValueError as e:
+        raise pytest.UsageError(BAD_PASS_RATE.format(
+            setting=_setting(ini, value, source), source=source, problem=e)) from None
+    if repeat < 2:
+        raise pytest.UsageError(PASS_RATE_WITHOUT_REPEAT.format(
+            setting=_setting(ini, value, source), source=source))
+    return rate
 
 
 def _path_setting(config: pytest.Config, ini: str) -> Path | None:

@@ -24,6 +24,18 @@ flag paths to the current folder; a bad value stops pytest and says where it cam
     --faultlab-golden-cache DIR   faultlab_golden_cache   golden runs (default REPORT_DIR/.golden)
     --faultlab-seed N             faultlab_seed           overrides every experiment's seed
     --faultlab-experiments PATH.. faultlab_experiments    files/folders collected as items
+    --faultlab-repeat N           faultlab_repeat         runs per experiment item (default 1)
+    --faultlab-min-pass-rate R    faultlab_min_pass_rate  with a repeat: the fraction of runs
+                                                          that must pass (0.95 or 95%; default
+                                                          every run)
+
+With ``faultlab_repeat`` N > 1 an experiment item runs N independent times (as ``faultlab run
+--repeat N``: one set folder, each run its own folder, the golden run computed once) and passes
+when every run passed, or ``faultlab_min_pass_rate`` of them; a failing item shows the
+stability (``3/5 passed ...``), each SLA's median, tail and headroom against its bound, and why
+each failed run failed. JUnit XML then carries ``faultlab.repeat.num_runs``, ``.num_passed``,
+``.min_pass_rate`` and every metric's ``faultlab.<metric>.median`` and ``.p95``; the
+``faultlab`` fixture and the marker run once per call either way.
 
 Paths of the flag are always collected; those of the ini key only when pytest was given no
 paths (a plain ``pytest`` runs ``testpaths`` and the experiments).
@@ -45,9 +57,9 @@ and experiments declared next to a test with the marker, whose ``RunResult`` arr
 
 xdist: ``-n 2`` is safe. Each item gets its own run folder (``<name>-<timestamp>[-N]``,
 created atomically), its own rendezvous store on a free port, its own torchrun master port and
-job folder; golden runs are shared through a per-key file lock. ``python -m
-pytest_faultlab.soak --rounds 10`` runs the shipped suite under ``-n 2`` N times in a row and
-prints a summary (collisions included).
+job folder; golden runs are shared through a per-key file lock. ``python
+benchmarks/bench_soak.py`` runs every experiment CI runs N times, two at a time, and prints pass
+rates, the spread of recovery and any collision between concurrent runs.
 """
 
 from __future__ import annotations
@@ -63,6 +75,7 @@ from pytest_faultlab._items import (
     ExperimentFile,
     ExperimentItem,
     looks_like_experiment,
+    repeat_table,
     settings_key,
     sla_table,
 )
@@ -71,12 +84,16 @@ from pytest_faultlab._messages import (
     BAD_EXPERIMENT_ARG,
     BAD_INTEGER,
     BAD_MARKER,
+    BAD_PASS_RATE,
+    BAD_REPEAT,
     INVALID_EXPERIMENT,
     JOURNAL,
     MARKER_HELP,
     MARKER_WITHOUT_FIXTURE,
     MISSING_PATH,
     NO_MARKER,
+    PASS_RATE_WITHOUT_REPEAT,
+    REPEAT_FAILED,
     RUN_ERROR,
     SLA_FAILED,
     SUITE_IN_RUN,
@@ -88,12 +105,16 @@ __all__ = [
     "BAD_EXPERIMENT_ARG",
     "BAD_INTEGER",
     "BAD_MARKER",
+    "BAD_PASS_RATE",
+    "BAD_REPEAT",
     "INVALID_EXPERIMENT",
     "JOURNAL",
     "MARKER_WITHOUT_FIXTURE",
     "MISSING_PATH",
     "NO_MARKER",
     "OPTIONS",
+    "PASS_RATE_WITHOUT_REPEAT",
+    "REPEAT_FAILED",
     "RUN_ERROR",
     "SLA_FAILED",
     "SUITE_IN_RUN",
@@ -104,6 +125,7 @@ __all__ = [
     "Settings",
     "faultlab",
     "faultlab_result",
+    "repeat_table",
     "sla_table",
 ]
 

@@ -237,3 +237,27 @@ def test_a_node_that_ignores_its_spot_notice_is_terminated_at_the_deadline(
     # a job that does not poll sent no request; nothing of it is left
     assert d["release"]["metadata"]["node1"]["num_requests"] == 0
     assert_no_job_processes(reports)
+
+
+
+def test_repeat_runs_independent_jobs_that_share_one_golden_run(tmp_path: Path,
+                                                               golden_cache: Path) -> None:
+    """What unit tests of the summary cannot show: N real jobs, each in its own run and job
+    folder, and the golden run computed at most once for all of them. The shipped rank_kill
+    shares its golden run with the rank_kill item that make test runs."""
+    rc, out = run("run", EXPERIMENTS / "rank_kill.yaml", "--repeat", "2",
+                  "--report-dir", tmp_path / "reports", "--golden-cache", golden_cache)
+    assert rc == 0, out
+    [folder] = (tmp_path / "reports").glob("rank_kill-x2-*")
+    record = json.loads((folder / "repeats.json").read_text())
+    assert record["verdict"] == "pass" and record["summary"]["verdicts"] == ["pass", "pass"]
+    journals = [json.loads((folder / r["run_folder"] / "journal.json").read_text())
+                for r in record["runs"]]
+    assert len({j["run"]["job_dir"] for j in journals}) == 2
+    assert all(j["metrics"]["restarts"] == 1 for j in journals)  # each job was killed itself
+    # one golden key; the second run found it cached (the first computed it or found it)
+    assert len({j["golden"]["key"] for j in journals}) == 1
+    assert journals[1]["golden"]["cached"] is True
+    assert "rank_kill: PASS  2/2 passed (100%; required 2, every run)" in out
+    assert "resume_time_s" in out and "p95" in out
+    assert_no_job_processes(tmp_path)

@@ -6,6 +6,7 @@ both; passing items are the shipped experiments that make test runs)."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,13 +14,18 @@ from pytest_faultlab.plugin import (
     BAD_DIRECTORY,
     BAD_INTEGER,
     BAD_MARKER,
+    BAD_PASS_RATE,
+    BAD_REPEAT,
     INVALID_EXPERIMENT,
     JOURNAL,
     MARKER_WITHOUT_FIXTURE,
     MISSING_PATH,
     NO_MARKER,
+    PASS_RATE_WITHOUT_REPEAT,
+    REPEAT_FAILED,
     SLA_FAILED,
     SUITE_IN_RUN,
+    repeat_table,
     sla_table,
 )
 
@@ -170,6 +176,32 @@ def test_bad_paths_say_where_they_came_from(pytester: pytest.Pytester) -> None:
         path=pytester.path / "nowhere") in result.stderr.str()
 
 
+def test_bad_repeat_settings_say_where_they_came_from(pytester: pytest.Pytester) -> None:
+    flag = "the command line (--faultlab-repeat)"
+    result = pytester.runpytest_subprocess("--faultlab-repeat", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert BAD_REPEAT.format(setting="--faultlab-repeat '0'", source=flag) in \
+        result.stderr.str()
+
+    pytester.makefile(".ini", pytest="[pytest]\nfaultlab_repeat = 3\n"
+                                     "faultlab_min_pass_rate = 120%\n")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert BAD_PASS_RATE.format(
+        setting="faultlab_min_pass_rate = '120%'", source="[pytest] in pytest.ini",
+        problem="'120%' is not a pass rate in (0, 1]; write e.g. 0.95 or 95%, or leave it out "
+                "to require every run to pass") in result.stderr.str()
+
+    # the flag beats the ini key: a repeat of 1 leaves the ini's (valid) rate without a set
+    pytester.makefile(".ini", pytest="[pytest]\nfaultlab_repeat = 3\n"
+                                     "faultlab_min_pass_rate = 0.9\n")
+    result = pytester.runpytest_subprocess("--faultlab-repeat", "1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert PASS_RATE_WITHOUT_REPEAT.format(setting="faultlab_min_pass_rate = '0.9'",
+                                           source="[pytest] in pytest.ini") in \
+        result.stderr.str()
+
+
 # ---------------------------------------------------------------------- fixture and marker
 
 
@@ -225,6 +257,35 @@ def test_sla_table_shows_bound_measured_result_and_note() -> None:
     assert lines[3].split() == ["resume_time_s", "<=", "0.001", "3.250", "FAIL"]
     assert lines[4].split()[:5] == ["lost_steps", "<=", "10", "not", "measured"]
     assert lines[-1] == JOURNAL.format(path="r/kill/journal.json")
+
+
+def test_repeat_table_shows_stability_each_sla_over_the_runs_and_why_runs_failed() -> None:
+    from faultlab.engine import SLAResult
+    from faultlab.judge.repeats import parse_pass_rate, summarize
+
+    def run(resume_s: float) -> SimpleNamespace:
+        slas = [SLAResult("completes", True, True, True),
+                SLAResult("resume_time_s", 30, resume_s, resume_s <= 30)]
+        r = SimpleNamespace(slas=slas, passed=resume_s <= 30, error=None,
+                            run_folder=Path(f"r/kill-{resume_s:g}"))
+        r.failures = lambda: [s for s in slas if not s.passed]
+        r.journal = {"verdict": "pass" if r.passed else "fail", "metrics": {},
+                     "slas": [{"name": s.name, "bound": s.bound, "measured": s.measured,
+                               "passed": s.passed} for s in slas]}
+        return r
+
+    runs = [run(5.0), run(41.5), run(7.0)]
+    outcome = SimpleNamespace(name="kill", results=runs, record_path="r/kill-x3/repeats.json",
+                              summary=summarize([r.journal for r in runs],
+                                                min_pass_rate=parse_pass_rate("95%")))
+    lines = repeat_table(outcome).splitlines()
+    assert lines[0] == REPEAT_FAILED.format(
+        name="kill", num_runs=3, stability="2/3 passed (67%; required 3, min pass rate 95%)")
+    assert lines[1].split() == ["SLA", "bound", "met", "median", "tail", "headroom"]
+    assert lines[3].split() == ["resume_time_s", "≤", "30.00", "s", "2/3", "7.00", "s", "p95",
+                                "41.50", "s", "-11.50", "s", "(-38%)"]
+    assert lines[4] == "failed run kill-41.5: resume_time_s: measured 41.5, required <= 30"
+    assert lines[-1] == JOURNAL.format(path="r/kill-x3/repeats.json")
 
 
 # -------------------------------------------------------------------------------- real runs

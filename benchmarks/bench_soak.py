@@ -1,0 +1,258 @@
+"""The soak: every experiment CI runs, N times, two at a time as CI runs them; pass rates and
+the spread of recovery, from which SLAs can be set.
+
+    python benchmarks/bench_soak.py                                  # all of them, 20 runs: hours
+    python benchmarks/bench_soak.py --runs 4 experiments/rank_kill.yaml
+    python benchmarks/bench_soak.py --runs 10 --parallel 2 --out soak/ --json soak.json
+
+By default: the Makefile's ``SHIPPED`` list (the experiments ``make test`` runs as pytest items,
+the docker ones among them), ``experiments/slurm_*.yaml`` (``tests/slurm``) and every
+experiment under ``examples/*/experiments`` (``tests/examples``). Each run is a real, independent
+``faultlab run EXPERIMENT`` in a process of its own, with its own run folder; the golden runs
+are shared through one cache, so each is computed once. ``--parallel`` runs go at once (CI's
+two xdist workers), drawn round-robin over the experiments so that, as in CI, two different
+experiments usually share the machine; Slurm experiments run one at a time (one test cluster),
+as ``tests/slurm`` runs them. An experiment whose launcher is not available here (no Docker
+engine answering, no Slurm cluster: ``SLURM_CONF`` and ``sbatch``) is listed as not run, with
+what it needs.
+
+Printed: per experiment, its pass rate (``19/20``), whether the verdict was the same every time,
+and the median and p95 (nearest rank, as ``faultlab run --repeat`` computes them) of resume
+time, detection latency and wall time; then any collision between concurrent runs (a
+rendezvous endpoint two live jobs shared, "address already in use" in a job log). An example
+expected to fail (``tests/examples`` asserts its failure) shows 0/N: stable, as it should be.
+No bound is asserted here; this replaces ``python -m pytest_faultlab.soak``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks._table import print_table  # noqa: E402
+from faultlab.engine.runner import new_run_folder  # noqa: E402
+from faultlab.judge.repeats import summarize  # noqa: E402
+from faultlab.report.journal import read_journal  # noqa: E402
+from faultlab.spec import load_experiment  # noqa: E402
+
+COLLISION_SIGNS = ("address already in use", "eaddrinuse", "errno 98")
+
+
+def shipped_experiments() -> list[Path]:
+    """What CI runs: the Makefile's SHIPPED list, the Slurm experiments, the examples'."""
+    text = (REPO_ROOT / "Makefile").read_text()
+    block = re.search(r"^SHIPPED\s*:=(.*?)(?<!\\)\n", text, re.S | re.M)
+    if block is None:
+        raise SystemExit("bench_soak: no SHIPPED := ... list in the Makefile; name the "
+                         "experiments on the command line")
+    shipped = [REPO_ROOT / p for p in block.group(1).replace("\\\n", " ").split()]
+    # rank_hang runs in CI once, as tests/report/test_prelaunch_run.py's one-experiment suite.
+    shipped.append(REPO_ROOT / "experiments" / "rank_hang.yaml")
+    return (shipped + sorted((REPO_ROOT / "experiments").glob("slurm_*.yaml"))
+            + sorted((REPO_ROOT / "examples").glob("*/experiments/*.yaml")))
+
+
+def unavailable(launcher: str) -> str | None:
+    """Why experiments of ``launcher`` cannot run here (None: they can)."""
+    if launcher == "docker":
+        from faultlab.targets.docker.engine import engine_problem
+
+        problem = engine_problem()
+        return None if problem is None else f"needs a Docker engine ({problem}; " \
+                                            f"scripts/docker-engine.sh starts one)"
+    if launcher == "slurm" and not (os.environ.get("SLURM_CONF") and shutil.which("sbatch")):
+        return ("needs a Slurm cluster (scripts/slurm-cluster.sh up 3, then "
+                "eval \"$(scripts/slurm-cluster.sh env)\")")
+    return None
+
+
+def _key(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _run_one(exp: Path, key: str, index: int, out: Path, slurm_lock: threading.Lock | None
+             ) -> None:
+    """One real ``faultlab run`` of ``exp`` into ``out/runs/<key>/``; its output in a log."""
+    folder = out / "runs" / key.replace("/", "__").removesuffix(".yaml")
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "faultlab.cli", "run", str(exp), "--report-dir", str(folder),
+           "--golden-cache", str(out / "golden")]
+    log = out / "logs" / f"{folder.name}-{index:02d}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with (slurm_lock or _NO_LOCK), log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL).returncode
+    print(f"  {key} run {index}: exit {rc} in {time.monotonic() - t0:.0f} s ({log})",
+          flush=True)
+
+
+class _NoLock:
+    def __enter__(self) -> None: ...
+    def __exit__(self, *_exc: object) -> None: ...
+
+
+_NO_LOCK = _NoLock()
+
+
+def collisions(folders: list[Path]) -> list[str]:
+    """Runs that overlapped in time on one rendezvous endpoint, and job logs that say a port
+    was taken (from the old ``pytest_faultlab.soak``)."""
+    found: list[str] = []
+    spans: dict[str, list[tuple[float, float, str]]] = {}
+    for folder in folders:
+        for j in sorted(folder.glob("*/journal.json")):
+            launch = j.parent / "job" / "launch.json"
+            if launch.exists():
+                ep = json.loads(launch.read_text()).get("rdzv_endpoint")
+                run = json.loads(j.read_text())["run"]
+                span = (run["started_t"], run["ended_t"], j.parent.name)
+                for a, b, other in spans.get(ep, []):
+                    if a < span[1] and span[0] < b:
+                        found.append(f"rendezvous endpoint {ep} shared by {other} and "
+                                     f"{span[2]}")
+                spans.setdefault(ep, []).append(span)
+        for log in folder.glob("*/job/logs/*.log"):
+            text = log.read_text(errors="replace").lower()
+            found += [f"{log}: {sign!r}" for sign in COLLISION_SIGNS if sign in text]
+    return found
+
+
+def _p(summary: Any, metric: str) -> tuple[str, str]:
+    spread = {m.name: m for m in summary.metrics}.get(metric)
+    if spread is None or spread.median is None:
+        return "—", "—"
+    return f"{spread.median:.2f}", f"{spread.p95:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python benchmarks/bench_soak.py",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiments", nargs="*", type=Path,
+                   help="experiment files (default: every one CI runs)")
+    p.add_argument("--runs", type=int, default=20, help="runs per experiment (default 20)")
+    p.add_argument("--parallel", type=int, default=2,
+                   help="runs at once (default 2, as CI's xdist workers)")
+    p.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    p.add_argument("--slurm-cluster", action="store_true",
+                   help="bring the local Slurm test cluster up for the slurm_*.yaml "
+                        "experiments (scripts/slurm-cluster.sh up 3; root) and down at the end")
+    args = p.parse_args(argv)
+    if args.runs < 1 or args.parallel < 1:
+        p.error(f"--runs {args.runs} and --parallel {args.parallel} must both be >= 1")
+    # A fresh folder each time: the table counts every journal under it.
+    out = (new_run_folder(args.out, "soak") if args.out
+           else Path(tempfile.mkdtemp(prefix="faultlab-soak-"))).resolve()
+    if args.slurm_cluster and os.geteuid() != 0:
+        print("bench_soak: the Slurm test cluster needs root; its experiments are not run",
+              flush=True)
+    elif args.slurm_cluster:
+        if not _slurm_up():
+            return 1
+        try:
+            return _soak(args, out)
+        finally:
+            subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "down"],
+                           capture_output=True, check=False)
+    return _soak(args, out)
+
+
+def _slurm_up() -> bool:
+    """As ``bench_slurm.py``: the 3-node test cluster (a 2-node job and a spare)."""
+    up = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "up", "3"],
+                        capture_output=True, text=True, check=False)
+    print(up.stdout.strip().splitlines()[-1] if up.stdout.strip() else up.stderr, flush=True)
+    if up.returncode != 0:
+        return False
+    lab = Path(os.environ.get("FAULTLAB_SLURM_LAB", "/var/lib/faultlab-slurm"))
+    os.environ["SLURM_CONF"] = str(lab / "etc" / "slurm" / "slurm.conf")
+    os.environ["FAULTLAB_SLURM_SHARED"] = str(lab / "shared")
+    return True
+
+
+def _soak(args: argparse.Namespace, out: Path) -> int:
+    paths = args.experiments or shipped_experiments()
+    runnable: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    launchers: dict[str, str] = {}
+    for path in paths:
+        key = _key(path)
+        launcher = load_experiment(path).topology.launcher
+        launchers[key] = launcher
+        why = unavailable(launcher)
+        if why:
+            skipped[key] = why
+        else:
+            runnable[key] = path
+    jobs = [(key, runnable[key], i) for i, key in itertools.product(range(1, args.runs + 1),
+                                                                    runnable)]
+    print(f"soak: {len(runnable)} experiment(s) x {args.runs} run(s), {args.parallel} at a "
+          f"time, into {out}", flush=True)
+    slurm_lock = threading.Lock()
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        for f in [pool.submit(_run_one, path, key, i, out,
+                              slurm_lock if launchers[key] == "slurm" else None)
+                  for key, path, i in jobs]:
+            f.result()
+    took_s = time.monotonic() - t0
+
+    rows, data = [], []
+    folders = []
+    for key in [_key(x) for x in paths]:
+        if key in skipped:
+            rows.append([key, "not run", "—", "—", "—", "—", "—", "—", "—"])
+            data.append({"experiment": key, "not_run": skipped[key]})
+            continue
+        folder = out / "runs" / key.replace("/", "__").removesuffix(".yaml")
+        folders.append(folder)
+        journals = [read_journal(j.parent) for j in sorted(folder.glob("*/journal.json"))]
+        summary = summarize(journals)
+        verdicts = set(summary.verdicts)
+        resume, detect, wall = (_p(summary, m) for m in
+                                ("resume_time_s", "detection_latency_s", "wall_s"))
+        missing = args.runs - summary.num_runs
+        rows.append([key, f"{summary.num_passed}/{args.runs}"
+                     + (f" ({missing} no journal)" if missing else ""),
+                     "yes" if len(verdicts) == 1 and not missing else "NO",
+                     *resume, *detect, *wall])
+        data.append({"experiment": key, "runs": args.runs, **summary.to_dict()})
+    problems = collisions(folders)
+    notes = [f"{k}: not run: {why}" for k, why in skipped.items()]
+    notes += [f"collision: {c}" for c in problems] or ["no collision between concurrent runs"]
+    notes.append("p95 by nearest rank: the maximum below 20 runs; times in seconds; wall: the "
+                 "job's first to last event (no golden run, no start-up of faultlab)")
+    print_table(f"soak: {args.runs} runs per experiment, {args.parallel} at a time",
+                [f"{len(jobs)} runs in {took_s / 60:.1f} min; run folders and logs in {out}"],
+                ["experiment", "passed", "stable", "resume p50", "p95", "detection p50", "p95",
+                 "wall p50", "p95"], rows, notes)
+    if args.json:
+        args.json.write_text(json.dumps({"runs": args.runs, "parallel": args.parallel,
+                                         "took_s": took_s, "experiments": data,
+                                         "collisions": problems}, indent=1))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
