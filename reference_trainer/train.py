@@ -17,8 +17,9 @@ Each rank:
 
 Every milestone is an event, written with faultlab's public emitter (faultlab.runtime.events,
 integration level 2). The rest of faultlab a rank uses is its runtime agent
-(``faultlab.runtime``: attach once, tell it each step), through which in-rank faults strike — a
-NaN gradient, a slow or stuck collective; outside faultlab both do nothing.
+(``faultlab.runtime``: attach once, tell it each step and when each step is done), through which
+in-rank faults strike — a NaN gradient, a slow or stuck collective — and at whose step gates a
+fault injected from outside meets the job at its step; outside faultlab both do nothing.
 """
 
 from __future__ import annotations
@@ -371,6 +372,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                             samples=[sampler.global_ids(s).start, sampler.global_ids(s).stop],
                             local_samples=[ids.start, ids.stop])
                 watchdog.beat()
+                rt.step_done(s, beat=watchdog.beat)
                 continue
             events.emit("exit", reason="nonfinite_abort", code=EXIT_CODES["nonfinite_abort"],
                         step=s)
@@ -388,6 +390,9 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                     local_samples=[ids.start, ids.stop],
                     step_time_s=round(time.monotonic() - t0, 5), collective_wait_s=round(wait_s, 5))
         watchdog.beat()
+        # A fault faultlab injects from outside "at step s" (a kill, a preemption, a machine
+        # lost) lands here, before step s's checkpoint: the step gate (faultlab.runtime.gates).
+        rt.step_done(s, beat=watchdog.beat)
         if s % cfg.checkpoint_every == 0 or s == last_step:
             ckpt.save(s, model, optimizer, trainer_state(s), force_sync=(s == last_step))
             last_saved = s
