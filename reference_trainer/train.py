@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, events: EventLog,
           watchdog: Watchdog, progress: dict[str, int], t_main: float) -> int:
     t_created = _process_start_time()
+    agent_pid = os.getppid()  # torchrun's agent: the workers are its children
     watcher = _start_preemption_watcher(cfg, events, progress)
 
     # --- device, determinism, process groups ------------------------------------------------
@@ -272,8 +273,12 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                     code=EXIT_CODES["preempted"], step=at_step, caught=caught)
         if mine:
             watcher.acknowledge()
-            if "TORCHELASTIC_RESTART_COUNT" in os.environ:
-                os.kill(os.getppid(), signal.SIGTERM)  # torchrun workers are its children
+            # Only while the agent is still our parent: an agent that took a second SIGTERM
+            # (Slurm's requeue after the grace time) dies without waiting for its workers,
+            # and the orphan's parent is then the node's init (tini in the test cluster's
+            # containers, which would pass the signal on to slurmd and take the node down).
+            if "TORCHELASTIC_RESTART_COUNT" in os.environ and os.getppid() == agent_pid:
+                os.kill(agent_pid, signal.SIGTERM)
         return EXIT_CODES["preempted"]
 
     # --- the loop ---------------------------------------------------------------------------
