@@ -43,7 +43,10 @@ def test_a_level_2_trainer_waits_at_the_gate_through_its_runtime_agent(
     """The reference trainer writes its own step records: ``rt.step_done(n)`` after each is
     where a fault injected from outside at step n meets it."""
     from faultlab import runtime
+    from faultlab.runtime import interposer
 
+    if not interposer.installed():  # attach installs it: put it back for the other tests
+        monkeypatch.setattr(runtime, "install", lambda: False)
     for key in ("FAULTLAB_RUNTIME_PLAN", "FAULTLAB_RUNTIME_SECRET"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("FAULTLAB_RUN_DIR", str(tmp_path))
