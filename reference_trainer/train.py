@@ -17,8 +17,9 @@ Each rank:
 
 Every milestone is an event, written with faultlab's public emitter (faultlab.runtime.events,
 integration level 2). The rest of faultlab a rank uses is its runtime agent
-(``faultlab.runtime``: attach once, tell it each step), through which in-rank faults strike — a
-NaN gradient, a slow or stuck collective; outside faultlab both do nothing.
+(``faultlab.runtime``: attach once, tell it each step and when each step is done), through which
+in-rank faults strike — a NaN gradient, a slow or stuck collective — and at whose step gates a
+fault injected from outside meets the job at its step; outside faultlab both do nothing.
 """
 
 from __future__ import annotations
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, events: EventLog,
           watchdog: Watchdog, progress: dict[str, int], t_main: float) -> int:
     t_created = _process_start_time()
+    agent_pid = os.getppid()  # torchrun's agent: the workers are its children
     watcher = _start_preemption_watcher(cfg, events, progress)
 
     # --- device, determinism, process groups ------------------------------------------------
@@ -271,8 +273,12 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                     code=EXIT_CODES["preempted"], step=at_step, caught=caught)
         if mine:
             watcher.acknowledge()
-            if "TORCHELASTIC_RESTART_COUNT" in os.environ:
-                os.kill(os.getppid(), signal.SIGTERM)  # torchrun workers are its children
+            # Only while the agent is still our parent: an agent that took a second SIGTERM
+            # (Slurm's requeue after the grace time) dies without waiting for its workers,
+            # and the orphan's parent is then the node's init (tini in the test cluster's
+            # containers, which would pass the signal on to slurmd and take the node down).
+            if "TORCHELASTIC_RESTART_COUNT" in os.environ and os.getppid() == agent_pid:
+                os.kill(agent_pid, signal.SIGTERM)
         return EXIT_CODES["preempted"]
 
     # --- the loop ---------------------------------------------------------------------------
@@ -371,6 +377,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                             samples=[sampler.global_ids(s).start, sampler.global_ids(s).stop],
                             local_samples=[ids.start, ids.stop])
                 watchdog.beat()
+                rt.step_done(s, beat=watchdog.beat)
                 continue
             events.emit("exit", reason="nonfinite_abort", code=EXIT_CODES["nonfinite_abort"],
                         step=s)
@@ -388,6 +395,9 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                     local_samples=[ids.start, ids.stop],
                     step_time_s=round(time.monotonic() - t0, 5), collective_wait_s=round(wait_s, 5))
         watchdog.beat()
+        # A fault faultlab injects from outside "at step s" (a kill, a preemption, a machine
+        # lost) lands here, before step s's checkpoint: the step gate (faultlab.runtime.gates).
+        rt.step_done(s, beat=watchdog.beat)
         if s % cfg.checkpoint_every == 0 or s == last_step:
             ckpt.save(s, model, optimizer, trainer_state(s), force_sync=(s == last_step))
             last_saved = s

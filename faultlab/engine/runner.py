@@ -50,7 +50,7 @@ from faultlab.spec import Experiment, resolve_selector
 from faultlab.targets import make_target
 from faultlab.targets.local import LocalTarget
 
-__all__ = ["RunResult", "new_run_folder", "run_experiment"]
+__all__ = ["RunResult", "landed_steps", "new_run_folder", "run_experiment"]
 
 
 @dataclass
@@ -299,6 +299,12 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             losses = log_losses(exp, job_dir)
         events = target.stream.events
     metrics = compute_metrics(events, records)
+    landed = landed_steps(exp, metrics)
+    for fid, (at_step, after) in landed.items():
+        if runtime is not None and at_step in runtime.gates and after != at_step:
+            view.note(f"{fid} (at_step {at_step}) landed after step {after}: the trainer "
+                      f"ran past its step gate (a level-2 trainer calls rt.step_done(n) "
+                      f"after its record of step n)")
     slurm_view = (target.scheduler_view()  # type: ignore[attr-defined]
                   if target is not None and hasattr(target, "scheduler_view") else None)
     if slurm_view is not None:
@@ -326,7 +332,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         "verdict": verdict,
         "slas": [dataclasses.asdict(s) for s in slas],
         "metrics": metrics.to_dict(),
-        "faults": [_record_dict(r) for r in records],
+        "faults": [_record_dict(r, landed.get(r.id)) for r in records],
         "experiment": {"name": exp.name, "description": exp.description,
                        "file": str(source) if source else None, "seed": exp.seed,
                        "document": exp.model_dump(mode="json")},
@@ -451,9 +457,23 @@ def _scheduler_metrics(metrics: Metrics, view: dict[str, Any],
             q["latency_s"] = q["running_again_t"] - first_fault
 
 
-def _record_dict(r: FaultRecord) -> dict[str, Any]:
+def landed_steps(exp: Experiment, metrics: Metrics) -> dict[str, tuple[int, int]]:
+    """Fault id → (its ``at_step``, the step it landed after) for every fault triggered by
+    step that was injected. "Landed after step H": H is the highest step any rank had recorded
+    when the fault was injected (``high_water_step``), so the fault came before step H + 1 was
+    recorded. A fault injected from outside must land after exactly its ``at_step`` (the step
+    gates); one in the launch plan strikes during its step, after ``at_step - 1``."""
+    at = {spec.id: spec.trigger.at_step for spec in exp.faults
+          if spec.trigger.at_step is not None}
+    return {f.fault_id: (at[f.fault_id], f.high_water_step) for f in metrics.faults
+            if f.fault_id in at}
+
+
+def _record_dict(r: FaultRecord, landed: tuple[int, int] | None = None) -> dict[str, Any]:
     d = dataclasses.asdict(r)
     d["error"] = r.details.get("error")
+    if landed is not None:
+        d["at_step"], d["landed_after_step"] = landed
     return d
 
 

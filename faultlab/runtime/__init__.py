@@ -9,6 +9,8 @@
         rt.step(step)                              # again with the same n after a rollback
         loss = rt.loss(model(x, y))                # optional: loss_spike strikes here
         ...
+        rt.step_done(step)                         # level 2 (own step records): after the
+                                                   # record, before the checkpoint (step gates)
     rt.close()                                     # also at exit
 
 Outside faultlab (no ``FAULTLAB_RUN_DIR``) ``attach`` returns a :class:`NullAgent` whose calls
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from faultlab.runtime.agent import Agent, Emit, Identity, NullAgent
+from faultlab.runtime.gates import StepGates
 from faultlab.runtime.plan import FaultEntry, PlanError, load_plan
 
 __all__ = [
@@ -71,7 +74,8 @@ def attach(model: Any, optimizer: Any, emit: Emit | Callable[..., None] | None =
     exists. ``emit(kind, **fields)`` is the trainer's event emitter; without one the agent writes
     ``RUN_DIR/events/{node}-rank{rank}-restart{restart}-pid{pid}-runtime.jsonl``.
 
-    Raises PlanError for an invalid plan file, ValueError for an inconsistent environment."""
+    Raises PlanError for an invalid plan file, ValueError for an inconsistent environment
+    (a malformed ``FAULTLAB_STEP_GATES`` included)."""
     global _current
     env = os.environ
     if not env.get("FAULTLAB_RUN_DIR"):
@@ -83,12 +87,13 @@ def attach(model: Any, optimizer: Any, emit: Emit | Callable[..., None] | None =
     ident = Identity.from_env(env)
     plan_path = env.get("FAULTLAB_RUNTIME_PLAN")
     plan = load_plan(plan_path) if plan_path else []
+    gates = StepGates.from_env(env)
     install()
     if _current is not None:
         _current.close()
     _current = Agent(ident, model=model, optimizer=optimizer, emit=emit, plan=plan,
                      secret=env.get("FAULTLAB_RUNTIME_SECRET") or None,
-                     host=env.get("FAULTLAB_RUNTIME_HOST") or "127.0.0.1")
+                     host=env.get("FAULTLAB_RUNTIME_HOST") or "127.0.0.1", gates=gates)
     return _current
 
 

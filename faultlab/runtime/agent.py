@@ -1,6 +1,9 @@
 """The agent each rank runs: plan, fire-once bookkeeping, events, live control.
 
-A trainer sees four calls (``attach``, ``step``, ``loss``, ``close``). Behind them the agent
+A trainer sees four calls (``attach``, ``step``, ``loss``, ``close``), and a fifth if it
+writes its own step records (level 2): ``step_done(n)`` right after its record of step ``n``,
+where a fault injected from outside at step ``n`` meets it (the step gate,
+``faultlab.runtime.gates``). Behind them the agent
 
 - reads its identity and its plan from the environment faultlab gives the job;
 - arms the plan's numeric faults at the planned steps and activates its collective faults over
@@ -20,6 +23,7 @@ one attribute check.
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +31,7 @@ from typing import Any
 from faultlab.runtime import interposer
 from faultlab.runtime.collective import CollectiveFault, make_collective_fault
 from faultlab.runtime.control import ControlServer
+from faultlab.runtime.gates import StepGates
 from faultlab.runtime.plan import FaultEntry, PlanError, parse_entry
 from faultlab.runtime.records import EventFile, FiredMarkers, Identity
 
@@ -47,6 +52,9 @@ class NullAgent:
     def loss(self, loss: Any) -> Any:
         return loss
 
+    def step_done(self, n: int, beat: Callable[[], None] | None = None) -> float:
+        return 0.0
+
     def status(self) -> dict[str, Any]:
         return {"enabled": False}
 
@@ -61,8 +69,10 @@ class Agent(NullAgent):
 
     def __init__(self, ident: Identity, *, model: Any = None, optimizer: Any = None,
                  emit: Emit | None = None, plan: list[FaultEntry] | None = None,
-                 secret: str | None = None, host: str = "127.0.0.1") -> None:
+                 secret: str | None = None, host: str = "127.0.0.1",
+                 gates: StepGates | None = None) -> None:
         self.ident, self.rank = ident, ident.rank
+        self.gates = gates or StepGates(ident.run_dir, ())
         self.model, self.optimizer = model, optimizer
         self._events = None if emit is not None else EventFile(ident)
         self._emit: Emit = emit if emit is not None else self._events.emit  # type: ignore[union-attr]
@@ -122,6 +132,22 @@ class Agent(NullAgent):
             if not self._fired.seen(entry.id, f"step{self._step}"):
                 self._struck(entry, self._source(entry), scale=entry.params["scale"])
         return loss
+
+    def step_done(self, n: int, beat: Callable[[], None] | None = None) -> float:
+        """Step ``n`` is complete and its record written: if the engine injects a fault from
+        outside at step ``n`` (a kill, a preemption, a rotten checkpoint), wait here until it
+        has, so that the fault lands after step ``n`` and before step ``n + 1``, however fast
+        or loaded the job is. Call it before the step's checkpoint, as the level-0 hook (after
+        the optimizer step) does. ``beat`` is called every half second while waiting (the
+        trainer's watchdog). Returns the seconds waited; 0.0 where no gate is set. A gate not
+        opened within its timeout (faultlab died) is passed with one line on stderr."""
+        waited = self.gates.wait(n, beat)
+        if waited is None:
+            return 0.0
+        if not waited[1]:
+            print(f"faultlab runtime: rank {self.rank}: step gate {n} not opened within "
+                  f"{self.gates.timeout_s:g} s; going on", file=sys.stderr, flush=True)
+        return waited[0]
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -13,15 +13,18 @@ A gate not opened within ``FAULTLAB_STEP_GATE_TIMEOUT_S`` (60 s: faultlab died, 
 never came) is passed with one ``faultlab bootstrap:`` line; the wait never raises.
 
 The pause sits between two steps, outside any collective, so every rank waits at the same
-point; the next step's ``step_time_s`` is measured from the end of the wait. Level 2 trainers
-(the reference trainer) pace themselves and never read the gates.
+point; the next step's ``step_time_s`` is measured from the end of the wait. A trainer that
+writes its own records (level 2, the reference trainer) calls ``Agent.step_done(n)`` of its
+runtime agent right after its record of step N, and waits there the same way: without it, a
+trainer that paces itself still runs ahead of a fault injected from outside (a machine killed
+"at step 12" landed after step 14 on a loaded machine, and lost 2 more steps than the bound).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 __all__ = ["GATES_ENV", "GATE_TIMEOUT_ENV", "StepGates", "gate_path", "open_gate"]
@@ -30,6 +33,7 @@ GATES_ENV = "FAULTLAB_STEP_GATES"
 GATE_TIMEOUT_ENV = "FAULTLAB_STEP_GATE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
 _POLL_S = 0.002
+_BEAT_EVERY_S = 0.5
 
 
 def gate_path(run_dir: Path, step: int) -> Path:
@@ -78,15 +82,21 @@ class StepGates:
                              f"seconds") from None
         return cls(Path(run_dir), steps, timeout_s)
 
-    def wait(self, step: int) -> tuple[float, bool] | None:
+    def wait(self, step: int, beat: Callable[[], None] | None = None
+             ) -> tuple[float, bool] | None:
         """After step ``step``: wait for its gate. None: no gate there; else (seconds waited,
-        whether it was opened rather than timed out)."""
+        whether it was opened rather than timed out). ``beat`` is called every half second
+        while waiting: a trainer's own step watchdog must not take the pause for a hang."""
         if step not in self.steps:
             return None
         path = gate_path(self.run_dir, step)
-        t0 = time.monotonic()
+        t0 = last_beat = time.monotonic()
         while not os.path.exists(path):
-            if time.monotonic() - t0 >= self.timeout_s:
-                return time.monotonic() - t0, False
+            now = time.monotonic()
+            if now - t0 >= self.timeout_s:
+                return now - t0, False
+            if beat is not None and now - last_beat >= _BEAT_EVERY_S:
+                beat()
+                last_beat = now
             time.sleep(_POLL_S)
         return time.monotonic() - t0, True

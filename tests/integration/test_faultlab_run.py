@@ -128,6 +128,8 @@ def test_violated_sla_exits_1_naming_sla_bound_and_measurement(tmp_path: Path) -
     assert measured is not None and measured > 0.001
     assert f"FAIL resume_time_s: measured {measured!r}, required <= 0.001" in out
     assert sla(j, "completes")["passed"] is True
+    [fault] = j["faults"]
+    assert (fault["at_step"], fault["landed_after_step"]) == (7, 7)  # the step gate held
 
 
 NODE_HANG = """\
@@ -165,6 +167,7 @@ def test_frozen_node_is_detected_continued_and_the_job_recovers(tmp_path: Path,
     assert fault["details"]["node"] == "node1" and len(fault["details"]["pids"]) >= 2
     assert sorted(fault["details"]["undo"]["continued"]) == sorted(fault["details"]["pids"])
     assert fault["undone_t"] - fault["injected_t"] < 60  # continued once the job reacted
+    assert (fault["at_step"], fault["landed_after_step"]) == (15, 15)  # the step gate held
     assert "# node_hang: PASS" in next((tmp_path / "reports").glob("*/report.md")).read_text()
     assert_no_job_processes(tmp_path)
 

@@ -97,6 +97,10 @@ def test_a_shipped_slurm_experiment_passes(path: Path, cluster: Path, tmp_path: 
           f"requeue latency {m.requeue_latency_s} s, resume {m.resume_time_s} s, "
           f"lost steps {m.lost_steps}, wall {journal['run']['wall_s']:.1f} s")
     assert result.passed, [str(s) for s in result.failures()] + [result.error or ""]
+    # A fault triggered at_step N lands after step N and before step N + 1, on Slurm too (a
+    # machine killed, a preemption signal): the ranks wait at the step gate until it is in.
+    landed = [(f["id"], f["at_step"], f["landed_after_step"]) for f in journal["faults"]]
+    assert landed and all(at == after for _id, at, after in landed), landed
     assert view["final_state"] == "COMPLETED", view
     requeued = path.stem != "slurm_rank_kill"  # a rank kill is recovered inside the allocation
     assert (view["restarts"] >= 1) == requeued, view

@@ -479,5 +479,5 @@ def test_importing_the_runtime_pulls_in_no_other_faultlab_module_nor_torch() -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert json.loads(out) == sorted(["faultlab", "faultlab.runtime", *(
-        f"faultlab.runtime.{m}" for m in ("agent", "client", "collective", "control", "records",
-                                          "events", "interposer", "plan"))])
+        f"faultlab.runtime.{m}" for m in ("agent", "client", "collective", "control", "gates",
+                                          "records", "events", "interposer", "plan"))])

@@ -30,6 +30,49 @@ def test_a_gate_waits_until_opened_then_stays_open(tmp_path: Path) -> None:
     assert again is not None and again[1] and again[0] < 0.05
 
 
+def test_a_waiting_rank_keeps_beating_its_watchdog(tmp_path: Path) -> None:
+    beats: list[float] = []
+    threading.Timer(1.3, open_gate, (tmp_path, 4)).start()
+    waited, opened = StepGates(tmp_path, [4], timeout_s=10).wait(  # type: ignore[misc]
+        4, beat=lambda: beats.append(time.monotonic()))
+    assert opened and 1 <= len(beats) <= waited / 0.5  # every half second at most
+
+
+def test_a_level_2_trainer_waits_at_the_gate_through_its_runtime_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference trainer writes its own step records: ``rt.step_done(n)`` after each is
+    where a fault injected from outside at step n meets it."""
+    from faultlab import runtime
+    from faultlab.runtime import interposer
+
+    if not interposer.installed():  # attach installs it: put it back for the other tests
+        monkeypatch.setattr(runtime, "install", lambda: False)
+    for key in ("FAULTLAB_RUNTIME_PLAN", "FAULTLAB_RUNTIME_SECRET"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("FAULTLAB_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(GATES_ENV, "7")
+    monkeypatch.setenv(GATE_TIMEOUT_ENV, "0.3")
+    rt = runtime.attach(None, None, emit=lambda kind, **fields: None)
+    try:
+        assert rt.step_done(6) == 0.0  # no gate at step 6
+        threading.Timer(0.1, open_gate, (tmp_path, 7)).start()
+        assert 0.05 <= rt.step_done(7) < 0.3
+        assert rt.step_done(7) < 0.05  # a replayed step 7 passes the open gate
+    finally:
+        rt.close()
+    monkeypatch.setenv(GATES_ENV, "8")
+    rt = runtime.attach(None, None, emit=lambda kind, **fields: None)
+    try:
+        assert rt.step_done(8) >= 0.3  # never opened: passed after the timeout, never raises
+    finally:
+        rt.close()
+    monkeypatch.setenv(GATES_ENV, "8,eight")
+    with pytest.raises(ValueError, match=f"{GATES_ENV}='8,eight'"):
+        runtime.attach(None, None)
+    monkeypatch.delenv("FAULTLAB_RUN_DIR")
+    assert runtime.attach(None, None).step_done(8) == 0.0  # outside faultlab: nothing
+
+
 def test_a_gate_never_opened_is_passed_after_its_timeout(tmp_path: Path) -> None:
     waited, opened = StepGates(tmp_path, [3], timeout_s=0.2).wait(3)  # type: ignore[misc]
     assert not opened and waited >= 0.2
@@ -114,3 +157,53 @@ def test_a_bootstrapped_trainer_pauses_after_the_gated_step(tmp_path: Path) -> N
     assert proc.returncode == 0, err
     printed = [float(line) for line in out.split()]
     assert len(printed) == 4 and printed[2] >= t_open and "faultlab bootstrap:" not in err
+
+
+def test_the_journal_says_after_which_step_each_fault_landed(tmp_path: Path) -> None:
+    """``landed_steps``: the step each fault triggered by step landed after, read from the
+    ranks' records (what the real-job tests check against ``at_step``)."""
+    from faultlab.engine.runner import landed_steps
+    from faultlab.observe import FaultRecord, compute_metrics
+
+    (tmp_path / "gated.yaml").write_text(EXPERIMENT)
+    exp = load_experiment(tmp_path / "gated.yaml")
+    steps = [{"t": 100.0 + n, "kind": "step", "step": n, "rank": r, "pid": 10 + r}
+             for n in range(1, 16) for r in (0, 1)]
+    faults = [FaultRecord(id="kill", type="rank_kill", injected_t=109.5),  # after step 9
+              FaultRecord(id="later", type="rank_kill", injected_t=114.2),  # 2 steps late
+              FaultRecord(id="timed", type="rank_kill", injected_t=103.0)]  # not by step
+    landed = landed_steps(exp, compute_metrics(steps, faults))
+    assert landed == {"kill": (9, 9), "later": (12, 14)}
+
+
+@pytest.mark.parametrize("launcher", ["local", "docker", "slurm"])
+def test_the_gates_reach_every_rank_on_every_target(launcher: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks learn the gates from their environment and find the gate files under
+    ``FAULTLAB_RUN_DIR``: a docker node gets both from its container's environment and the run
+    directory bind-mounted read-write at the same path; a Slurm job from ``--export=ALL`` and
+    the shared filesystem, where the engine opens the gates at the path the ranks read."""
+    from faultlab.targets import make_target
+    from faultlab.targets.docker.job import host_mounts
+
+    monkeypatch.setenv("FAULTLAB_SLURM_SHARED", str(tmp_path / "shared"))
+    (tmp_path / "x.yaml").write_text(f"""
+name: x
+target: {{trainer: reference, preset: tiny}}
+topology: {{nodes: 2, launcher: {launcher}}}
+faults: [{{type: node_kill, target: {{node: 1}}, trigger: {{at_step: 12}}}}]
+""")
+    exp = load_experiment(tmp_path / "x.yaml")
+    job_dir = (tmp_path / "job").resolve()
+    setup = RuntimeSetup.create(exp, job_dir)
+    target = make_target(exp, job_dir, node_env={f"node{i}": dict(setup.env) for i in (0, 1)})
+    if launcher == "slurm":
+        env = target.job_environment()  # type: ignore[attr-defined]
+    else:
+        env = target.job.node_environment("node1")
+    gates = StepGates.from_env(env)
+    assert gates.steps == {12} and gates.run_dir == job_dir
+    setup.open_due_gates([1])
+    assert gates.wait(12) is not None and gates.wait(12)[1]  # type: ignore[index]
+    if launcher == "docker":
+        assert host_mounts(job_dir)[str(job_dir)] == {"bind": str(job_dir), "mode": "rw"}
