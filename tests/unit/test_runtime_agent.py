@@ -4,6 +4,7 @@ the faultlab-side fault classes. The 2-process FSDP2 scenarios are in test_runti
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -11,6 +12,7 @@ import struct
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -354,6 +356,31 @@ def test_interposer_counts_calls_and_strikes(mesh, interposed, make_agent, tmp_p
     assert hang_events == ["fault_injected", "fault_undone"]
     assert rec.of("fault_undone", fault_id="hang")[0]["blocked_s"] >= 0.25
     assert not rec.of("fault_injected", fault_id="part")
+
+
+def test_the_last_collectives_tensors_stay_referenced_in_cpp_through_exit(mesh,
+                                                                          interposed) -> None:
+    """The SIGABRT at exit of a finished level-0 run (interposer docstring): gloo's worker may
+    release its last work during Py_FinalizeEx; that release must never be the one that leaves a
+    tensor with a single reference (torch would take the GIL there, and CPython ends the thread
+    with a forced unwind through ~AsyncWork: std::terminate)."""
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert any(a._base is t for a in interposer.kept())
+    assert t._use_count() >= 2  # t's own reference and the interposer's alias
+    dist.broadcast_object_list([{"step": 6}], src=0)  # DCP's last collective at every save
+    sizes, payload = interposer.kept()[-2:]  # its inner broadcasts, not counted, still kept
+    assert (sizes.dtype, payload.dtype) == (torch.int64, torch.uint8)
+    for _ in range(interposer.NUM_KEPT_CALLS):
+        dist.all_reduce(torch.zeros(1))
+    assert not any(a._base is t for a in interposer.kept()), "only the last calls are kept"
+    assert t._use_count() == 1
+    last = weakref.ref(interposer.kept()[-1])
+    interposer._pin_kept()  # what atexit runs
+    interposer.uninstall()  # forgets the kept aliases: only the pin holds the last one now
+    gc.collect()
+    assert last() is not None, "a kept alias must outlive the interpreter once exit has begun"
+    interposer.install()
 
 
 def test_a_planned_collective_error_strikes_once_per_job(mesh, interposed, make_agent,
