@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -347,12 +347,7 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
                                     golden_cache=golden_cache or args.golden_cache,
                                     view=RunView(console))
         except KeyboardInterrupt as e:
-            folder = getattr(e.args[0], "run_folder", None) if e.args else None
-            if folder is not None and on_result is not None:
-                on_result(index, folder, "fail")
-            console.print("[bold red]interrupted[/]: every process of the job was stopped"
-                          + (f"; journal in {folder}" if folder else ""))
-            return EXIT_INTERRUPTED
+            return _interrupted(e, "run_folder", "journal in", index, on_result, console)
         if on_result is not None:
             on_result(index, result.run_folder, result.verdict)
         if result.slas:  # none: stopped before the launch, and the error says why
@@ -371,6 +366,18 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
         console.print(f"[bold]overall: {'PASS' if passed == len(verdicts) else 'FAIL'}[/] "
                       f"({passed}/{len(verdicts)} experiments passed)")
     return EXIT_PASS if all(ok for _n, ok in verdicts) else EXIT_FAIL
+
+
+def _interrupted(e: KeyboardInterrupt, attr: str, what: str, index: int,
+                 on_result: Callable[[int, Path, str], None] | None, console: Console) -> int:
+    """Ctrl-C or SIGTERM during a run: the partial result (``e.args[0]``) is recorded as a
+    failure where the caller keeps a record, and its folder named."""
+    folder = getattr(e.args[0], attr, None) if e.args else None
+    if folder is not None and on_result is not None:
+        on_result(index, folder, "fail")
+    console.print("[bold red]interrupted[/]: every process of the job was stopped"
+                  + (f"; {what} {folder}" if folder else ""))
+    return EXIT_INTERRUPTED
 
 
 # --- repeated runs: one experiment N times, judged together ----------------------------------
@@ -406,13 +413,8 @@ def _run_repeated(exp, path: Path, args: argparse.Namespace,  # type: ignore[no-
                                source=path, report_dir=report_dir, golden_cache=golden_cache,
                                view_factory=view, on_run=ran)
     except KeyboardInterrupt as e:
-        partial = e.args[0] if e.args else None
-        folder = getattr(partial, "folder", None)
-        if folder is not None and on_result is not None:
-            on_result(index, folder, "fail")
-        console.print("[bold red]interrupted[/]: every process of the job was stopped"
-                      + (f"; record of the runs so far in {folder}" if folder else ""))
-        return EXIT_INTERRUPTED
+        return _interrupted(e, "folder", "record of the runs so far in", index, on_result,
+                            console)
     if on_result is not None:
         on_result(index, outcome.folder, outcome.verdict)
     for table in repeat_tables(outcome.name, outcome.summary.to_dict(), outcome.folder):
@@ -454,14 +456,19 @@ def repeat_tables(name: str, summary: dict, folder: Path) -> list[Table]:  # typ
 def _report_repeats(folder: Path, console: Console) -> int:
     from faultlab.report.repeats import rerender_folder
 
-    try:
-        record = rerender_folder(folder)
-    except (OSError, ValueError, KeyError) as e:
-        raise FaultlabError(f"{folder}: cannot rebuild the repeats report: "
-                            f"{type(e).__name__}: {e}") from None
+    record = _rerender(folder, "repeats", rerender_folder)
     console.print(f"wrote {folder / 'repeats.json'}, {folder / 'report.md'} (verdict: "
                   f"{record['verdict']}; {record['summary']['stability']})")
     return EXIT_PASS if record["verdict"] == "pass" else EXIT_FAIL
+
+
+def _rerender(folder: Path, what: str, render: Any) -> dict[str, Any]:
+    """``render(folder)``, its failure one located line (a folder someone edited by hand)."""
+    try:
+        return render(folder)  # type: ignore[no-any-return]
+    except (OSError, ValueError, KeyError) as e:
+        raise FaultlabError(f"{folder}: cannot rebuild the {what} report: "
+                            f"{type(e).__name__}: {e}") from None
 
 
 # --- pre-launch suites: every experiment of the suite, then one report folder --------------
@@ -504,11 +511,7 @@ def _run_suite(suite: tuple[Path, PlannedSuite], experiments: list,  # type: ign
 def _report_suite(folder: Path, console: Console) -> int:
     from faultlab.report.prelaunch import REPORT_FILES, render_folder
 
-    try:
-        report = render_folder(folder)
-    except (OSError, ValueError, KeyError) as e:
-        raise FaultlabError(f"{folder}: cannot rebuild the suite report: "
-                            f"{type(e).__name__}: {e}") from None
+    report = _rerender(folder, "suite", render_folder)
     console.print(f"wrote {', '.join(str(folder / n) for n in REPORT_FILES)} "
                   f"(verdict: {report['verdict']})")
     return EXIT_PASS if report["verdict"] == "pass" else EXIT_FAIL

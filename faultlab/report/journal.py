@@ -18,6 +18,7 @@ it, so ``faultlab report RUN_DIR`` can re-render any past run. Top level::
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
@@ -26,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "environment", "read_journal", "render_markdown", "write_journal"]
+__all__ = ["SCHEMA_VERSION", "environment", "read_journal", "render_markdown", "strict_json",
+           "write_journal"]
 
 SCHEMA_VERSION = 1
 
@@ -47,6 +49,17 @@ def environment() -> dict[str, Any]:
         "host": socket.gethostname(), "cpu_count": os.cpu_count(), "git_sha": sha or None,
         "cuda": torch.cuda.is_available(),
     }
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN and infinity replaced by None (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
 
 
 def write_journal(run_folder: Path, journal: dict[str, Any]) -> Path:

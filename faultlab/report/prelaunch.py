@@ -40,7 +40,7 @@ from typing import Any
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.observe.phases import PHASES, recovery_breakdown
 from faultlab.observe.stream import EventStream
-from faultlab.report.journal import read_journal
+from faultlab.report.journal import read_journal, strict_json
 from faultlab.report.projection import FORMULAS, project
 from faultlab.report.repeats import is_repeat_folder, read_record
 
@@ -57,19 +57,8 @@ Record = dict[str, Any]
 
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_finite(data), indent=1, allow_nan=False, default=str) + "\n")
+    tmp.write_text(json.dumps(strict_json(data), indent=1, allow_nan=False, default=str) + "\n")
     os.replace(tmp, path)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN and infinity replaced by None (strict JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 # ------------------------------------------------------------------------- the suite folder
@@ -134,7 +123,7 @@ def write_report(folder: Path, report: dict[str, Any]) -> list[Path]:
     from faultlab.report.html import render_html
     from faultlab.report.markdown import render_suite_markdown
 
-    report = _finite(report)
+    report = strict_json(report)
     paths = [folder / name for name in REPORT_FILES]
     _write_json(paths[0], report)
     paths[1].write_text(render_suite_markdown(report))

@@ -20,14 +20,13 @@ repeats.json::
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from faultlab.judge.repeats import parse_pass_rate, summarize
 from faultlab.report import _format as fmt
-from faultlab.report.journal import read_journal
+from faultlab.report.journal import read_journal, strict_json
 
 __all__ = ["REPEAT_RECORD", "is_repeat_folder", "render_repeat_markdown", "rerender_folder",
            "spread_rows", "write_record"]
@@ -41,19 +40,9 @@ def is_repeat_folder(folder: Path) -> bool:
     return (folder / REPEAT_RECORD).is_file()
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def write_record(folder: Path, record: dict[str, Any]) -> Path:
     """Write repeats.json (atomically) and report.md; returns the record's path."""
-    record = _finite({"schema_version": SCHEMA_VERSION, "kind": KIND, **record})
+    record = strict_json({"schema_version": SCHEMA_VERSION, "kind": KIND, **record})
     path = folder / REPEAT_RECORD
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1, allow_nan=False, default=str) + "\n")
