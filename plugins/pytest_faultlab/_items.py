@@ -17,6 +17,7 @@ from pytest_faultlab._messages import (
     REPEAT_FAILED,
     RUN_ERROR,
     SLA_FAILED,
+    STOPPED_BEFORE_LAUNCH,
 )
 from pytest_faultlab._options import Settings
 
@@ -171,12 +172,14 @@ def sla_table(result: Any) -> str:
     failed = len(result.failures())
     head = SLA_FAILED.format(name=result.name, failed=failed, total=len(result.slas)) \
         if not result.passed else f"{result.name}: PASS"
-    rows = [("SLA", "bound", "measured", "result", "note")]
+    if not result.slas:  # the engine stopped before the launch; the error says why
+        head = STOPPED_BEFORE_LAUNCH.format(name=result.name)
+    rows = [("SLA", "bound", "measured", "result", "note")] if result.slas else []
     for s in result.slas:
         op = {"max": "<= ", "min": ">= "}.get(SLA_KINDS.get(s.name, "bool"), "")
         rows.append((s.name, op + str(s.bound), _fmt(s.measured),
                      "pass" if s.passed else "FAIL", s.note))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
     lines = [head]
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True))

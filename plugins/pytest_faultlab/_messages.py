@@ -14,6 +14,7 @@ MISSING_PATH = ("{setting} from {source}: no such file or directory: {path}; lis
                 "files or folders that exist")
 INVALID_EXPERIMENT = "invalid experiment ({count} problem(s)); nothing was run or injected:"
 SLA_FAILED = "{name}: FAIL ({failed} of {total} SLA(s) failed)"
+STOPPED_BEFORE_LAUNCH = "{name}: FAIL (stopped before the job was launched: nothing was measured)"
 RUN_ERROR = "the run broke: {error}"
 JOURNAL = "journal: {path}"
 NO_MARKER = ("the faultlab_result fixture needs a @pytest.mark.faultlab_experiment(...) marker "

@@ -96,6 +96,7 @@ from pytest_faultlab._messages import (
     REPEAT_FAILED,
     RUN_ERROR,
     SLA_FAILED,
+    STOPPED_BEFORE_LAUNCH,
     SUITE_IN_RUN,
 )
 from pytest_faultlab._options import OPTIONS, Settings, add_options, read_settings
@@ -117,6 +118,7 @@ __all__ = [
     "REPEAT_FAILED",
     "RUN_ERROR",
     "SLA_FAILED",
+    "STOPPED_BEFORE_LAUNCH",
     "SUITE_IN_RUN",
     "ExperimentFailed",
     "ExperimentFile",

@@ -23,7 +23,9 @@ from pytest_faultlab.plugin import (
     NO_MARKER,
     PASS_RATE_WITHOUT_REPEAT,
     REPEAT_FAILED,
+    RUN_ERROR,
     SLA_FAILED,
+    STOPPED_BEFORE_LAUNCH,
     SUITE_IN_RUN,
     repeat_table,
     sla_table,
@@ -257,6 +259,11 @@ def test_sla_table_shows_bound_measured_result_and_note() -> None:
     assert lines[3].split() == ["resume_time_s", "<=", "0.001", "3.250", "FAIL"]
     assert lines[4].split()[:5] == ["lost_steps", "<=", "10", "not", "measured"]
     assert lines[-1] == JOURNAL.format(path="r/kill/journal.json")
+    # stopped before the launch (a checkpoint path shared between runs): no table of nothing
+    result.slas, result.error = [], "my_job.yaml:5 target.command[7]: ... {run_dir}/ckpt."
+    assert sla_table(result).splitlines() == [
+        STOPPED_BEFORE_LAUNCH.format(name="kill"), RUN_ERROR.format(error=result.error),
+        JOURNAL.format(path="r/kill/journal.json")]
 
 
 def test_repeat_table_shows_stability_each_sla_over_the_runs_and_why_runs_failed() -> None:
