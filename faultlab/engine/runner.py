@@ -300,8 +300,11 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         events = target.stream.events
     metrics = compute_metrics(events, records)
     landed = landed_steps(exp, metrics)
+    gated = {exp.faults[i].id for i in (x for v in (runtime.gates if runtime else {}).values()
+                                        for x in v)}
+    on_time = landed_checks(exp, landed, gated)
     for fid, (at_step, after) in landed.items():
-        if runtime is not None and at_step in runtime.gates and after != at_step:
+        if fid in gated and after != at_step and exp.target.command:
             view.note(f"{fid} (at_step {at_step}) landed after step {after}: the trainer "
                       f"ran past its step gate (a level-2 trainer calls rt.step_done(n) "
                       f"after its record of step n)")
@@ -319,6 +322,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,
                                     faults=records, events=events, final_state=final_state,
                                     job_s=job_s)
+    slas += on_time if slas else []
     own = own_checkpoints_check(exp, source, events, job_dir) if events else None
     if own is not None:  # first: every other line of the verdict is vacuous beside it
         slas.insert(0, own)
@@ -467,6 +471,25 @@ def landed_steps(exp: Experiment, metrics: Metrics) -> dict[str, tuple[int, int]
           if spec.trigger.at_step is not None}
     return {f.fault_id: (at[f.fault_id], f.high_water_step) for f in metrics.faults
             if f.fault_id in at}
+
+
+def landed_checks(exp: Experiment, landed: dict[str, tuple[int, int]],
+                  gated: set[str]) -> list[SLAResult]:
+    """The guarantee that a fault injected from outside at ``at_step: N`` lands after step N
+    and before step N + 1, as one check per such fault (``fault_landed_at_step[id]``), for the
+    trainers that hold it: the bundled ones, which wait at the step gates (``rt.step_done``).
+    A user's trainer at level 2 that does not call ``rt.step_done`` cannot hold it: for it a
+    late fault is only a note of the run."""
+    if exp.target.command:
+        return []
+    out = []
+    for fid, (at_step, after) in landed.items():
+        if fid in gated:
+            note = "" if after == at_step else (
+                f"landed after step {after}: the ranks ran past the step gate at {at_step}")
+            out.append(SLAResult(f"fault_landed_at_step[{fid}]", at_step, after,
+                                 after == at_step, note))
+    return out
 
 
 def _record_dict(r: FaultRecord, landed: tuple[int, int] | None = None) -> dict[str, Any]:

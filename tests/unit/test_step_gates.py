@@ -176,6 +176,26 @@ def test_the_journal_says_after_which_step_each_fault_landed(tmp_path: Path) -> 
     assert landed == {"kill": (9, 9), "later": (12, 14)}
 
 
+def test_a_late_fault_fails_the_verdict_of_a_trainer_that_holds_the_gates(tmp_path: Path) -> None:
+    """The guarantee as a check of the verdict: one ``fault_landed_at_step`` per fault gated
+    by step, for the bundled trainers (they call ``rt.step_done``); a user's trainer, which
+    may not, gets none (the run only notes a late fault)."""
+    from faultlab.engine.runner import landed_checks
+
+    (tmp_path / "gated.yaml").write_text(EXPERIMENT)
+    user = load_experiment(tmp_path / "gated.yaml")
+    landed = {"kill": (9, 9), "later": (12, 14), "nan": (5, 4)}
+    assert landed_checks(user, landed, {"kill", "later"}) == []
+    reference = user.model_copy(update={"target": user.target.model_copy(
+        update={"command": None, "trainer": "reference"})})
+    checks = landed_checks(reference, landed, {"kill", "later"})  # nan: in the launch plan
+    assert [(c.name, c.bound, c.measured, c.passed) for c in checks] == [
+        ("fault_landed_at_step[kill]", 9, 9, True), ("fault_landed_at_step[later]", 12, 14, False)]
+    assert checks[1].describe() == ("fault_landed_at_step[later]: measured 14, required == 12 "
+                                    "(landed after step 14: the ranks ran past the step gate "
+                                    "at 12)")
+
+
 @pytest.mark.parametrize("launcher", ["local", "docker", "slurm"])
 def test_the_gates_reach_every_rank_on_every_target(launcher: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
