@@ -81,7 +81,7 @@ class RuntimeSetup:
         for i, spec in enumerate(exp.faults):
             ranks = planned_victim_ranks(exp, i)
             if ranks is False:
-                if spec.trigger.at_step is not None:
+                if spec.trigger.at_step is not None and spec.fault_class.step_gated:
                     setup.gates.setdefault(spec.trigger.at_step, []).append(i)
                 continue
             fault = spec.build()

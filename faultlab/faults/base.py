@@ -142,6 +142,11 @@ class Fault(ABC):
     """Why the other launchers cannot host it (shown in that load error)."""
     reversible: ClassVar[bool] = False
     """True if ``undo`` reverts the fault (a hang is continued); kills are not reversible."""
+    step_gated: ClassVar[bool] = True
+    """Triggered ``at_step: N`` from outside the ranks, it is injected while every rank waits
+    at the step gate after step N (``faultlab.runtime.gates``), so it lands after step N and
+    before step N + 1 on every target. False for a fault that itself waits for the job to go
+    on (a torn write waits for the next save): holding the job at the gate would deadlock it."""
 
     def __init__(self, params: FaultParams) -> None:
         self.params = params

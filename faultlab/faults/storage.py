@@ -285,10 +285,13 @@ class CkptTornWriteFault(_StorageFault):
 
     Fire it a step before a save (e.g. ``at_step: 19`` for the save at step 20): it waits for
     the save's temporary directory to appear and SIGKILLs rank 0 — the rank that commits —
-    while the files are being written. It blocks the engine for at most ``wait_s``.
+    while the files are being written. It blocks the engine for at most ``wait_s``. It is
+    the one fault triggered by step that is not held at the step gate (``step_gated``): it
+    lands during the next save, which the job must be free to start.
     """
 
     type = "ckpt_torn_write"
+    step_gated = False
 
     class Params(FaultParams):
         wait_s: float = Field(60.0, gt=0, description="how long to wait for a save to start")

@@ -227,3 +227,20 @@ faults: [{{type: node_kill, target: {{node: 1}}, trigger: {{at_step: 12}}}}]
     assert gates.wait(12) is not None and gates.wait(12)[1]  # type: ignore[index]
     if launcher == "docker":
         assert host_mounts(job_dir)[str(job_dir)] == {"bind": str(job_dir), "mode": "rw"}
+
+
+def test_a_torn_write_is_not_held_at_a_gate(tmp_path: Path) -> None:
+    """ckpt_torn_write waits for the next save to start: gating its step deadlocked the job
+    (the ranks waited at the gate for the injection, the injection for their save) until its
+    60 s wait ran out — ckpt_torn_write.yaml failed so in CI."""
+    (tmp_path / "torn.yaml").write_text("""
+name: torn
+target: {trainer: reference, preset: tiny}
+topology: {nodes: 2}
+run: {steps: 30, checkpoint_every: 10}
+faults:
+  - {id: tear, type: ckpt_torn_write, target: all, trigger: {at_step: 19}}
+  - {id: kill, type: rank_kill, target: {rank: 1}, trigger: {at_step: 25}}
+""")
+    setup = RuntimeSetup.create(load_experiment(tmp_path / "torn.yaml"), tmp_path / "job")
+    assert setup.gates == {25: [1]}
