@@ -328,10 +328,11 @@ def test_real_runs_pass_fail_with_the_sla_table_and_fill_junit(
                                            f"--junitxml={junit}")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
-        SLA_FAILED.format(name="tiny_slow", failed=1, total=3),
+        SLA_FAILED.format(name="tiny_slow", failed=1, total=4),
         "SLA * bound * measured * result*",
         "completes * True * True * pass",
         "resume_time_s * <= 0.001 * * FAIL",
+        "fault_landed_at_step[[]kill-rank-1[]] * 6 * 6 * pass",  # the step gate held
         JOURNAL.format(path=str(pytester.path / "reports") + "/tiny_slow-*/journal.json"),
         "what happened:",
         "  injected kill-rank-1*",
