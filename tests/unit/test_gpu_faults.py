@@ -235,3 +235,71 @@ def test_the_xid_table_says_what_each_xid_raises() -> None:
     ecc = {x for x, row in XIDS.items() if row[4]}
     assert ecc == {48, 94, 95}
     assert XIDS[79][3] == 2  # NODE_REBOOT
+
+
+def _start(t: float, rank: int, node: str, world: int) -> dict[str, Any]:
+    return {"t": t, "kind": "start", "rank": rank, "node": node, "world_size": world}
+
+
+def _step(t: float, rank: int, node: str, step: int) -> dict[str, Any]:
+    return {"t": t, "kind": "step", "rank": rank, "node": node, "step": step}
+
+
+def test_exclusion_metrics_count_the_restarts_until_the_node_is_gone() -> None:
+    from faultlab.observe import FaultRecord
+    from faultlab.observe.exclusion import faulty_node_excluded, restarts_until_excluded
+
+    lost = FaultRecord(id="g", type="gpu_error", injected_t=10.0,
+                       details={"node": "node1", "sticky": True})
+    three = [_start(0, r, f"node{r}", 3) for r in range(3)] + \
+        [_step(5, r, f"node{r}", 1) for r in range(3)]
+    # A job that restarts in place on the bad node twice, then without it.
+    in_place = [*three, _start(12, 0, "node0", 3), _start(12.1, 1, "node1", 3),
+                _start(20, 0, "node0", 3), _start(20.2, 1, "node1", 3),
+                _start(30, 0, "node0", 2), _step(31, 0, "node0", 2), _step(31, 1, "node2", 2)]
+    assert restarts_until_excluded(in_place, [lost]) == 3
+    assert faulty_node_excluded(in_place, [lost], completes=True) is True
+    assert faulty_node_excluded(in_place, [lost], completes=False) is False
+    never = [*three, _start(12, 0, "node0", 3), _step(13, 1, "node1", 2)]
+    assert restarts_until_excluded(never, [lost]) is None
+    assert faulty_node_excluded(never, [lost], completes=True) is False
+    transient = FaultRecord(id="t", type="gpu_error", injected_t=10.0,
+                            details={"node": "node1", "sticky": False})
+    assert restarts_until_excluded(in_place, [transient]) is None
+    assert faulty_node_excluded(in_place, [transient], completes=True) is None
+
+
+def test_compute_straggler_is_named_from_forward_times() -> None:
+    from reference_trainer.health import ComputeStragglerDetector
+
+    d = ComputeStragglerDetector(3, ratio=1.5, threshold_s=0.05, num_steps=3)
+    assert d.update([0.1, 0.12, 0.11]) is None
+    assert d.update([0.1, 0.3, 0.1]) is None and d.update([0.1, 0.3, 0.1]) is None
+    named = d.update([0.1, 0.31, 0.1])
+    assert named is not None and named["straggler_rank"] == 1
+    assert named["cause"] == "slow_compute" and named["forward_ratio"] == 3.1
+    assert d.update([0.1, 0.3, 0.1]) is None  # once per episode
+    slight = ComputeStragglerDetector(2, ratio=1.5, threshold_s=0.05, num_steps=1)
+    assert slight.update([0.10, 0.14]) is None  # 1.4x: not slow enough
+    assert slight.update([0.01, 0.03]) is None  # 3x but only 20 ms: noise
+
+
+def test_health_check_of_the_reference_trainer_through_the_overlay(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    write_state(state, [{"id": "e", "type": "gpu_error", "xid": 79, "sticky": True,
+                         "devices": [1]},
+                        {"id": "s", "type": "gpu_slow", "factor": 2.0, "devices": [0]}])
+    code = """\
+        import json
+        from reference_trainer.gpu_health import check_gpu
+        print(json.dumps([[check_gpu(d).status, check_gpu(d).reasons] for d in (0, 1)]))
+        """
+    out = _run_rank(state, 0, code)
+    assert json.loads(out.stdout) == [["healthy", []],
+                                      ["unhealthy", ["GPU is lost (NVMLError_GpuIsLost)"]]]
+    bare = subprocess.run([sys.executable, "-c", "from reference_trainer.gpu_health import "
+                           "check_gpu; c = check_gpu(0); print(c.status, c.reasons)"],
+                          capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith("FAULTLAB_")})
+    assert bare.stdout.startswith("not_available ['NVML: NVML Shared Library Not Found']")
