@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["EXIT_CODES", "ComputeStragglerDetector", "SlowStepTracker", "StragglerDetector", "Watchdog",
+__all__ = ["EXIT_CODES", "ComputeStragglerDetector", "SlowStepTracker", "StragglerDetector",
+           "Watchdog",
            "attribute_slow_links", "enable_determinism", "probe_links"]
 
 #: Exit codes of the trainer, documented in reference_trainer/README.md.

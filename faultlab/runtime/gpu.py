@@ -279,8 +279,10 @@ def install(env: Mapping[str, str] | None = None) -> GpuState | None:
     if _STATE is not None or not path or local_rank is None:
         return _STATE
     import torch
-    from torch.nn.modules.module import (register_module_forward_hook,
-                                         register_module_forward_pre_hook)
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
 
     rank = env.get("RANK")
     state = GpuState(Path(path), int(local_rank), int(rank) if rank is not None else None)

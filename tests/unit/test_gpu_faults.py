@@ -18,8 +18,8 @@ import pytest
 
 from faultlab.errors import InvalidExperimentError
 from faultlab.faults import fault_types
-from faultlab.faults.gpu import GpuErrorFault, GpuOomFault, GpuSlowFault
 from faultlab.faults.base import Victim
+from faultlab.faults.gpu import GpuErrorFault, GpuOomFault, GpuSlowFault
 from faultlab.reaper import clear_gpu_state
 from faultlab.runtime.bootstrap import BOOTSTRAP_DIR
 from faultlab.runtime.gpu import XIDS, GpuState, read_state, state_paths, write_state

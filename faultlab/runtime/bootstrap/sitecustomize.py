@@ -45,7 +45,8 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-__all__ = ["GPU_HOOKED_MODULES", "HOOKED_MODULES", "PostImportFinder", "chain", "report", "should_activate"]
+__all__ = ["GPU_HOOKED_MODULES", "HOOKED_MODULES", "PostImportFinder", "chain", "report",
+           "should_activate"]
 
 #: Modules after whose import ``faultlab.runtime.auto.on_import`` runs: torch, DCP, and the
 #: modules of ``faultlab.runtime.auto_checkpoints.FRAMEWORK_SAVES`` (Lightning's file layer).
