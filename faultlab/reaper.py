@@ -8,7 +8,8 @@ run's containers, network and image; for a job with gpu faults (``--gpu-dir``, t
 ``gpu/`` directory) it removes every node's GPU state file, so a sticky GPU failure never
 outlives faultlab (the Xid logs stay, as evidence); for a job of the slurm target
 (``--slurm-guard``, the state file the target keeps current) it cancels the job and returns to
-service every node a fault set down or killed. On a normal exit the engine terminates the guard first.
+service every node a fault set down or killed. On a normal exit the engine terminates the
+guard first.
 
     python -m faultlab.reaper --parent PID --pidfile FILE [--docker-run RUN_ID]
                               [--slurm-guard FILE] [--gpu-dir DIR]

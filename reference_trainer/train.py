@@ -35,6 +35,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -192,15 +193,18 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     agent_pid = os.getppid()  # torchrun's agent: the workers are its children
     watcher = _start_preemption_watcher(cfg, events, progress)
     # Every (re)start checks the GPU first: an Xid 79 or an uncorrectable ECC error does not
-    # heal by restarting the process, and restarting in place would burn every restart.
-    gpu = check_gpu(local_rank)
-    events.emit("gpu_health", status=gpu.status, device=local_rank, reasons=gpu.reasons,
-                **gpu.detail)
+    # heal by restarting the process, and restarting in place would burn every restart. The
+    # check runs beside the process-group set-up (importing pynvml alone takes 40-80 ms here).
+    checked: list[GpuHealth] = []
+    checker = threading.Thread(target=_check_gpu_into, args=(local_rank, checked),
+                               name="gpu-health", daemon=True)
+    checker.start()
 
     # --- device, determinism, process groups ------------------------------------------------
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
+        checker.join()  # a lost GPU must not be handed to NCCL's eager init below
         torch.cuda.set_device(device)
     if cfg.deterministic:
         enable_determinism(device)
@@ -208,9 +212,14 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     faultlab_runtime.install()  # the collective interposer (costs nothing with no fault)
     _wait_for_master_store(rank, cfg.pg_timeout_s)
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.pg_timeout_s),
-                            device_id=device if use_cuda and not gpu.unhealthy else None)
+                            device_id=device if use_cuda and not checked[0].unhealthy
+                            else None)
     # DCP (and async_save's background thread) talks on its own gloo group.
     ckpt_pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.pg_timeout_s))
+    checker.join()
+    gpu = checked[0]
+    events.emit("gpu_health", status=gpu.status, device=local_rank, reasons=gpu.reasons,
+                **gpu.detail)
     # Every rank learns whose GPU is unhealthy (on the gloo group: a lost GPU cannot reduce),
     # so that all leave together, as after a preemption notice.
     unhealthy = torch.zeros(world_size, dtype=torch.float64)
@@ -498,6 +507,14 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     events.emit("exit", reason="completed", code=0, step=step)
     dist.destroy_process_group()
     return 0
+
+
+def _check_gpu_into(device: int, out: list[GpuHealth]) -> None:
+    try:
+        out.append(check_gpu(device))
+    except Exception as e:  # noqa: BLE001 - a broken check must not stop training
+        out.append(GpuHealth("not_available", device, [f"check failed: {type(e).__name__}: "
+                                                       f"{e}"]))
 
 
 def _leave_for_unhealthy_gpu(events: EventLog, health: GpuHealth, bad_ranks: list[int],

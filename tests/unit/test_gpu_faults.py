@@ -303,3 +303,22 @@ def test_health_check_of_the_reference_trainer_through_the_overlay(tmp_path: Pat
                           env={k: v for k, v in os.environ.items()
                                if not k.startswith("FAULTLAB_")})
     assert bare.stdout.startswith("not_available ['NVML: NVML Shared Library Not Found']")
+
+
+def test_the_guard_process_clears_the_gpu_state_when_faultlab_dies(tmp_path: Path) -> None:
+    """The real guard (faultlab.reaper) of a 'faultlab' that is SIGKILLed."""
+    GpuErrorFault(GpuErrorFault.Params(sticky=True)).inject(Ctx(tmp_path), Victim("node", 1))  # type: ignore[arg-type]
+    state = tmp_path / "gpu" / "node1" / "state.json"
+    assert read_state(state)
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    pidfile = tmp_path / "pids.json"
+    pidfile.write_text("[]")
+    guard = subprocess.Popen([sys.executable, "-m", "faultlab.reaper", "--parent",
+                              str(engine.pid), "--pidfile", str(pidfile), "--interval-s", "0.05",
+                              "--gpu-dir", str(tmp_path / "gpu")], stderr=subprocess.PIPE,
+                             text=True)
+    engine.kill()
+    engine.wait()
+    _, err = guard.communicate(timeout=60)
+    assert guard.returncode == 0 and "cleared 1 GPU state file(s)" in err
+    assert not state.exists() and (tmp_path / "gpu" / "node1" / "xid.log").read_text()
