@@ -104,6 +104,7 @@ class GpuFault(Fault):
         self.fault_id = f"{self.type}-{uuid.uuid4().hex[:8]}"
         self._written: list[Path] = []
         self._hog: subprocess.Popen[bytes] | None = None
+        self.xid_lines: list[str] = []
 
     @classmethod
     def refuses_target(cls, target: Any) -> str | None:
@@ -130,8 +131,10 @@ class GpuFault(Fault):
         write_state(paths["state"], [*read_state(paths["state"]), entry])
         self._written.append(paths["state"])
         self._after_write(ctx, paths, devices, ranks)
+        if self.xid_lines:
+            extra["xid_lines"] = self.xid_lines  # the journal's copy of the kernel log
         return {"node": node, "devices": devices, "ranks": ranks,
-                "state": str(paths["state"]), **extra}
+                "state": str(paths["state"]), "xid_log": str(paths["xid_log"]), **extra}
 
     def _before_write(self, ctx: FaultContext, node: str, devices: list[int] | None,
                       entry: dict[str, Any]) -> dict[str, Any]:
@@ -197,13 +200,16 @@ class GpuErrorFault(GpuFault):
     def _after_write(self, ctx: FaultContext, paths: dict[str, Path],
                      devices: list[int] | None, ranks: list[int]) -> None:
         xid = self.params.xid  # type: ignore[attr-defined]
+        lines = []
+        for rank, device in zip(ranks, devices or range(len(ranks)), strict=False):
+            try:
+                pid: int | None = ctx.rank_pid(rank)
+            except FaultError:
+                pid = None
+            lines.append(xid_line(xid, device, pid))
         with open(paths["xid_log"], "a", encoding="utf-8") as log:
-            for rank, device in zip(ranks, devices or range(len(ranks)), strict=False):
-                try:
-                    pid: int | None = ctx.rank_pid(rank)
-                except FaultError:
-                    pid = None
-                log.write(xid_line(xid, device, pid))
+            log.writelines(lines)
+        self.xid_lines = [line.rstrip("\n") for line in lines]
 
 
 class GpuOomFault(GpuFault):

@@ -103,6 +103,8 @@ def test_inject_writes_the_node_state_and_an_xid_line_undo_clears_the_state(
     [entry] = read_state(paths["state"])
     assert entry["xid"] == 79 and entry["sticky"] is True and entry["devices"] is None
     assert details["node"] == "node1" and details["ranks"] == [1]
+    assert details["xid_log"] == str(state_paths(tmp_path, "node1")["xid_log"])
+    assert XID_RE.search(details["xid_lines"][0])  # the journal keeps the line too
     assert ctx.lost == ["node1"]  # a sticky GPU: the node's exit is expected
     line = paths["xid_log"].read_text()
     assert XID_RE.search(line).group(2) == "79" and "pid=4243" in line  # type: ignore[union-attr]
