@@ -55,6 +55,9 @@ emergency_checkpoint_s, emergency_checkpoint_before_deadline (run level)
 straggler_detected_within_s (run level)
     The worst (max) ``straggler_detected_s`` over the slowing faults; None if there is none or
     any of them was never named.
+faulty_node_excluded, restarts_until_excluded (run level)
+    Defined in :mod:`faultlab.observe.exclusion` (a GPU that stays failed: did the job go on
+    without its node, after how many restarts).
 detection_latency_s, resume_time_s, recovery_time_s, lost_steps
     The worst (max) over the faults. For resume, recovery and lost steps the result is None
     if any fault went down and its value is None (unmeasurable); faults that did not go down
@@ -68,6 +71,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from faultlab.observe.exclusion import faulty_node_excluded, restarts_until_excluded
 from faultlab.observe.records import (
     FaultRecord,
     Record,
@@ -106,6 +110,8 @@ class Metrics:
     emergency_checkpoint_before_deadline: bool | None = None
     straggler_detected_within_s: float | None = None
     slowdown: float | None = None
+    faulty_node_excluded: bool | None = None
+    restarts_until_excluded: int | None = None
     checkpoints_all_finite: bool | None = None
     """Not from events: set by the engine when it read the checkpoints back after the run."""
     queue_time_s: float | None = None
@@ -244,8 +250,9 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
     slowing = [f.straggler_detected_s for f in per_fault if f.type in SLOWING_FAULTS]
     slowdowns = [f.slowdown for f in per_fault if f.type in SLOWING_FAULTS]
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
+    completes = _completes(records)
     return Metrics(
-        completes=_completes(records),
+        completes=completes,
         final_digest=digest if isinstance(digest, str) else None,
         restarts=max(0, rank0_starts - 1),
         max_step=max((s for s in map(_step, records) if s is not None), default=0),
@@ -265,5 +272,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
             if with_deadline else None),
         straggler_detected_within_s=_worst(slowing, None in slowing),
         slowdown=_worst(slowdowns, None in slowdowns) if slowdowns else None,
+        faulty_node_excluded=faulty_node_excluded(records, faults, completes),
+        restarts_until_excluded=restarts_until_excluded(records, faults),
         faults=per_fault,
     )

@@ -52,6 +52,12 @@ class Expect(SpecModel):
     """Upper bound, seconds from slowing a rank down to the trainer naming it."""
     max_slowdown: float | None = Field(default=None, gt=0)
     """Upper bound on the slowdown a slowing fault causes (step time during ÷ before)."""
+    faulty_node_excluded: bool | None = None
+    """The job finished without (true) the node whose GPU stayed failed (``gpu_error`` with
+    ``sticky: true``), or did not (false)."""
+    restarts_until_excluded: int | None = Field(default=None, ge=1)
+    """Upper bound on the restarts from a GPU that stayed failed until the job ran without its
+    node; a job that never excluded it fails it."""
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in the order of the fields above."""

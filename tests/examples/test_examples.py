@@ -48,6 +48,14 @@ SCENARIOS = {
     "fsdp2_dcp/collective_hang.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault"},
         measured={"completes": True}),
+    # A GPU that stays lost (sticky Xid 79): plain torchrun restarts in place on it until its
+    # restarts are spent, and never goes on without the node.
+    "fsdp2_dcp/gpu_error_sticky.yaml": Expected("fail", failing={
+        "completes": "", "faulty_node_excluded": "the job never ran without node1",
+        "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
+    "lightning_ddp/gpu_error_sticky.yaml": Expected("fail", failing={
+        "completes": "", "faulty_node_excluded": "the job never ran without node1",
+        "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
     "lightning_ddp/rank_kill.yaml": Expected("pass", measured={
         "bitwise_equal_to_golden": True, "max_restarts": 1, "completes": True}),
     "lightning_ddp/node_loss.yaml": Expected("pass", measured={"completes": True}),
