@@ -83,3 +83,33 @@ def test_a_hung_fsync_is_released_by_stop(mount: StorageMount) -> None:
     t.join(10)
     assert not t.is_alive() and done
     assert not is_mounted(d) and (d / "h.bin").read_bytes() == b"h" * 1000
+
+
+def test_a_killed_server_leaves_no_dead_mount_behind(mount: StorageMount) -> None:
+    """The server SIGKILLed with an operation hung (Chaos Mesh issue 3424: the mount is left as
+    "Transport endpoint is not connected"): stop() aborts the connection, which fails the hung
+    operation, and detaches the mount; the directory is readable again with its files."""
+    d = mount.path
+    (d / "before.txt").write_text("kept")
+    mount.set_rule({"id": "hang", "hang": True, "ops": ["read"]})
+    failed: list[int] = []
+
+    def read() -> None:
+        try:
+            (d / "before.txt").read_text()
+        except OSError as e:
+            failed.append(e.errno or 0)
+
+    t = threading.Thread(target=read)
+    t.start()
+    t.join(1.0)
+    assert t.is_alive()
+    os.kill(mount.proc.pid, 9)
+    mount.proc.wait(5)
+    with pytest.raises(OSError) as e:
+        os.listdir(d)
+    assert e.value.errno == errno.ENOTCONN  # what a crashed server leaves
+    mount.stop()
+    t.join(10)
+    assert not t.is_alive() and failed == [errno.ENOTCONN]
+    assert not is_mounted(d) and (d / "before.txt").read_text() == "kept"
