@@ -103,3 +103,34 @@ def test_propagation_is_read_from_the_mount_that_holds_the_path() -> None:
     assert propagates(Path("/var/lib/faultlab-slurm/shared/runs/r1/job"), mountinfo)
     assert not propagates(Path("/var/lib/faultlab-slurm/shared/private/r1"), mountinfo)
     assert not propagates(Path("/tmp/runs"), mountinfo)
+
+
+@pytest.mark.parametrize(("command", "served"), [
+    (None, "checkpoints"),  # the reference trainer
+    ("[python, examples/fsdp2_dcp/train.py, --ckpt-dir, '{run_dir}/ckpt']", "ckpt"),
+    # a file argument: its directory
+    ("[python, examples/fsdp2_dcp/train.py, '--save-path={run_dir}/out/model.pt']", "out"),
+    ("[python, examples/fsdp2_dcp/train.py, --steps, '3']", "checkpoints"),
+])
+def test_the_served_directory_is_the_jobs_checkpoint_directory(
+        tmp_path: Path, command: str | None, served: str) -> None:
+    from faultlab.engine.storage import storage_dir
+
+    target = {"target": f"target: {{command: {command}}}"} if command else {}
+    exp = parse_experiment(doc(fault("type: disk_full"), **target))
+    assert storage_dir(exp, tmp_path) == tmp_path.resolve() / served
+
+
+def test_a_fixed_checkpoint_path_is_never_mounted_over(tmp_path: Path) -> None:
+    from faultlab.engine.storage import storage_dir
+    from faultlab.errors import FaultlabError
+
+    exp = parse_experiment(doc(fault("type: disk_full"),
+                               target=("target: {command: [python, examples/fsdp2_dcp/train.py, "
+                                       "--ckpt-dir, ckpt]}")))
+    with pytest.raises(FaultlabError) as e:
+        storage_dir(exp, tmp_path, Path("x.yaml"))
+    assert str(e.value) == (
+        "x.yaml: target.command: the storage faults would mount over '--ckpt-dir ckpt', a fixed "
+        "checkpoint path shared by every run; write '--ckpt-dir {run_dir}/ckpt' so each run's "
+        "checkpoints are its own")
