@@ -2,17 +2,18 @@
 
 The engine starts it in a session of its own and keeps ``--pidfile`` current with every pid of
 the job. When the engine's process disappears without having stopped the guard, the guard
-continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills
-it and its descendants; for a job of the docker target (``--docker-run``) it then removes that
-run's containers, network and image; for a job with gpu faults (``--gpu-dir``, the job's
-``gpu/`` directory) it removes every node's GPU state file, so a sticky GPU failure never
-outlives faultlab (the Xid logs stay, as evidence); for a job of the slurm target
-(``--slurm-guard``, the state file the target keeps current) it cancels the job and returns to
-service every node a fault set down or killed. On a normal exit the engine terminates the
-guard first.
+continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills it
+and its descendants (a storage passthrough's mount, ``--storage-guard``, is removed first: its
+hung operations are released, so no process of the job is left in the kernel); for a job of the
+docker target (``--docker-run``) it then removes that run's containers, network and image; for a
+job with gpu faults (``--gpu-dir``, the job's ``gpu/`` directory) it removes every node's GPU
+state file, so a sticky GPU failure never outlives faultlab (the Xid logs stay, as evidence);
+for a job of the slurm target (``--slurm-guard``, the state file the target keeps current) it
+cancels the job and returns to service every node a fault set down or killed. On a normal exit
+the engine terminates the guard first.
 
     python -m faultlab.reaper --parent PID --pidfile FILE [--docker-run RUN_ID]
-                              [--slurm-guard FILE] [--gpu-dir DIR]
+                              [--slurm-guard FILE] [--gpu-dir DIR] [--storage-guard FILE]
 """
 
 from __future__ import annotations
@@ -90,6 +91,17 @@ def clear_gpu_state(gpu_dir: Path) -> list[str]:
     return cleared
 
 
+def _unmount_storage(guard: Path) -> None:
+    try:
+        from faultlab.storage.mount import restore_from_guard
+
+        done = restore_from_guard(guard)
+        print(f"faultlab reaper: storage: {'; '.join(done)}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - report, never crash the guard
+        print(f"faultlab reaper: could not unmount the storage passthrough ({guard}): {e}; "
+              f"run `umount -l` on the job's checkpoint directory", file=sys.stderr)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -107,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the slurm target's guard state file")
     parser.add_argument("--gpu-dir", type=Path, default=None,
                         help="the job's gpu/ directory (GPU state files to clear)")
+    parser.add_argument("--storage-guard", type=Path, default=None,
+                        help="the storage passthrough's guard file (faultlab.storage.mount)")
     args = parser.parse_args(argv)
     stop = False
 
@@ -118,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for faultlab is not for us
     while not stop:
         if not _alive(args.parent):
+            if args.storage_guard is not None and args.storage_guard.exists():
+                _unmount_storage(args.storage_guard)
             n = _reap(args.pidfile)
             print(f"faultlab reaper: engine {args.parent} died; killed {n} process(es) of "
                   f"the job", file=sys.stderr)
