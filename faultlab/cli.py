@@ -70,6 +70,18 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("launch", add_help=False,
                    help="run any command as a local elastic job (torchrun agents, own store): "
                         "faultlab launch --help")
+    camp = sub.add_parser("campaign", help="failure campaigns: faultlab campaign init")
+    camp_sub = camp.add_subparsers(dest="campaign_command", metavar="{init}", required=True,
+                                   parser_class=_Parser)
+    cinit = camp_sub.add_parser("init", help="write a starter campaign whose fault mix is "
+                                             "weighted like Llama 3's interruptions")
+    cinit.add_argument("--name", default="my_campaign",
+                       help="campaign name; the file is NAME.yaml (default: my_campaign)")
+    cinit.add_argument("--out", type=Path, default=None,
+                       help="file to write (default: NAME.yaml in the current directory)")
+    cinit.add_argument("--mtbf-s", type=_seconds, default=20.0, metavar="S",
+                       help="mean seconds between faults (default: 20)")
+    cinit.add_argument("--force", action="store_true", help="overwrite an existing file")
     val = sub.add_parser("validate", help="validate experiment files")
     val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT")
     lst = sub.add_parser("list", help="list registered things")
@@ -180,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             return _metadata_serve(args, console, err)
         if args.command == "docker":
             return _docker_clean(args.run, console)
+        if args.command == "campaign":
+            return _campaign_init(args, console, err)
         from faultlab.spec import load_experiments
 
         experiments = load_experiments(args.experiments,
@@ -214,6 +228,23 @@ def main(argv: list[str] | None = None) -> int:
     except FaultlabError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         return EXIT_FAIL
+
+
+def _campaign_init(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from faultlab.spec import parse_document
+    from faultlab.spec.campaign_starter import starter_campaign
+
+    out: Path = args.out or Path(f"{args.name}.yaml")
+    if out.exists() and not args.force:
+        err.print(f"faultlab campaign init: error: {out} exists; choose another --out or add "
+                  f"--force to overwrite it")
+        return EXIT_INVALID
+    text = starter_campaign(args.name, mtbf_s=args.mtbf_s)
+    parse_document(text, out)  # a starter that does not validate is our bug: raise here
+    out.write_text(text)
+    console.print(f"wrote {out}: a campaign of {args.name!r} (mtbf {args.mtbf_s:g} s); see the "
+                  f"schedule with: faultlab run --dry-run {out}")
+    return EXIT_PASS
 
 
 def _list_faults(console: Console) -> int:
@@ -329,6 +360,7 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
          report_dir: Path | None = None, golden_cache: Path | None = None,
          on_result: Callable[[int, Path, str], None] | None = None) -> int:
     from faultlab.engine import RunView, run_experiment
+    from faultlab.spec import load_campaign
 
     verdicts = []
     repeat = getattr(args, "repeat", 1)
@@ -342,10 +374,23 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
                 return code
             verdicts.append((exp.name, code == EXIT_PASS))
             continue
+        campaign = load_campaign(path, seed=getattr(args, "seed", None))
         try:
-            result = run_experiment(exp, source=path, report_dir=report_dir or args.report_dir,
-                                    golden_cache=golden_cache or args.golden_cache,
-                                    view=RunView(console))
+            if campaign is not None:
+                from faultlab.engine.campaign import run_campaign
+
+                ran = run_campaign(campaign[0], source=path, line=campaign[1],
+                                   report_dir=report_dir or args.report_dir,
+                                   golden_cache=golden_cache or args.golden_cache,
+                                   view=RunView(console))
+                result = ran.result
+                for table in campaign_tables(ran.score.to_dict()):
+                    console.print(table)
+            else:
+                result = run_experiment(exp, source=path,
+                                        report_dir=report_dir or args.report_dir,
+                                        golden_cache=golden_cache or args.golden_cache,
+                                        view=RunView(console))
         except KeyboardInterrupt as e:
             return _interrupted(e, "run_folder", "journal in", index, on_result, console)
         if on_result is not None:
@@ -366,6 +411,34 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
         console.print(f"[bold]overall: {'PASS' if passed == len(verdicts) else 'FAIL'}[/] "
                       f"({passed}/{len(verdicts)} experiments passed)")
     return EXIT_PASS if all(ok for _n, ok in verdicts) else EXIT_FAIL
+
+
+def campaign_tables(score: dict[str, Any]) -> list[Table]:
+    """The campaign's headline, its per-fault-type table and every injection."""
+    from faultlab.report.campaign import (
+        SHORT_INJECTION_COLUMNS,
+        TYPE_COLUMNS,
+        short_injection_rows,
+        summary_rows,
+        type_rows,
+    )
+
+    head = Table(title="campaign", show_header=False)
+    head.add_column("what")
+    head.add_column("value")
+    for k, v in summary_rows(score):
+        head.add_row(escape(k), escape(v))
+    out = [head]
+    for title, cols, rows in (("per fault type", TYPE_COLUMNS, type_rows(score)),
+                              ("injections", SHORT_INJECTION_COLUMNS,
+                               short_injection_rows(score))):
+        table = Table(title=title)
+        for col in cols:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*map(escape, row))
+        out.append(table)
+    return out
 
 
 def _interrupted(e: KeyboardInterrupt, attr: str, what: str, index: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["SLAS", "SLA_KINDS", "Sla"]
+__all__ = ["CAMPAIGN_SLAS", "SLAS", "SLA_KINDS", "Sla"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,5 +81,22 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
 """Every SLA an experiment may state under ``expect``; add a field to
 ``faultlab.spec.Expect`` and an entry here to add one."""
 
+CAMPAIGN_SLAS: dict[str, Sla] = {s.key: s for s in [
+    Sla(key="ettr", metric="ettr", kind="min",
+        description="effective training time ratio of the campaign: useful step time ÷ wall "
+                    "time"),
+    Sla(key="detection_rate", metric="detection_rate", kind="min",
+        description="injections the job detected ÷ injections"),
+    Sla(key="attribution_accuracy", metric="attribution_accuracy", kind="min",
+        description="detected injections whose victim the job named ÷ attributable ones"),
+    Sla(key="false_positives_per_hour", metric="false_positives_per_hour", kind="max",
+        description="detections, restarts and anomalies of the fault-free golden run per hour"),
+    Sla(key="recovery_time_p95_s", metric="recovery_time_p95_s", kind="max",
+        description="95th percentile of the injections' recovery time (an unrecovered one "
+                    "counts as infinite)"),
+]}
+"""A campaign's own ``expect`` keys (``faultlab.spec.campaign.CampaignExpect``), judged against
+``faultlab.observe.campaign.CampaignScore``, in the order of ``CAMPAIGN_SLAS`` there."""
+
 SLA_KINDS: dict[str, Literal["max", "min", "bool"]] = {k: s.kind for k, s in SLAS.items()}
-"""``expect`` key → comparison kind."""
+"""``expect`` key → comparison kind (an experiment's; a campaign's are in CAMPAIGN_SLAS)."""

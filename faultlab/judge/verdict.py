@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from faultlab.judge.slas import SLA_KINDS, SLAS
+from faultlab.judge.slas import CAMPAIGN_SLAS, SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState, first_difference
 from faultlab.spec import Experiment, arrival_times_s
@@ -41,7 +41,8 @@ class SLAResult:
     note: str = ""
 
     def describe(self) -> str:
-        kind = SLA_KINDS.get(self.name, "bool")
+        campaign = CAMPAIGN_SLAS.get(self.name)
+        kind = campaign.kind if campaign else SLA_KINDS.get(self.name, "bool")
         op = {"max": "<=", "min": ">=", "bool": "=="}[kind]
         measured = "not measured" if self.measured is None else repr(self.measured)
         return f"{self.name}: measured {measured}, required {op} {self.bound!r}" + \

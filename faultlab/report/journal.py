@@ -125,6 +125,10 @@ def render_markdown(journal: dict[str, Any]) -> str:
     for name, value in m.items():
         if name != "faults" and not isinstance(value, dict | list):
             lines.append(f"| {name} | {_fmt(value)} |")
+    if journal.get("campaign"):
+        from faultlab.report.campaign import campaign_markdown
+
+        lines += ["", *campaign_markdown(journal["campaign"]["score"])]
     if journal.get("golden"):
         g = journal["golden"]
         lines += ["", f"Golden run: digest `{g['digest']}` "

@@ -7,10 +7,12 @@ located (``experiments/x.yaml:14 faults[1].trigger.at_step: expected an integer,
 """
 
 from faultlab.spec._suite import Plan, PlannedSuite, SuiteSpec
+from faultlab.spec.campaign import Campaign, CampaignExpect, campaign_schedule, compile_campaign
 from faultlab.spec.expect import Expect
 from faultlab.spec.faults import EVENT_KINDS, AfterEvent, Every, FaultSpec, Selector, Trigger
 from faultlab.spec.loader import (
     experiment_from_dict,
+    load_campaign,
     load_document,
     load_experiment,
     load_experiments,
@@ -25,6 +27,8 @@ from faultlab.spec.target import RunSpec, TargetSpec, Topology
 __all__ = [
     "EVENT_KINDS",
     "AfterEvent",
+    "Campaign",
+    "CampaignExpect",
     "Every",
     "Expect",
     "Experiment",
@@ -40,8 +44,11 @@ __all__ = [
     "Topology",
     "Trigger",
     "arrival_times_s",
+    "campaign_schedule",
+    "compile_campaign",
     "describe_schedule",
     "experiment_from_dict",
+    "load_campaign",
     "load_document",
     "load_experiment",
     "load_experiments",

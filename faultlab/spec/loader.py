@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,10 +21,12 @@ from faultlab.spec._base import choices, show
 from faultlab.spec._problems import problems_from
 from faultlab.spec._suite import PlannedSuite
 from faultlab.spec._yaml import YamlDoc, read_yaml
+from faultlab.spec.campaign import Campaign, compile_campaign
 from faultlab.spec.model import Experiment, Suite
 
 __all__ = [
     "experiment_from_dict",
+    "load_campaign",
     "load_document",
     "load_experiment",
     "load_experiments",
@@ -33,11 +35,12 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
+_Seeded = TypeVar("_Seeded", Experiment, Campaign)
 
 
 @dataclass(frozen=True, slots=True)
 class _Parsed:
-    doc: Experiment | Suite | PlannedSuite
+    doc: Experiment | Suite | PlannedSuite | Campaign
     yaml: YamlDoc
 
     def members(self) -> list[tuple[str, tuple[str | int, ...], str]]:
@@ -51,9 +54,10 @@ class _Parsed:
 
 
 def parse_document(text: str, file: PathLike | None = None
-                   ) -> Experiment | Suite | PlannedSuite:
+                   ) -> Experiment | Suite | PlannedSuite | Campaign:
     """Validate YAML ``text`` (from ``file``, used only in messages) as an experiment or,
-    if it has a ``suite`` key, a suite (a list of files, or a mapping: a planned suite)."""
+    if it has a ``suite`` key, a suite (a list of files, or a mapping: a planned suite), or if
+    it has a ``campaign`` key, a campaign."""
     return _parse(text, _path(file)).doc
 
 
@@ -72,9 +76,22 @@ def experiment_from_dict(data: Mapping[str, Any], file: PathLike | None = None, 
     return _experiment(parsed, file_, seed)
 
 
-def load_document(path: PathLike) -> Experiment | Suite | PlannedSuite:
-    """Read and validate one file: an experiment, or a suite (its members are not loaded)."""
+def load_document(path: PathLike) -> Experiment | Suite | PlannedSuite | Campaign:
+    """Read and validate one file: an experiment, a campaign, or a suite (its members are not
+    loaded)."""
     return _load(Path(path)).doc
+
+
+def load_campaign(path: PathLike, *, seed: int | None = None
+                  ) -> tuple[Campaign, int | None] | None:
+    """The campaign in ``path`` (``seed`` replacing its own) and the line of its
+    ``campaign.mtbf_s`` (for the error a too high rate gets once the golden run measured the
+    step time); None if the file is not a campaign."""
+    parsed = _load(Path(path))
+    if not isinstance(parsed.doc, Campaign):
+        return None
+    _check_seed(seed, Path(path))
+    return _with_seed(parsed.doc, seed), parsed.yaml.line_of(("campaign", "mtbf_s"))
 
 
 def load_experiment(path: PathLike, *, seed: int | None = None) -> Experiment:
@@ -131,6 +148,9 @@ def _expand(path: Path, chain: tuple[tuple[Path, Path], ...], ref: _Ref | None,
     if isinstance(parsed.doc, Experiment):
         out.append((path, _with_seed(parsed.doc, seed)))
         return
+    if isinstance(parsed.doc, Campaign):  # its experiment: the schedule of its seed
+        out.append((path, compile_campaign(_with_seed(parsed.doc, seed))))
+        return
     for member, key, yaml_path in parsed.members():
         member_ref = _Ref(path, parsed.yaml.line_of(key), yaml_path, member)
         _expand(path.parent / member, (*chain, (resolved, path)), member_ref, seed, out,
@@ -179,6 +199,8 @@ def _validate(doc: YamlDoc, file: Path | None) -> _Parsed:
     root: type[BaseModel] = Experiment
     if "suite" in data:
         root = PlannedSuite if isinstance(data["suite"], dict) else Suite
+    elif "campaign" in data:
+        root = Campaign
     try:
         model = root.model_validate(data)
     except ValidationError as e:
@@ -190,6 +212,9 @@ def _validate(doc: YamlDoc, file: Path | None) -> _Parsed:
 
 
 def _experiment(parsed: _Parsed, file: Path | None, seed: int | None) -> Experiment:
+    if isinstance(parsed.doc, Campaign):
+        _check_seed(seed, file)
+        return compile_campaign(_with_seed(parsed.doc, seed))
     if isinstance(parsed.doc, Suite | PlannedSuite):
         raise InvalidExperimentError([Problem(
             file, parsed.yaml.line_of(("suite",)), "suite",
@@ -208,7 +233,7 @@ def _check_seed(seed: object, file: Path | None) -> None:
                                               f"[0, 2**63), got {show(seed)}")])
 
 
-def _with_seed(exp: Experiment, seed: int | None) -> Experiment:
+def _with_seed(exp: _Seeded, seed: int | None) -> _Seeded:
     return exp if seed is None else exp.model_copy(update={"seed": seed})
 
 

@@ -1,0 +1,130 @@
+"""Runs a campaign: golden run → rate check → the compiled experiment → scoring → verdict.
+
+The campaign's experiment (``faultlab.spec.compile_campaign``: one ``at_time_s`` fault per
+seeded arrival) runs through ``run_experiment`` unchanged, so undo, guard and journal are an
+experiment's. The golden run (the same job without faults, cached like every golden run) is
+needed twice: its median step time decides whether ``mtbf_s`` leaves a step room to finish
+between faults, and its records are scored for false positives. The scoring
+(``faultlab.observe.campaign``) and the campaign SLAs go into the journal under ``campaign``,
+and the verdict is rewritten to include them. The experiment's implicit per-fault check that
+each fault was injected is left out of a campaign's verdict: an arrival whose victim was
+restarting, or that came after the job finished, is reported as not injected instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from faultlab.engine.golden import GoldenRun, golden_run
+from faultlab.engine.runner import RunResult, run_experiment
+from faultlab.engine.view import NullView
+from faultlab.errors import InvalidExperimentError, Problem
+from faultlab.judge import SLAResult
+from faultlab.judge.slas import CAMPAIGN_SLAS
+from faultlab.observe.campaign import CampaignScore, golden_step_time_s, score_campaign
+from faultlab.report.journal import strict_json, write_journal
+from faultlab.runtime.events import read_events
+from faultlab.spec.campaign import Campaign, campaign_schedule, compile_campaign
+
+__all__ = ["CampaignResult", "check_rate", "judge_campaign", "run_campaign"]
+
+
+@dataclass
+class CampaignResult:
+    result: RunResult
+    score: CampaignScore
+    slas: list[SLAResult]
+    """The experiment's SLAs, then the campaign's."""
+    verdict: str
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
+def check_rate(campaign: Campaign, step_time_s: float | None, source: Path | None,
+               line: int | None) -> None:
+    """Refuse an ``mtbf_s`` so short that, on average, no step finishes between two faults."""
+    if step_time_s is None or campaign.campaign.mtbf_s > step_time_s:
+        return
+    raise InvalidExperimentError([Problem(
+        source, line, "campaign.mtbf_s",
+        f"{campaign.campaign.mtbf_s:g} s between faults is not longer than one training step "
+        f"({step_time_s:.3f} s, estimated as the median step time of the golden run, the same "
+        f"job without faults): no step could finish between two faults; make mtbf_s several "
+        f"times the step time (e.g. {max(1.0, 20 * step_time_s):.0f})")])
+
+
+def judge_campaign(campaign: Campaign, score: CampaignScore) -> list[SLAResult]:
+    out = []
+    for key, bound in campaign.expect.campaign_items():
+        measured = score.metric(key)
+        sla = CAMPAIGN_SLAS[key]
+        note = ""
+        if measured is None:
+            passed, note = False, _why_not_measured(key, score)
+        elif isinstance(measured, float) and math.isinf(measured):
+            passed, note = False, "an injection that took the job down never recovered"
+        else:
+            passed = sla.holds(measured, bound)
+        out.append(SLAResult(key, bound, measured, passed, note))
+    return out
+
+
+def _why_not_measured(key: str, score: CampaignScore) -> str:
+    if key == "attribution_accuracy":
+        return "no detected injection was attributable (each struck every rank)"
+    if key == "recovery_time_p95_s":
+        return "no injection took the job down"
+    if key == "detection_rate":
+        return "no fault was injected"
+    return "not measured"
+
+
+def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | None = None,
+                 report_dir: Path = Path("reports"), golden_cache: Path | None = None,
+                 view: NullView | None = None) -> CampaignResult:
+    """Run ``campaign`` and score it; raises ``InvalidExperimentError`` (nothing injected)
+    when its rate is too high for the golden run's step time."""
+    view = view or NullView()
+    exp = compile_campaign(campaign)
+    golden_cache = golden_cache or report_dir / ".golden"
+    view.note("golden run (same job, no faults; cached per code version)")
+    golden: GoldenRun = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
+    golden_events = read_events(Path(golden.run_dir) / "events")
+    check_rate(campaign, golden_step_time_s(golden_events), source, line)
+    view.note(f"campaign: {len(exp.faults)} arrival(s) scheduled from seed {campaign.seed}")
+    result = run_experiment(exp, source=source, report_dir=report_dir,
+                            golden_cache=golden_cache, view=view)
+    journal_path = result.journal_path
+    journal: dict[str, Any] = json.loads(journal_path.read_text())
+    events = read_events(Path(journal["run"]["job_dir"]) / "events")
+    score = score_campaign(events, result.faults, procs_per_node=exp.topology.procs_per_node,
+                           world_size=exp.topology.world_size,
+                           mtbf_s=campaign.campaign.mtbf_s,
+                           checkpoint_every=exp.run.checkpoint_every,
+                           golden_events=golden_events, scheduled=len(exp.faults))
+    # An arrival that found no victim (its rank was restarting) or came after the job finished
+    # is a fact of the campaign, shown as "not injected" in its table, not a failed check.
+    kept = [s for s in result.slas if not s.name.startswith("fault_injected[")]
+    slas = [*kept, *judge_campaign(campaign, score)]
+    verdict = "pass" if slas and all(s.passed for s in slas) and result.error is None \
+        else "fail"
+    journal["verdict"] = verdict
+    journal["slas"] = strict_json([dataclasses.asdict(s) for s in slas])
+    journal["campaign"] = {
+        "document": campaign.model_dump(mode="json"),
+        "schedule": [{"fault_id": p.fault_id, "at_s": p.at_s, "type": p.type,
+                      "victim": str(p.victim), "entry": p.entry}
+                     for p in campaign_schedule(campaign)],
+        "golden_key": golden.key, "golden_run_dir": golden.run_dir,
+        "score": strict_json(score.to_dict()),
+    }
+    write_journal(result.run_folder, journal)
+    result.verdict, result.slas = verdict, slas
+    return CampaignResult(result, score, slas, verdict)
