@@ -108,7 +108,10 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
                            world_size=exp.topology.world_size,
                            mtbf_s=campaign.campaign.mtbf_s,
                            checkpoint_every=exp.run.checkpoint_every,
-                           golden_events=golden_events, scheduled=len(exp.faults))
+                           golden_events=golden_events, scheduled=len(exp.faults),
+                           planned_at_s={f.id: f.trigger.at_time_s for f in exp.faults
+                                         if f.id is not None
+                                         and f.trigger.at_time_s is not None})
     # An arrival that found no victim (its rank was restarting) or came after the job finished
     # is a fact of the campaign, shown as "not injected" in its table, not a failed check.
     kept = [s for s in result.slas if not s.name.startswith("fault_injected[")]

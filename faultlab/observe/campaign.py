@@ -23,9 +23,9 @@ attributed
        writes nothing; its peers exit with "Connection closed by peer").
     2. ranks the trainer's records name: ``straggler_rank`` of a straggler anomaly, the
        ``ranks`` list of an exit or anomaly (the reference trainer's lost GPU);
-    3. the rank of an exit record whose reason is its own failure (``preempted``, ``gpu_oom``,
-       or ``error`` whose text is not a peer's connection or a timeout), and a peer named in
-       a gloo/NCCL error text (``rank 3``).
+    3. the first rank to fail: the rank of each unclean exit record in time order (not one
+       whose reason starts with ``peer_``: the reference trainer's word for "a peer's fault"),
+       and a rank named in a gloo/NCCL error text (``rank 3``).
 
     ``attributed`` is True iff the first named rank is a victim, False if another rank is named
     first or none is named, None (*not attributable*) if the fault struck every rank (``all``,
@@ -38,7 +38,13 @@ attributed
 recovered, recovery_time_s, lost_steps
     A fault the job absorbed in place (did not go down) is recovered, time not measured; one
     that took the job down is recovered iff the timeline measured its recovery time (back at
-    the step reached before it). lost_steps: the timeline's.
+    the step reached before it). lost_steps: the timeline's. A fault the job noticed and
+    trained through (a step record after the detection and before ``T_next``, and no came-back
+    record before ``T_next``) did not take the job down: the restart after ``T_next`` is the
+    next fault's.
+at_s
+    The planned arrival (seconds after the launch) when the schedule is given, else seconds
+    after the job's first record.
 compound, compound_reasons
     True if at ``T`` the job was recovering from an earlier injection (it went down at or
     before ``T`` and was not yet back at its step: ``T_k + recovery_time_k > T``, or never
@@ -104,9 +110,7 @@ __all__ = ["CampaignScore", "InjectionScore", "TypeScore", "false_positives",
 SILENT_LOOKBACK_S = 30.0
 """A rank counts as alive at ``T`` if it recorded a step this many seconds before."""
 
-_PEER_ERROR = re.compile(r"peer|connection|timed out|timeout|broken pipe", re.IGNORECASE)
 _RANK_IN_TEXT = re.compile(r"\brank[ =:]?(\d+)\b", re.IGNORECASE)
-_SELF_EXITS = frozenset({"preempted", "gpu_oom", "gpu_unhealthy", "error"})
 
 
 @dataclass(slots=True)
@@ -223,7 +227,8 @@ def false_positives(events: Iterable[Record]) -> list[str]:
 def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
                    procs_per_node: int, world_size: int, mtbf_s: float,
                    checkpoint_every: int, golden_events: Sequence[Record],
-                   scheduled: int | None = None) -> CampaignScore:
+                   scheduled: int | None = None,
+                   planned_at_s: Mapping[str, float] | None = None) -> CampaignScore:
     """Score every injection of ``faults`` against ``events`` (module docstring)."""
     timeline = _Timeline(events)
     records = timeline.records
@@ -233,7 +238,9 @@ def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
     metrics = {f.id: timeline.analyse(f) for f in struck}
     scores: list[InjectionScore] = []
     for f in ordered:
-        at_s = None if t_first is None else round(f.injected_t - t_first, 3)
+        at_s = (planned_at_s or {}).get(f.id)
+        if at_s is None and t_first is not None:
+            at_s = round(f.injected_t - t_first, 3)
         error = (f.details or {}).get("error")
         s = InjectionScore(fault_id=f.id, type=f.type, target=f.target, at_s=at_s,
                            injected=not error, error=str(error) if error else None,
@@ -253,6 +260,8 @@ def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
             s.named_ranks = _named(records, f.injected_t, end)
             if s.victim_ranks and len(s.victim_ranks) < world_size:
                 s.attributed = bool(s.named_ranks) and s.named_ranks[0] in s.victim_ranks
+        if _trained_through(m, next_t, records):
+            m.went_down, m.recovery_time_s, m.resume_time_s, m.lost_steps = False, None, None, 0
         s.went_down = m.went_down
         s.recovery_time_s, s.resume_time_s = m.recovery_time_s, m.resume_time_s
         s.recovered = (not m.went_down) or m.recovery_time_s is not None
@@ -308,6 +317,16 @@ def _victims(f: FaultRecord, procs_per_node: int, world_size: int) -> list[int]:
     return []
 
 
+def _trained_through(m: FaultMetrics, next_t: float, records: Sequence[Record]) -> bool:
+    """Did the job go on training after noticing, until the next fault struck (whose restart
+    the timeline would otherwise charge to this one)?"""
+    if not m.went_down or m.detection_t is None or m.came_back_t is None:
+        return False
+    if m.came_back_t < next_t:
+        return False
+    return any(m.detection_t < r["t"] < next_t and _step(r) is not None for r in records)
+
+
 def _named(records: Sequence[Record], start_t: float, end_t: float) -> list[int]:
     """The ranks the job named in ``(start_t, end_t)``, in the order of the docstring."""
     window = [r for r in records if start_t < r["t"] < end_t]
@@ -339,9 +358,9 @@ def _named(records: Sequence[Record], start_t: float, end_t: float) -> list[int]
                 add(rank)
         reason = _key(r.get("reason")) if kind == "exit" else _key(r.get("what"))
         text = str(r.get("error") or "")
-        if kind == "exit" and reason in _SELF_EXITS and not listed:
-            if reason != "error" or not _PEER_ERROR.search(text):
-                add(r.get("rank"))
+        if kind == "exit" and reason not in CLEAN_EXITS and not listed and not (
+                isinstance(reason, str) and reason.startswith("peer_")):
+            add(r.get("rank"))  # the first rank to fail, whatever its error says
         if kind == "anomaly" and reason in ("gpu_oom", "accelerator_error"):
             add(r.get("rank"))
         for m in _RANK_IN_TEXT.finditer(text):

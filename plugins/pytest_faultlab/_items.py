@@ -84,7 +84,9 @@ class ExperimentItem(pytest.Item):
             # The repo-wide timeout (e.g. 120 s) is for unit tests; an experiment bounds
             # itself with run.timeout_s (twice when a golden run may be needed first).
             runs = self.config.stash[settings_key].repeat
-            runs += 1 if experiment.expect.bitwise_equal_to_golden is not None else 0
+            golden = experiment.expect.bitwise_equal_to_golden is not None or \
+                _is_campaign(source)  # a campaign always needs its golden run
+            runs += 1 if golden else 0
             self.add_marker(pytest.mark.timeout(runs * experiment.run.timeout_s + 120))
 
     def runtest(self) -> None:
@@ -101,9 +103,19 @@ class ExperimentItem(pytest.Item):
         if settings.repeat > 1:
             self._run_repeated(settings, view)
             return
-        result = run_experiment(self.experiment, source=self.source,
-                                report_dir=settings.report_dir,
-                                golden_cache=settings.golden_cache, view=view)
+        from faultlab.spec import load_campaign
+
+        campaign = load_campaign(self.source, seed=settings.seed)
+        if campaign is not None:  # its experiment, scored; the campaign SLAs in the verdict
+            from faultlab.engine.campaign import run_campaign
+
+            result = run_campaign(campaign[0], source=self.source, line=campaign[1],
+                                  report_dir=settings.report_dir,
+                                  golden_cache=settings.golden_cache, view=view).result
+        else:
+            result = run_experiment(self.experiment, source=self.source,
+                                    report_dir=settings.report_dir,
+                                    golden_cache=settings.golden_cache, view=view)
         record_properties(self.user_properties, result)
         if not result.passed:
             raise ExperimentFailed(result, view.notes)
@@ -135,6 +147,15 @@ class ExperimentItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"faultlab experiment {self.name}"
+
+
+def _is_campaign(source: Path) -> bool:
+    from faultlab.spec import load_campaign
+
+    try:
+        return load_campaign(source) is not None
+    except InvalidExperimentError:
+        return False
 
 
 class NotesView:

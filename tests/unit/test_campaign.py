@@ -179,7 +179,7 @@ def test_a_killed_rank_is_detected_attributed_and_recovered() -> None:
     assert inj.detected and inj.detected_by == "exit:error (rank 0)"
     assert inj.detection_latency_s == pytest.approx(0.05)
     # rank 1 went silent while rank 0 exited on the closed connection: rank 1 failed first
-    assert inj.named_ranks == [1] and inj.attributed is True
+    assert inj.named_ranks == [1, 0] and inj.attributed is True
     assert inj.went_down and inj.recovered and inj.lost_steps == 5
     assert inj.recovery_time_s == pytest.approx(26.5 - 20.0)
     assert not inj.compound
@@ -198,7 +198,7 @@ def test_a_killed_rank_is_detected_attributed_and_recovered() -> None:
 def test_the_wrong_rank_named_is_not_attributed() -> None:
     kill = FaultRecord(id="c000-rank_kill", type="rank_kill", injected_t=20.0, target="rank 0")
     [inj] = score(kill_timeline(), [kill]).injections
-    assert inj.detected and inj.named_ranks == [1] and inj.attributed is False
+    assert inj.detected and inj.named_ranks == [1, 0] and inj.attributed is False
 
 
 def test_a_fault_every_rank_sees_alike_is_not_attributed() -> None:
@@ -222,6 +222,36 @@ def test_a_fault_every_rank_sees_alike_is_not_attributed() -> None:
     first, second = score(events, [nan, every]).injections
     assert not first.detected and first.attributed is None
     assert second.detected and second.attributed is None
+
+
+def test_level_0_names_the_first_rank_to_fail() -> None:
+    """A collective error on rank 0: both ranks exit, rank 0 first (its error blames a peer,
+    as gloo's does); a rank whose reason is peer_* is not named."""
+    events = [ev(0.0, "start", r, 100 + r, resumed_from_step=0) for r in (0, 1)]
+    events += steps(1, 8, 1.0, (100, 101))
+    events += [ev(5.01, "exit", 0, 100, reason="error", error="DistBackendError: faultlab "
+                  "collective_error: Connection reset by peer"),
+               ev(5.02, "exit", 1, 101, reason="error", error="RuntimeError: gloo transport")]
+    fault = FaultRecord(id="c000-collective_error", type="collective_error", injected_t=5.0,
+                        target="rank 0", details={"ranks": [0]})
+    [inj] = score(events, [fault]).injections
+    assert inj.named_ranks == [0, 1] and inj.attributed is True
+    events[-2] = {**events[-2], "reason": "peer_preempted"}
+    [inj] = score(events, [fault]).injections
+    assert inj.named_ranks == [1] and inj.attributed is False
+
+
+def test_a_fault_trained_through_is_not_charged_the_next_faults_restart() -> None:
+    """An OOM retried in place (anomaly, then steps), then a kill whose restart follows."""
+    events = kill_timeline()
+    events += [ev(2.05, "anomaly", 1, 101, what="gpu_oom", step=3, action="retry")]
+    oom = FaultRecord(id="c000-gpu_oom", type="gpu_oom", injected_t=2.0, target="rank 1")
+    kill = FaultRecord(id="c001-rank_kill", type="rank_kill", injected_t=20.0, target="rank 1")
+    first, second = score(events, [oom, kill]).injections
+    assert first.detected and first.attributed is True and first.named_ranks == [1]
+    assert not first.went_down and first.recovered and first.lost_steps == 0
+    assert first.recovery_time_s is None
+    assert second.went_down and second.lost_steps == 5
 
 
 def test_compound_during_a_recovery_and_during_a_save() -> None:
