@@ -27,6 +27,8 @@ from faultlab.errors import InvalidExperimentError, Problem
 from faultlab.judge import SLAResult
 from faultlab.judge.slas import CAMPAIGN_SLAS
 from faultlab.observe.campaign import CampaignScore, golden_step_time_s, score_campaign
+from faultlab.observe.records import FaultRecord
+from faultlab.report.html import render_campaign_html
 from faultlab.report.journal import strict_json, write_journal
 from faultlab.runtime.events import read_events
 from faultlab.spec.campaign import Campaign, campaign_schedule, compile_campaign
@@ -127,7 +129,25 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
                      for p in campaign_schedule(campaign)],
         "golden_key": golden.key, "golden_run_dir": golden.run_dir,
         "score": strict_json(score.to_dict()),
+        **_plot_data(events, result.faults, score),
     }
     write_journal(result.run_folder, journal)
+    (result.run_folder / "report.html").write_text(render_campaign_html(journal))
     result.verdict, result.slas = verdict, slas
     return CampaignResult(result, score, slas, verdict)
+
+
+def _plot_data(events: list[dict[str, Any]], faults: list[FaultRecord],
+               score: CampaignScore) -> dict[str, Any]:
+    """Rank 0's steps and the injections on one clock: seconds since the first record."""
+    ts = [e["t"] for e in events if isinstance(e.get("t"), int | float)]
+    if not ts:
+        return {"series": {"steps": []}, "marked": []}
+    t0 = min(ts)
+    steps = [[round(e["t"] - t0, 3), e["step"]] for e in sorted(events, key=lambda e: e["t"])
+             if e.get("kind") == "step" and e.get("rank") == 0
+             and isinstance(e.get("step"), int)]
+    when = {f.id: round(f.injected_t - t0, 3) for f in faults}
+    marked = [{**strict_json(dataclasses.asdict(i)), "t": when.get(i.fault_id)}
+              for i in score.injections]
+    return {"series": {"t0": t0, "steps": steps}, "marked": marked}

@@ -13,11 +13,26 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 
 from faultlab.report import _format as fmt
+from faultlab.report.campaign import (
+    INJECTION_COLUMNS,
+    TYPE_COLUMNS,
+    injection_rows,
+    summary_rows,
+    type_rows,
+)
 from faultlab.report.markdown import PROJECTION_ROWS, sla_summary
-from faultlab.report.plots import PHASE_COLORS, loss_svg, recovery_svg, timeline_svg
+from faultlab.report.plots import (
+    PHASE_COLORS,
+    campaign_svg,
+    loss_svg,
+    recovery_svg,
+    timeline_svg,
+)
 from faultlab.report.repeats import METRIC_HEADER, SLA_HEADER, spread_rows
 
-__all__ = ["TEMPLATE", "render_html"]
+__all__ = ["CAMPAIGN_TEMPLATE", "TEMPLATE", "render_campaign_html", "render_html"]
+
+CAMPAIGN_TEMPLATE = "campaign.html.j2"
 
 TEMPLATE = "prelaunch.html.j2"
 
@@ -49,3 +64,18 @@ def render_html(report: dict[str, Any]) -> str:
     template = _environment().get_template(TEMPLATE)
     return template.render(report=report, plots=plots, projection_rows=PROJECTION_ROWS,
                            phase_colors=PHASE_COLORS)
+
+
+def render_campaign_html(journal: dict[str, Any]) -> str:
+    """The HTML page of a campaign run (its journal.json): step against time with every
+    injection marked, the per-fault-type table, the false-positive rate, every injection."""
+    campaign = journal["campaign"]
+    score = campaign["score"]
+    plot = Markup(campaign_svg(campaign.get("series") or {},  # noqa: S704 - our own SVG
+                               campaign.get("marked") or [], "campaign"))
+    template = _environment().get_template(CAMPAIGN_TEMPLATE)
+    return template.render(journal=journal, score=score, plot=plot,
+                           summary=summary_rows(score),
+                           type_columns=TYPE_COLUMNS, types=type_rows(score),
+                           injection_columns=INJECTION_COLUMNS,
+                           injections=injection_rows(score))

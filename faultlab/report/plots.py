@@ -18,7 +18,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.rcsetup import cycler
 
-__all__ = ["MARKER_STYLES", "PHASE_COLORS", "loss_svg", "recovery_svg", "timeline_svg"]
+__all__ = ["MARKER_STYLES", "PHASE_COLORS", "campaign_svg", "loss_svg", "recovery_svg",
+           "timeline_svg"]
 
 RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "faultlab", "font.size": 9,
       "axes.spines.top": False, "axes.spines.right": False,
@@ -138,3 +139,51 @@ def recovery_svg(recovery: dict[str, Any], name: str) -> str:
             left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.invert_yaxis()
         return _finish(fig, ax, name, "seconds since the fault was injected", None, grid="x")
+
+
+CAMPAIGN_OUTCOMES: dict[str, dict[str, Any]] = {
+    "recovered": {"color": "#229954"},
+    "absorbed": {"color": "#2471a3"},
+    "not recovered": {"color": "#c0392b"},
+    "not detected": {"color": "#7f8c8d"},
+    "not injected": {"color": "#bdc3c7"},
+}
+"""An injection's line colour by outcome; a compound injection's line is dashed."""
+
+
+def campaign_outcome(inj: dict[str, Any]) -> str:
+    if not inj.get("injected"):
+        return "not injected"
+    if not inj.get("detected"):
+        return "not detected"
+    if not inj.get("went_down"):
+        return "absorbed"
+    return "recovered" if inj.get("recovered") else "not recovered"
+
+
+def campaign_svg(series: dict[str, Any], injections: list[dict[str, Any]], name: str) -> str:
+    """Step against time (rank 0's records, every incarnation) with every injection marked:
+    colour by outcome, dashed if compound, labelled with its id, ``A`` if attributed."""
+    import matplotlib
+
+    with matplotlib.rc_context(RC):
+        fig = _figure()
+        ax = fig.add_subplot()
+        if series.get("steps"):
+            t, s = zip(*series["steps"], strict=True)
+            ax.plot(t, s, marker=".", markersize=2, linewidth=1.0, color="#1f5fbf",
+                    label="step (rank 0)")
+        seen: set[str] = set()
+        top = max((p[1] for p in series.get("steps") or []), default=1)
+        for inj in injections:
+            t = inj.get("t")
+            if t is None:
+                continue
+            outcome = campaign_outcome(inj)
+            label = None if outcome in seen else outcome
+            seen.add(outcome)
+            ax.axvline(t, linewidth=1.3, linestyle="--" if inj.get("compound") else "-",
+                       label=label, **CAMPAIGN_OUTCOMES[outcome])
+            mark = " A" if inj.get("attributed") else ""
+            ax.text(t, top, f" {inj['fault_id']}{mark}", rotation=90, va="top", fontsize=7)
+        return _finish(fig, ax, name, "seconds since the job's first record", "step")

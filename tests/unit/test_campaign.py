@@ -327,3 +327,20 @@ def test_starter_mix_is_llama3s_419_interruptions_and_validates(tmp_path: Path) 
     assert "Faulty GPU 148 (30.1 %)" in text
     assert main(["campaign", "init", "--name", "mine", "--out", str(out)]) != 0  # no overwrite
     assert main(["run", "--dry-run", str(out)]) == 0
+
+
+def test_the_html_page_marks_every_injection_and_loads_nothing() -> None:
+    from faultlab.engine.campaign import _plot_data
+    from faultlab.report.html import render_campaign_html
+
+    events = kill_timeline()
+    kill = FaultRecord(id="c000-rank_kill", type="rank_kill", injected_t=20.0, target="rank 1")
+    s = score(events, [kill])
+    journal = {"verdict": "pass", "slas": [], "experiment": {"name": "camp", "seed": 3,
+                                                             "description": None},
+               "campaign": {"score": s.to_dict(), **_plot_data(events, [kill], s)}}
+    assert journal["campaign"]["marked"][0]["t"] == 20.0  # on the clock of the first record
+    page = render_campaign_html(journal)
+    assert "<svg" in page and "c000-rank_kill A" in page  # marked, and attributed
+    assert "<script" not in page and "<link" not in page
+    assert "rank_kill" in page and "per hour" in page
