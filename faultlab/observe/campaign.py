@@ -36,8 +36,9 @@ attributed
     timeout ends (every rank times out) — nor a straggler (only a trainer that times its own
     forward can, rule 2).
 recovered, recovery_time_s, lost_steps
-    A fault the job absorbed in place (did not go down) is recovered, time not measured; one
-    that took the job down is recovered iff the timeline measured its recovery time (back at
+    Not measured (False, None, None) for an undetected injection: what followed it is the
+    next fault's. A fault the job absorbed in place (did not go down) is recovered, time not
+    measured; one that took the job down is recovered iff the timeline measured its recovery time (back at
     the step reached before it). lost_steps: the timeline's. A fault the job noticed and
     trained through (a step record after the detection and before ``T_next``, and no came-back
     record before ``T_next``) did not take the job down: the restart after ``T_next`` is the
@@ -260,11 +261,13 @@ def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
             s.named_ranks = _named(records, f.injected_t, end)
             if s.victim_ranks and len(s.victim_ranks) < world_size:
                 s.attributed = bool(s.named_ranks) and s.named_ranks[0] in s.victim_ranks
-        if _trained_through(m, next_t, records):
+        if not s.detected:  # whatever followed is the next fault's to claim
+            m.went_down, m.recovery_time_s, m.resume_time_s, m.lost_steps = False, None, None, None
+        elif _trained_through(m, next_t, records):
             m.went_down, m.recovery_time_s, m.resume_time_s, m.lost_steps = False, None, None, 0
         s.went_down = m.went_down
         s.recovery_time_s, s.resume_time_s = m.recovery_time_s, m.resume_time_s
-        s.recovered = (not m.went_down) or m.recovery_time_s is not None
+        s.recovered = s.detected and ((not m.went_down) or m.recovery_time_s is not None)
         s.lost_steps = m.lost_steps
         scores.append(s)
 

@@ -85,7 +85,7 @@ def injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
                     s.get("detected_by") or "not detected",
                     _num(s.get("detection_latency_s")),
                     ",".join(map(str, s.get("named_ranks") or [])) or "—", attributed,
-                    "absorbed" if s.get("recovered") and not s.get("went_down")
+                    "—" if not s.get("detected") else "absorbed" if not s.get("went_down")
                     else _num(s.get("recovered")),
                     _num(s.get("recovery_time_s"), 1), _num(s.get("lost_steps")),
                     "; ".join(s.get("compound_reasons") or []) or "no"))
@@ -103,8 +103,8 @@ def short_injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
         out.append((s["fault_id"], _num(s.get("at_s"), 1), s["target"],
                     f"{_num(s.get('detection_latency_s'))} s" if s.get("detected") else "no",
                     "n/a" if s.get("attributed") is None else _num(s.get("attributed")),
-                    "absorbed" if not s.get("went_down") else
-                    _num(s.get("recovery_time_s"), 1) if s.get("recovered") else "never",
+                    "—" if not s.get("detected") else "absorbed" if not s.get("went_down")
+                    else _num(s.get("recovery_time_s"), 1) if s.get("recovered") else "never",
                     _num(s.get("lost_steps")), "yes" if s.get("compound") else "no"))
     return out
 

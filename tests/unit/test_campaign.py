@@ -221,6 +221,7 @@ def test_a_fault_every_rank_sees_alike_is_not_attributed() -> None:
     every = FaultRecord(id="c001-grad_nan", type="grad_nan", injected_t=4.9, target="all")
     first, second = score(events, [nan, every]).injections
     assert not first.detected and first.attributed is None
+    assert not first.went_down and not first.recovered and first.lost_steps is None
     assert second.detected and second.attributed is None
 
 
