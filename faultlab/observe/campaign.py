@@ -39,10 +39,10 @@ recovered, recovery_time_s, lost_steps
     Not measured (False, None, None) for an undetected injection: what followed it is the
     next fault's. A fault the job absorbed in place (did not go down) is recovered, time not
     measured; one that took the job down is recovered iff the timeline measured its recovery
-    time (back at the step reached before it). lost_steps: the timeline's. A fault the job noticed and
-    trained through (a step record after the detection and before ``T_next``, and no came-back
-    record before ``T_next``) did not take the job down: the restart after ``T_next`` is the
-    next fault's.
+    time (back at the step reached before it). lost_steps: the timeline's. A fault the job
+    noticed and trained through (a step record after the detection and before ``T_next``, and
+    no came-back record before ``T_next``) did not take the job down: the restart after
+    ``T_next`` is the next fault's.
 at_s
     The planned arrival (seconds after the launch) when the schedule is given, else seconds
     after the job's first record.
