@@ -199,9 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         experiments = load_experiments(args.experiments,
                                        seed=getattr(args, "seed", None))
         if args.command == "validate":
+            from faultlab.spec import load_campaign
             from faultlab.spec.checkpoint_args import checkpoint_warnings
 
             for path, exp in experiments:
+                campaign = load_campaign(path, seed=args.seed if hasattr(args, "seed") else None)
+                if campaign is not None:
+                    console.print(f"ok  {path}  (campaign {exp.name}: {len(exp.faults)} "
+                                  f"arrival(s) from seed {exp.seed}, "
+                                  f"{len(campaign[0].expect.items())} SLA(s))")
+                    continue
                 console.print(f"ok  {path}  ({exp.name}: {len(exp.faults)} fault(s), "
                               f"{len(list(exp.expect.items()))} SLA(s))")
                 # Valid, but judged vacuously once a run resumes from another's checkpoints.
