@@ -41,7 +41,7 @@ def main() -> int:
     loaded = load_campaign(REPO / "experiments" / "campaign_reference.yaml", seed=args.seed)
     assert loaded is not None
     base, line = loaded
-    steps = math.ceil(args.duration_s * 1.5 / STEP_S_GUESS / 10) * 10
+    steps = math.ceil(args.duration_s * 1.2 / STEP_S_GUESS / 10) * 10
     doc = base.model_validate({
         **base.model_dump(mode="json", exclude_none=True),
         "name": "campaign_bench",

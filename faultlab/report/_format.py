@@ -64,8 +64,10 @@ def timestamp(t: Any) -> str:
 def sla_bound(name: str, bound: Any) -> str:
     """``≤ 40 s``, ``≥ 0.3``, ``= yes``: the SLA's comparison and bound."""
     from faultlab.judge import SLA_KINDS
+    from faultlab.judge.slas import CAMPAIGN_SLAS
 
-    kind = SLA_KINDS.get(name, "bool")
+    campaign = CAMPAIGN_SLAS.get(name)  # a campaign in a suite: ettr ≥ 0.3, not "= 0.3"
+    kind = campaign.kind if campaign else SLA_KINDS.get(name, "bool")
     op = {"max": "≤", "min": "≥", "bool": "="}[kind]
     return f"{op} {measured(name, bound)}"
 

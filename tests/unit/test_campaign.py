@@ -345,3 +345,17 @@ def test_the_html_page_marks_every_injection_and_loads_nothing() -> None:
     assert "<svg" in page and "c000-rank_kill A" in page  # marked, and attributed
     assert "<script" not in page and "<link" not in page
     assert "rank_kill" in page and "per hour" in page
+
+
+def test_a_prelaunch_suite_may_include_a_campaign(tmp_path: Path) -> None:
+    from faultlab.report._format import sla_bound
+
+    (tmp_path / "camp.yaml").write_text(DOC.format(seed=3, mtbf_s=20))
+    (tmp_path / "suite.yaml").write_text(
+        "suite:\n  name: s\n  experiments: [camp.yaml]\n  plan: {num_gpus: 8, gpus_per_node: 8,"
+        " mtbf_per_node_h: 1000, step_time_s: 1, checkpoint_size_gb: 1,"
+        " storage_bandwidth_gb_s: 1}\n")
+    [(path, exp)] = load_experiments([tmp_path / "suite.yaml"])
+    # the member runs as a campaign (faultlab run's loop asks load_campaign of each path)
+    assert load_campaign(path) is not None and exp == compile_campaign(campaign(3, mtbf_s=20))
+    assert sla_bound("ettr", 0.5) == "≥ 0.500"  # the suite's report says which way it holds
