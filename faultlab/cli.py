@@ -288,6 +288,13 @@ def _report(run_dir: Path, console: Console) -> int:
         raise FaultlabError(str(e)) from None
     (run_dir / "report.md").write_text(render_markdown(journal))
     console.print(f"wrote {run_dir / 'report.md'} (verdict: {journal['verdict']})")
+    if journal.get("campaign"):  # a campaign run: its page too, and its tables
+        from faultlab.report.html import render_campaign_html
+
+        (run_dir / "report.html").write_text(render_campaign_html(journal))
+        for table in campaign_tables(journal["campaign"]["score"]):
+            console.print(table)
+        console.print(f"wrote {run_dir / 'report.html'}")
     return EXIT_PASS if journal["verdict"] == "pass" else EXIT_FAIL
 
 

@@ -359,3 +359,24 @@ def test_a_prelaunch_suite_may_include_a_campaign(tmp_path: Path) -> None:
     # the member runs as a campaign (faultlab run's loop asks load_campaign of each path)
     assert load_campaign(path) is not None and exp == compile_campaign(campaign(3, mtbf_s=20))
     assert sla_bound("ettr", 0.5) == "≥ 0.500"  # the suite's report says which way it holds
+
+
+def test_faultlab_report_rerenders_a_campaign_run(tmp_path: Path) -> None:
+    from faultlab.engine.campaign import _plot_data
+    from faultlab.report.journal import write_journal
+
+    events = kill_timeline()
+    kill = FaultRecord(id="c000-rank_kill", type="rank_kill", injected_t=20.0, target="rank 1")
+    s = score(events, [kill])
+    write_journal(tmp_path, {
+        "verdict": "pass", "slas": [{"name": "ettr", "bound": 0.3, "measured": s.ettr,
+                                     "passed": True, "note": ""}],
+        "metrics": {}, "faults": [], "golden": None,
+        "experiment": {"name": "camp", "seed": 3, "description": None, "file": "camp.yaml"},
+        "run": {"wall_s": 30.0, "job_dir": str(tmp_path / "job")},
+        "environment": {"faultlab": "x", "torch": "x", "python": "x", "platform": "x",
+                        "host": "x", "cpu_count": 2},
+        "campaign": {"score": s.to_dict(), **_plot_data(events, [kill], s)}})
+    assert "## Campaign" in (tmp_path / "report.md").read_text()
+    assert main(["report", str(tmp_path)]) == 0
+    assert "c000-rank_kill A" in (tmp_path / "report.html").read_text()
