@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.faultlab-installed
 
-.PHONY: demo test bench lint clean chromium docker-engine
+.PHONY: demo test bench lint clean chromium docker-engine fuse
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,22 +40,32 @@ chromium:
 	    --no-install-recommends chromium && \
 	  echo "installed chromium in $$(( $$(date +%s) - start_s )) s"; }
 
+# The storage faults (io_error, io_latency, io_hang, disk_full) mount a FUSE passthrough through
+# mfusepy, which loads libfuse3 with ctypes: install Debian's fuse3 and libfuse3-3 when missing.
+fuse:
+	@{ command -v fusermount3 >/dev/null && ldconfig -p | grep -q 'libfuse3\.so\.3 '; } || { \
+	  start_s=$$(date +%s); \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    --no-install-recommends fuse3 libfuse3-3 && \
+	  echo "installed fuse3 and libfuse3-3 in $$(( $$(date +%s) - start_s )) s"; }
+
 # The docker target's tests and experiments need a Docker engine (optional for users): install
 # Debian's docker.io and start it when none answers. In CI (CI=true) they must run, not skip.
 docker-engine:
 	@bash scripts/docker-engine.sh
 
-test: $(STAMP) chromium docker-engine
+test: $(STAMP) chromium docker-engine fuse
 	$(if $(filter true,$(CI)),FAULTLAB_REQUIRE_DOCKER=1 )$(PY) -m pytest -n 2 --durations=25 \
 	  tests $(SHIPPED)
 
 # The soak runs last: every experiment CI runs, 20 times, two at a time (hours; by itself:
 # python benchmarks/bench_soak.py --runs 4 experiments/rank_kill.yaml).
-bench: $(STAMP)
+bench: $(STAMP) fuse
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_level0.py
+	$(PY) benchmarks/bench_storage.py
 	$(PY) benchmarks/bench_slurm.py
 	$(PY) benchmarks/bench_soak.py --runs 20 --parallel 2 --out reports --slurm-cluster
 

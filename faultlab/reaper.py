@@ -2,14 +2,16 @@
 
 The engine starts it in a session of its own and keeps ``--pidfile`` current with every pid of
 the job. When the engine's process disappears without having stopped the guard, the guard
-continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills
-it and its descendants; for a job of the docker target (``--docker-run``) it then removes that
-run's containers, network and image; for a job of the slurm target (``--slurm-guard``, the
-state file the target keeps current) it cancels the job and returns to service every node a
-fault set down or killed. On a normal exit the engine terminates the guard first.
+continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills it
+and its descendants (a storage passthrough's mount, ``--storage-guard``, is removed first: its
+hung operations are released, so no process of the job is left in the kernel); for a job of the
+docker target (``--docker-run``) it then removes that run's containers, network and image; for
+a job of the slurm target (``--slurm-guard``, the state file the target keeps current) it
+cancels the job and returns to service every node a fault set down or killed. On a normal exit
+the engine terminates the guard first.
 
     python -m faultlab.reaper --parent PID --pidfile FILE [--docker-run RUN_ID]
-                              [--slurm-guard FILE]
+                              [--slurm-guard FILE] [--storage-guard FILE]
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ def _restore_slurm(guard: Path) -> None:
               file=sys.stderr)
 
 
+def _unmount_storage(guard: Path) -> None:
+    try:
+        from faultlab.storage.mount import restore_from_guard
+
+        done = restore_from_guard(guard)
+        print(f"faultlab reaper: storage: {'; '.join(done)}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - report, never crash the guard
+        print(f"faultlab reaper: could not unmount the storage passthrough ({guard}): {e}; "
+              f"run `umount -l` on the job's checkpoint directory", file=sys.stderr)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -89,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docker-run", default=None, help="the docker target's run id")
     parser.add_argument("--slurm-guard", type=Path, default=None,
                         help="the slurm target's guard state file")
+    parser.add_argument("--storage-guard", type=Path, default=None,
+                        help="the storage passthrough's guard file (faultlab.storage.mount)")
     args = parser.parse_args(argv)
     stop = False
 
@@ -100,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for faultlab is not for us
     while not stop:
         if not _alive(args.parent):
+            if args.storage_guard is not None and args.storage_guard.exists():
+                _unmount_storage(args.storage_guard)
             n = _reap(args.pidfile)
             print(f"faultlab reaper: engine {args.parent} died; killed {n} process(es) of "
                   f"the job", file=sys.stderr)

@@ -37,6 +37,7 @@ from faultlab.engine.shared_checkpoints import (
     golden_resumed_message,
     own_checkpoints_check,
 )
+from faultlab.engine.storage import needs_storage_mount, storage_dir
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
@@ -47,6 +48,7 @@ from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import Experiment, resolve_selector
+from faultlab.storage import StorageMount
 from faultlab.targets import make_target
 from faultlab.targets.local import LocalTarget
 
@@ -188,6 +190,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     prepared: dict[int, Fault] = {}
     lingering: list[str] = []
     runtime: RuntimeSetup | None = None
+    storage: StorageMount | None = None
+    storage_undo: list[str] = []
     stopped = False  # before the launch, for checkpoints shared between runs
     t0: float | None = None
     try:
@@ -214,11 +218,16 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             for node in nodes:
                 node_env.setdefault(node, {}).update(runtime.env)
             target = make_target(exp, job_dir, node_env=node_env)
+            if needs_storage_mount(exp):  # before the job opens a file there
+                storage = StorageMount.start(storage_dir(exp, job_dir, source),
+                                             run_folder / ".storage")
+                view.note(f"serving {storage.path} through the storage passthrough")
             view.start(exp.name, exp.run.steps)
             # The guard first: faultlab may die while the job is still starting.
             pidfile = run_folder / ".job-pids.json"
             reaper = _start_reaper(pidfile, getattr(target, "run_id", None),
-                                   getattr(target, "guard_path", None))
+                                   getattr(target, "guard_path", None),
+                                   storage.guard_path if storage else None)
             target.start()
             t0 = time.monotonic()
             states = [TriggerState(exp, i) for i in range(len(exp.faults))]
@@ -283,6 +292,9 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             if target is not None:
                 target.continue_all()
                 target.stop()
+            if storage is not None:  # after the job: nothing holds a file open any more
+                storage_undo = storage.stop()
+                view.note(f"storage passthrough: {'; '.join(storage_undo)}")
             if reaper is not None:
                 reaper.terminate()
                 reaper.wait()
@@ -352,7 +364,9 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "log_losses": losses or None,
                 "stopped_after_completion": lingering,
                 "checkpoints_outside": saved_outside,
-                "slurm": slurm_view},
+                "slurm": slurm_view,
+                "storage_mount": ({"path": str(storage.path), "undo": storage_undo}
+                                  if storage else None)},
         "environment": environment(),
     }
     path = write_journal(run_folder, journal)
@@ -501,10 +515,12 @@ def _record_dict(r: FaultRecord, landed: tuple[int, int] | None = None) -> dict[
 
 
 def _start_reaper(pidfile: Path, docker_run: str | None = None,
-                  slurm_guard: Path | None = None) -> subprocess.Popen[bytes]:
+                  slurm_guard: Path | None = None,
+                  storage_guard: Path | None = None) -> subprocess.Popen[bytes]:
     pidfile.write_text("[]")
     extra = ["--docker-run", docker_run] if docker_run else []
     extra += ["--slurm-guard", str(slurm_guard)] if slurm_guard else []
+    extra += ["--storage-guard", str(storage_guard)] if storage_guard else []
     return subprocess.Popen(
         [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
          "--pidfile", str(pidfile), *extra], start_new_session=True, stdin=subprocess.DEVNULL)

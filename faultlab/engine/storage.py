@@ -1,0 +1,41 @@
+"""Which directory the storage faults' passthrough serves, and the mount's place in a run.
+
+A run with a fault whose class sets ``mounts_storage`` (``io_error``, ``io_latency``,
+``io_hang``, ``disk_full``) serves the job's checkpoint directory through the FUSE passthrough
+(``faultlab.storage``) from before the launch to after the job stopped; every other run is
+unchanged. The directory is the reference trainer's ``{run_dir}/checkpoints``, or for a user's
+command the first checkpoint-like argument under ``{run_dir}`` (``--ckpt-dir
+{run_dir}/ckpt``; a file argument, ``--save-path {run_dir}/model.pt``, serves its directory),
+else ``{run_dir}/checkpoints``. A fixed checkpoint path (no ``{run_dir}``) is refused: faultlab
+never mounts over a team's own checkpoints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faultlab.errors import FaultlabError
+from faultlab.spec import Experiment
+from faultlab.spec.checkpoint_args import RUN_DIR, checkpoint_args
+
+__all__ = ["needs_storage_mount", "storage_dir"]
+
+
+def needs_storage_mount(exp: Experiment) -> bool:
+    return any(getattr(f.fault_class, "mounts_storage", False) for f in exp.faults)
+
+
+def storage_dir(exp: Experiment, job_dir: Path, source: Path | None = None) -> Path:
+    """The directory the passthrough serves for this run (see the module docstring)."""
+    root = job_dir.resolve()
+    if not exp.target.command:
+        return root / "checkpoints"
+    for arg in checkpoint_args(exp.target.command):
+        if arg.fixed:
+            raise FaultlabError(
+                f"{source or exp.name}: target.command: the storage faults would mount over "
+                f"{arg.shown()!r}, a fixed checkpoint path shared by every run; write "
+                f"{arg.shown(arg.in_run_dir())!r} so each run's checkpoints are its own")
+        path = Path(arg.value.replace(RUN_DIR, str(root)))
+        return path.parent if path.suffix and not path.is_dir() else path
+    return root / "checkpoints"

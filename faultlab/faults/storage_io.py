@@ -1,0 +1,197 @@
+"""Storage that fails while the job writes (issue 23): errors, latency, hangs and a full disk,
+in the kernel's file-system path, for any trainer and any writer (``torch.save``'s C++ writer
+included, which no Python-level patch sees).
+
+The engine serves the job's checkpoint directory through a FUSE passthrough
+(``faultlab.storage``) from the start of any run that has one of these faults; a run without
+them is unchanged. Injecting a fault sets a rule in that passthrough; undoing it removes the
+rule (``duration_s`` and/or ``until: reaction``), which releases any operation it holds. The
+journal records the operations each fault hit and their counts (``details.undo.ops_hit``).
+
+``path`` is a glob relative to the job's checkpoint directory, ``*`` crossing ``/``
+(``*.distcp``: every DCP shard; ``step_*/.metadata*``: DCP's commit). ``target: all`` is the
+directory as every node sees it, ``{node: N}`` one node's view (the same mount on local nodes).
+Local nodes only for now: a docker or Slurm node would need the mount inside its container.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, ClassVar
+
+from pydantic import Field, field_validator
+
+from faultlab.errors import FaultError
+from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.spec._base import show, unknown
+from faultlab.storage.mount import fuse_unavailable, mount_for
+from faultlab.storage.rules import ERRNOS, OPS
+
+__all__ = ["DiskFullFault", "IoErrorFault", "IoHangFault", "IoLatencyFault"]
+
+_rule_ids = itertools.count(1)
+
+
+def _check_ops(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list | tuple):
+        for op in value:
+            if op not in OPS:
+                raise ValueError(unknown("op", op, OPS, "valid ops"))
+        if not value:
+            raise ValueError(f"ops must name at least one operation; valid ops: "
+                             f"{', '.join(OPS)}")
+    return value
+
+
+def _check_path(value: Any) -> Any:
+    if isinstance(value, str) and (value.startswith(("/", "~", "{")) or
+                                   ".." in value.split("/")):
+        raise ValueError(f"path {show(value)} is outside the job's checkpoint storage: give a "
+                         f"glob relative to the checkpoint directory, e.g. '*.distcp' or "
+                         f"'step_*/.metadata*' ('*' matches every file)")
+    return value
+
+
+class _Where(FaultParams):
+    ops: tuple[str, ...] = Field(("write",), description=f"operations hit: {', '.join(OPS)}")
+    path: str = Field("*", description="glob of the files hit, relative to the job's "
+                                       "checkpoint directory ('*' crosses '/')")
+    percent: float = Field(100.0, description="share of the matching operations hit, 0-100 "
+                                              "(seeded)")
+
+    _ops = field_validator("ops", mode="before")(classmethod(lambda cls, v: _check_ops(v)))
+    _path = field_validator("path", mode="before")(classmethod(lambda cls, v: _check_path(v)))
+
+    @field_validator("percent")
+    @classmethod
+    def _percent(cls, value: float) -> float:
+        if not 0 <= value <= 100:
+            raise ValueError(f"percent must be within 0-100, got {show(value)}")
+        return value
+
+
+class _IoFault(Fault):
+    family = "storage"
+    targets: ClassVar[tuple[str, ...]] = ("all", "node")
+    """``all``: the checkpoint directory as every node sees it; ``{node: N}``: one node's."""
+    launchers: ClassVar[tuple[str, ...]] = ("local",)
+    launcher_reason = ("the FUSE passthrough is mounted on this host; docker and Slurm nodes "
+                       "would need it inside their containers, which faultlab does not do yet")
+    reversible = True
+    mounts_storage: ClassVar[bool] = True
+    """The engine serves the job's checkpoint directory through the passthrough for the whole
+    run when an experiment has a fault with this set."""
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._rule_id: str | None = None
+        self._mount_path: Any = None
+
+    @classmethod
+    def refuses(cls, topology: Any) -> str | None:
+        why = fuse_unavailable()
+        return None if why is None else f"cannot mount the storage passthrough: {why}"
+
+    def rule(self) -> dict[str, Any]:
+        """The passthrough rule this fault sets (``faultlab.storage.rules.Rule``'s fields)."""
+        raise NotImplementedError
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        mount = mount_for(ctx.run_dir)
+        self._rule_id = f"{self.type}-{next(_rule_ids)}"
+        rule = {**self.rule(), "id": self._rule_id,
+                "seed": ctx.rng(f"{self.type}/{victim}").randrange(2**31)}
+        mount.set_rule(rule)
+        self._mount_path = mount.path
+        return {"storage": str(mount.path), "rule": {k: v for k, v in rule.items()
+                                                     if k not in ("id", "seed")}}
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        if self._rule_id is None:
+            return {}
+        rule_id, self._rule_id = self._rule_id, None
+        try:
+            final = mount_for(self._mount_path).remove_rule(rule_id)
+        except FaultError as e:  # the mount is gone already: nothing is held any more
+            return {"note": str(e)}
+        counts = final.get("counts", {})
+        return {"ops_hit": counts, "num_ops_hit": sum(counts.values()),
+                "bytes_seen": final.get("bytes_seen", 0)}
+
+
+class IoErrorFault(_IoFault):
+    """Fail the matching file operations with an errno (EIO, ENOSPC ...) in the kernel."""
+
+    type = "io_error"
+
+    class Params(_Where):
+        errno: str = Field("EIO", description=f"the error returned: {', '.join(ERRNOS)}")
+        after_bytes: int = Field(0, ge=0, description="strike only after this many bytes were "
+                                                      "written to matching files")
+
+        @field_validator("errno", mode="before")
+        @classmethod
+        def _errno(cls, value: Any) -> Any:
+            if value not in ERRNOS:
+                raise ValueError(unknown("errno", value, ERRNOS, "valid errnos"))
+            return value
+
+    def rule(self) -> dict[str, Any]:
+        p: Any = self.params
+        return {"errno": p.errno, "ops": list(p.ops), "path": p.path, "percent": p.percent,
+                "after_bytes": p.after_bytes}
+
+
+class IoLatencyFault(_IoFault):
+    """Slow shared storage: a delay per matching operation and/or a cap on write bandwidth."""
+
+    type = "io_latency"
+
+    class Params(_Where):
+        delay_ms: float = Field(0.0, ge=0, description="added to each matching operation")
+        bandwidth_mb_s: float | None = Field(None, gt=0, description="cap on the matching "
+                                                                      "writes, MB/s (shared)")
+
+        def model_post_init(self, context: Any) -> None:
+            if not self.delay_ms and self.bandwidth_mb_s is None:
+                raise ValueError("io_latency needs delay_ms: <milliseconds> and/or "
+                                 "bandwidth_mb_s: <MB/s>")
+
+    def rule(self) -> dict[str, Any]:
+        p: Any = self.params
+        return {"delay_ms": p.delay_ms, "bandwidth_mb_s": p.bandwidth_mb_s, "ops": list(p.ops),
+                "path": p.path, "percent": p.percent}
+
+
+class IoHangFault(_IoFault):
+    """Block the matching operations until the fault is undone (a stuck NFS mount).
+
+    The process sits in the kernel, not in Python: no Python-level timeout sees it."""
+
+    type = "io_hang"
+
+    class Params(FaultParams):
+        ops: tuple[str, ...] = _Where.model_fields["ops"]
+        path: str = _Where.model_fields["path"]
+
+        _ops = field_validator("ops", mode="before")(classmethod(lambda cls, v: _check_ops(v)))
+        _path = field_validator("path", mode="before")(
+            classmethod(lambda cls, v: _check_path(v)))
+
+    def rule(self) -> dict[str, Any]:
+        p: Any = self.params
+        return {"hang": True, "ops": list(p.ops), "path": p.path}
+
+
+class DiskFullFault(_IoFault):
+    """Fail writes with ENOSPC beyond ``free_bytes`` of new data (a full volume or quota)."""
+
+    type = "disk_full"
+
+    class Params(FaultParams):
+        free_bytes: int = Field(0, ge=0, description="new data the volume still takes")
+
+    def rule(self) -> dict[str, Any]:
+        return {"free_bytes": self.params.free_bytes, "ops": []}  # type: ignore[attr-defined]

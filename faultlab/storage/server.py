@@ -1,0 +1,283 @@
+"""The FUSE passthrough: one process serving a directory at its own path, with fault rules.
+
+    python -m faultlab.storage.server --mount DIR --control SOCK [--parent PID]
+
+It opens ``DIR`` before mounting over it and serves every operation through that descriptor
+(``openat`` and friends with ``dir_fd``), so the directory under the mount *is* the backing
+directory: whatever the job writes lands in the real files at once, and after the unmount the
+same path holds them, with nothing to copy back. Every operation first meets the rules
+(``faultlab.storage.rules``), which the engine changes at run time over a Unix socket of JSON
+lines (``faultlab.storage.mount`` is the client): ``set`` a rule, ``remove`` one (releasing
+what it holds), ``counts``, ``stop``.
+
+Stopping releases every hung operation first, then unmounts (libfuse detaches the mount
+lazily as root, so a file the job still holds open does not keep it); a request still waiting
+then fails instead of hanging (the kernel aborts the connection when this process exits). When
+``--parent`` dies (faultlab SIGKILLed), the server stops itself the same way; the engine's
+guard process (``faultlab.reaper``) checks the mount is gone and removes it if not.
+
+Multi-threaded: libfuse runs each request in a worker thread (``max_threads``), so a hung
+``write`` of one file does not stop a ``read`` of another. Writes are not cached by the kernel
+(no ``writeback_cache``): each ``write(2)`` reaches us and its error reaches the writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from faultlab.storage.rules import Rule, RuleSet
+
+MAX_THREADS = 64
+"""libfuse's worker threads: enough that hung requests leave others served."""
+
+
+def _rel(path: str) -> str:
+    return path.lstrip("/") or "."
+
+
+class Passthrough:
+    """mfusepy operations over a directory descriptor, each through ``RuleSet.gate``."""
+
+    use_ns = True
+
+    def __init__(self, root_fd: int, rules: RuleSet) -> None:
+        self.root = root_fd
+        self.rules = rules
+
+    def _gate(self, op: str, path: str, nbytes: int = 0) -> None:
+        from mfusepy import FuseOSError
+
+        err = self.rules.gate(op, _rel(path), nbytes)
+        if err:
+            raise FuseOSError(err)
+
+    # -- metadata
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        st = os.fstat(fh) if fh is not None else os.lstat(_rel(path), dir_fd=self.root)
+        return {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_uid", "st_gid",
+                                            "st_size", "st_ino", "st_blocks",
+                                            "st_atime_ns", "st_mtime_ns", "st_ctime_ns")} | {
+            "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns}
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.root)
+        try:
+            return [".", "..", *os.listdir(fd)]
+        finally:
+            os.close(fd)
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(_rel(path), dir_fd=self.root)
+
+    def statfs(self, path: str) -> dict[str, int]:
+        st = os.fstatvfs(self.root)
+        return {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree",
+                                            "f_bavail", "f_files", "f_ffree", "f_favail",
+                                            "f_flag", "f_namemax")}
+
+    def chmod(self, path: str, mode: int) -> int:
+        os.chmod(_rel(path), mode, dir_fd=self.root, follow_symlinks=False)
+        return 0
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        os.chown(_rel(path), uid, gid, dir_fd=self.root, follow_symlinks=False)
+        return 0
+
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        os.utime(_rel(path), ns=times, dir_fd=self.root, follow_symlinks=False)
+        return 0
+
+    def access(self, path: str, amode: int) -> int:
+        if not os.access(_rel(path), amode, dir_fd=self.root):
+            from mfusepy import FuseOSError
+            raise FuseOSError(errno.EACCES)
+        return 0
+
+    # -- namespace
+    def mkdir(self, path: str, mode: int) -> int:
+        self._gate("mkdir", path)
+        os.mkdir(_rel(path), mode, dir_fd=self.root)
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        self._gate("unlink", path)
+        os.rmdir(_rel(path), dir_fd=self.root)
+        return 0
+
+    def unlink(self, path: str) -> int:
+        self._gate("unlink", path)
+        os.unlink(_rel(path), dir_fd=self.root)
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._gate("rename", old)
+        os.rename(_rel(old), _rel(new), src_dir_fd=self.root, dst_dir_fd=self.root)
+        return 0
+
+    def symlink(self, target: str, source: str) -> int:
+        os.symlink(source, _rel(target), dir_fd=self.root)
+        return 0
+
+    def link(self, target: str, source: str) -> int:
+        os.link(_rel(source), _rel(target), src_dir_fd=self.root, dst_dir_fd=self.root)
+        return 0
+
+    # -- files
+    def open(self, path: str, flags: int) -> int:
+        self._gate("open", path)
+        return os.open(_rel(path), flags, dir_fd=self.root)
+
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        self._gate("create", path)
+        return os.open(_rel(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode,
+                       dir_fd=self.root)
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        self._gate("read", path, size)
+        return os.pread(fh, size, offset)
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        self._gate("write", path, len(data))
+        return os.pwrite(fh, data, offset)
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        if fh is not None:
+            os.ftruncate(fh, length)
+        else:
+            fd = os.open(_rel(path), os.O_WRONLY, dir_fd=self.root)
+            try:
+                os.ftruncate(fd, length)
+            finally:
+                os.close(fd)
+        return 0
+
+    def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
+        self._gate("write", path, size)
+        os.posix_fallocate(fh, offset, size)
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        return 0
+
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        self._gate("fsync", path)
+        (os.fdatasync if datasync else os.fsync)(fh)
+        return 0
+
+    def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
+        self._gate("fsync", path)
+        return 0
+
+    def release(self, path: str, fh: int) -> int:
+        os.close(fh)
+        return 0
+
+
+class Control:
+    """The engine's channel: JSON lines over a Unix socket, one request, one reply."""
+
+    def __init__(self, sock_path: Path, rules: RuleSet, on_stop: Any) -> None:
+        self.rules = rules
+        self.on_stop = on_stop
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock_path.unlink(missing_ok=True)
+        self.server.bind(str(sock_path))
+        self.server.listen(8)
+        threading.Thread(target=self._accept, daemon=True, name="control").start()
+
+    def _accept(self) -> None:
+        while True:
+            conn, _ = self.server.accept()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rwb") as f:
+            for line in f:
+                try:
+                    reply = self.handle(json.loads(line))
+                except Exception as e:  # noqa: BLE001 - a bad request must not kill the server
+                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                f.write(json.dumps(reply).encode() + b"\n")
+                f.flush()
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        cmd = req.get("cmd")
+        if cmd == "set":
+            self.rules.set(Rule.from_dict(req["rule"]))
+            return {"ok": True}
+        if cmd == "remove":
+            return {"ok": True, "rule": self.rules.remove(req["id"])}
+        if cmd == "counts":
+            return {"ok": True, "rules": self.rules.counts()}
+        if cmd == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        if cmd == "stop":
+            rules = self.rules.clear()
+            self.on_stop()
+            return {"ok": True, "rules": rules}
+        raise ValueError(f"unknown command {cmd!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="faultlab.storage.server")
+    parser.add_argument("--mount", type=Path, required=True)
+    parser.add_argument("--control", type=Path, required=True)
+    parser.add_argument("--parent", type=int, default=None)
+    args = parser.parse_args(argv)
+    from mfusepy import FUSE
+
+    mount = args.mount.resolve()
+    root_fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY)  # before the mount hides it
+    rules = RuleSet()
+    stopping = threading.Event()
+
+    def stop() -> None:
+        stopping.set()
+        rules.clear()  # release every hung operation before the unmount
+        # libfuse's own SIGTERM handler ends its loop and unmounts (lazily, as root)
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    Control(args.control, rules, stop)
+    if args.parent:
+        def watch() -> None:
+            while _alive(args.parent):
+                time.sleep(0.5)
+            print(f"faultlab storage: faultlab (pid {args.parent}) is gone; unmounting "
+                  f"{mount}", file=sys.stderr)
+            stop()
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    try:
+        FUSE(Passthrough(root_fd, rules), str(mount), foreground=True, nothreads=False,
+             fsname="faultlab", subtype="faultlab", default_permissions=True,
+             max_threads=MAX_THREADS)
+    except RuntimeError:  # libfuse reports the loop ended by our own SIGTERM as 8
+        if not stopping.is_set():
+            raise
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie parent (killed, not yet reaped) is gone too
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

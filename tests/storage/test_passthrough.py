@@ -1,0 +1,115 @@
+"""The FUSE passthrough for real: a mount over a directory, rules set from this process, the
+errors seen by ``os.write`` and by ``torch.save``'s C++ writer, and the undo (hung operations
+released, mount gone, every byte in the directory). Needs /dev/fuse and root (``make test``
+installs fuse3)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faultlab.storage import StorageMount, fuse_unavailable, is_mounted
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[StorageMount]:
+    why = fuse_unavailable()
+    if why:
+        pytest.fail(f"the storage passthrough cannot mount here: {why}")
+    m = StorageMount.start(tmp_path / "ckpt", tmp_path / "state")
+    yield m
+    m.stop()
+    assert not is_mounted(m.path)
+
+
+def test_errors_reach_os_write_and_torch_save(mount: StorageMount) -> None:
+    import torch
+
+    d = mount.path
+    mount.set_rule({"id": "io", "errno": "EIO", "ops": ["write"], "path": "*.pt"})
+    with pytest.raises(OSError) as e:
+        (d / "a.pt").write_bytes(b"x" * 100)
+    assert e.value.errno == errno.EIO
+    with pytest.raises(RuntimeError, match="(?i)error|fail"):  # the C++ writer, not Python's
+        torch.save({"w": torch.zeros(1000)}, d / "b.pt")
+    (d / "ok.txt").write_text("untouched")  # another path goes through
+    counts = mount.remove_rule("io")["counts"]
+    assert counts["write"] >= 2
+    torch.save({"w": torch.ones(3)}, d / "b.pt")
+    assert torch.load(d / "b.pt")["w"].sum() == 3
+
+
+def test_disk_full_then_stop_keeps_every_byte_in_the_directory(mount: StorageMount) -> None:
+    d = mount.path
+    mount.set_rule({"id": "full", "free_bytes": 8192, "ops": []})
+    fd = os.open(d / "f.bin", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"a" * 8192)
+    with pytest.raises(OSError) as e:
+        os.write(fd, b"b" * 4096)
+    os.close(fd)
+    assert e.value.errno == errno.ENOSPC
+    (d / "sub").mkdir()
+    mount.stop()
+    assert not is_mounted(d)
+    assert (d / "f.bin").read_bytes() == b"a" * 8192 and (d / "sub").is_dir()
+
+
+def test_a_hung_fsync_is_released_by_stop(mount: StorageMount) -> None:
+    d = mount.path
+    mount.set_rule({"id": "hang", "hang": True, "ops": ["fsync"]})
+    done: list[str] = []
+
+    def save() -> None:
+        fd = os.open(d / "h.bin", os.O_WRONLY | os.O_CREAT)
+        os.write(fd, b"h" * 1000)
+        try:
+            os.fsync(fd)
+            done.append("released")
+        except OSError as e:  # the connection was aborted: also released
+            done.append(errno.errorcode[e.errno])
+        os.close(fd)
+
+    t = threading.Thread(target=save)
+    t.start()
+    t.join(1.0)
+    assert t.is_alive(), "the fsync should hang while the rule is set"
+    assert mount.counts() == [{"id": "hang", "counts": {"fsync": 1}, "bytes_seen": 0}]
+    mount.stop()
+    t.join(10)
+    assert not t.is_alive() and done
+    assert not is_mounted(d) and (d / "h.bin").read_bytes() == b"h" * 1000
+
+
+def test_a_killed_server_leaves_no_dead_mount_behind(mount: StorageMount) -> None:
+    """The server SIGKILLed with an operation hung (Chaos Mesh issue 3424: the mount is left as
+    "Transport endpoint is not connected"): stop() aborts the connection, which fails the hung
+    operation, and detaches the mount; the directory is readable again with its files."""
+    d = mount.path
+    (d / "before.txt").write_text("kept")
+    mount.set_rule({"id": "hang", "hang": True, "ops": ["read"]})
+    failed: list[int] = []
+
+    def read() -> None:
+        try:
+            (d / "before.txt").read_text()
+        except OSError as e:
+            failed.append(e.errno or 0)
+
+    t = threading.Thread(target=read)
+    t.start()
+    t.join(1.0)
+    assert t.is_alive()
+    os.kill(mount.proc.pid, 9)
+    mount.proc.wait(5)
+    with pytest.raises(OSError) as e:
+        os.listdir(d)
+    assert e.value.errno == errno.ENOTCONN  # what a crashed server leaves
+    mount.stop()
+    t.join(10)
+    assert not t.is_alive() and failed == [errno.ENOTCONN]
+    assert not is_mounted(d) and (d / "before.txt").read_text() == "kept"
