@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from faultlab.judge.slas import SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState, first_difference
+from faultlab.observe.save_failures import sign_note, struck
 from faultlab.spec import Experiment, arrival_times_s
 
 __all__ = ["Golden", "SLAResult", "judge"]
@@ -82,8 +83,17 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
                 note += " without reaching a single step (see the nodes' logs)"
         if name == "bitwise_equal_to_golden":
             note = _bitwise_note(measured, golden, final_state) or note
-        if name == "corrupt_checkpoint_never_loaded" and measured is False:
-            note = _loaded_damage(faults, events) or note
+        if name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded") and \
+                measured is False:
+            note = _loaded_damage(faults, events) or _loaded_failed_save(events) or note
+        if name == "save_failure_detected" and measured is False:
+            note = "; ".join(sign_note(events, f) for f in faults if struck(f)
+                             and metrics.save_failure_detected is False) or note
+        if name in ("save_failure_detected", "training_continued_through_save_failure",
+                    "save_hang_detected_within_s", "failed_save_never_loaded") and \
+                measured is None and not note:
+            note = ("not measured: no io_error, disk_full or io_hang fault hit an operation, "
+                    "and the job reported no failed save")
         if name == "detection_latency_s" and measured is None and fired and \
                 not any(f.went_down or f.detection_latency_s is not None
                         for f in metrics.faults):
@@ -151,6 +161,23 @@ def _bitwise_note(measured: Any, golden: Golden | None, final: FinalState | None
     if measured is False and ours and theirs:
         differs = first_difference(ours, theirs)
         return f"first differing tensor: {differs}" if differs else ""
+    return ""
+
+
+def _loaded_failed_save(events: Sequence[Mapping[str, Any]]) -> str:
+    """Which failed save the job loaded, and when it had reported the failure."""
+    failed = [e for e in events if e.get("kind") == "anomaly"
+              and e.get("what") in ("checkpoint_save_failed", "checkpoint_save_hung")
+              and isinstance(e.get("path"), str)]
+    for e in events:
+        if e.get("kind") != "checkpoint_loaded" or not isinstance(e.get("path"), str):
+            continue
+        for f in failed:
+            p, q = e["path"].rstrip("/"), f["path"].rstrip("/")
+            if (p == q or p.startswith(q + "/") or q.startswith(p + "/")) and \
+                    float(e.get("t") or 0) > float(f.get("t") or 0):
+                return (f"rank {e.get('rank')} loaded {e['path']} (step {e.get('step')}) after "
+                        f"its save was reported {f.get('what')} at step {f.get('step')}")
     return ""
 
 
