@@ -30,7 +30,9 @@ SHIPPED := experiments/rank_kill.yaml \
 	experiments/collective_delay_straggler.yaml experiments/collective_hang.yaml \
 	experiments/collective_partition.yaml \
 	experiments/docker_node_loss.yaml experiments/network_partition.yaml \
-	experiments/network_throttle.yaml
+	experiments/network_throttle.yaml \
+	experiments/disk_full_during_save.yaml experiments/io_error_eio_on_save.yaml \
+	experiments/io_hang_on_save.yaml experiments/slow_storage.yaml
 
 # The HTML report is tested in headless Chromium: install Debian's package when it is missing.
 chromium:
