@@ -10,8 +10,14 @@ journal records the operations each fault hit and their counts (``details.undo.o
 
 ``path`` is a glob relative to the job's checkpoint directory, ``*`` crossing ``/``
 (``*.distcp``: every DCP shard; ``step_*/.metadata*``: DCP's commit). ``target: all`` is the
-directory as every node sees it, ``{node: N}`` one node's view (the same mount on local nodes).
-Local nodes only for now: a docker or Slurm node would need the mount inside its container.
+directory as every node sees it; ``{node: N}`` is one node's view: only the operations of that
+node's processes (its agent and every process under it, found by the caller's pid that FUSE
+passes) are hit, the other nodes' go through.
+
+Local and docker nodes: the mount exists before the containers are created, and Docker's bind
+of the run directory is recursive, so each container sees it at the same path. Slurm is
+refused at load time: its nodes reach the shared directory through mounts of their own, which
+a mount on faultlab's host does not reach.
 """
 
 from __future__ import annotations
@@ -76,9 +82,10 @@ class _IoFault(Fault):
     family = "storage"
     targets: ClassVar[tuple[str, ...]] = ("all", "node")
     """``all``: the checkpoint directory as every node sees it; ``{node: N}``: one node's."""
-    launchers: ClassVar[tuple[str, ...]] = ("local",)
-    launcher_reason = ("the FUSE passthrough is mounted on this host; docker and Slurm nodes "
-                       "would need it inside their containers, which faultlab does not do yet")
+    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
+    launcher_reason = ("the FUSE passthrough is mounted on faultlab's host, and a Slurm job's "
+                       "nodes see the shared directory through mounts of their own, which it "
+                       "does not reach; run storage faults on local or docker nodes")
     reversible = True
     mounts_storage: ClassVar[bool] = True
     """The engine serves the job's checkpoint directory through the passthrough for the whole
@@ -103,10 +110,17 @@ class _IoFault(Fault):
         self._rule_id = f"{self.type}-{next(_rule_ids)}"
         rule = {**self.rule(), "id": self._rule_id,
                 "seed": ctx.rng(f"{self.type}/{victim}").randrange(2**31)}
+        where: dict[str, Any] = {}
+        if victim.kind == "node":  # that node's view: its processes only
+            node = ctx.node_names()[victim.value or 0]
+            rule["pids"] = ctx.node_pids(node)
+            if not rule["pids"]:
+                raise FaultError(f"node {node} has no running process to hit")
+            where = {"node": node, "pids": rule["pids"]}
         mount.set_rule(rule)
         self._mount_path = mount.path
-        return {"storage": str(mount.path), "rule": {k: v for k, v in rule.items()
-                                                     if k not in ("id", "seed")}}
+        return {"storage": str(mount.path), **where,
+                "rule": {k: v for k, v in rule.items() if k not in ("id", "seed", "pids")}}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
         if self._rule_id is None:

@@ -120,7 +120,8 @@ def mount_for(path: Path) -> StorageMount:
         if path == root or root in path.parents or path in root.parents:
             return m
     raise FaultError(f"no faultlab storage mount serves {path}: storage faults need the "
-                     f"passthrough the engine mounts at the start of the run")
+                     f"passthrough that `faultlab run` (and the pytest plugin) mounts at the "
+                     f"start of the run; the Chaos Toolkit control does not mount it yet")
 
 
 class StorageMount:

@@ -2,11 +2,13 @@
 
 A rule names the operations it hits (``ops``), the files (``path``, a glob relative to the
 served directory, ``*`` crossing ``/``), how often (``percent``, drawn from a seeded generator)
-and from when (``after_bytes``: only after that many bytes were written to matching files
-since the rule was set). What it does to a hit operation, in this order: wait until the rule
-is removed (``hang``), sleep (``delay_ms``; for writes also ``bandwidth_mb_s``, a shared pace),
-fail with ``errno``, or, for ``free_bytes``, fail writes with ENOSPC once that much new data
-was written. Every hit is counted per operation: the journal's record of what the fault did.
+and from when (``after_bytes``: only after that many bytes were written to matching files since
+the rule was set); ``pids``, when given, limits it to the processes under those (one node's
+agent: that node's view of the storage). What it does to a hit operation, in this order: wait
+until the rule is removed (``hang``), sleep (``delay_ms``; for writes also ``bandwidth_mb_s``,
+a shared pace), fail with ``errno``, or, for ``free_bytes``, fail writes with ENOSPC once that
+much new data was written. Every hit is counted per operation: the journal's record of what the
+fault did.
 
 This module is pure Python (no FUSE): the server (``faultlab.storage.server``) calls
 ``RuleSet.gate`` at the top of each operation, in the FUSE worker thread serving it, so a hung
@@ -47,6 +49,8 @@ class Rule:
     bandwidth_mb_s: float | None = None
     hang: bool = False
     free_bytes: int | None = None
+    pids: tuple[int, ...] = ()
+    """Only operations of these processes and their descendants (empty: every process)."""
     seed: int = 0
     # state
     counts: dict[str, int] = field(default_factory=dict)
@@ -69,11 +73,11 @@ class Rule:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rule:
         keys = ("id", "ops", "path", "percent", "after_bytes", "errno", "delay_ms",
-                "bandwidth_mb_s", "hang", "free_bytes", "seed")
+                "bandwidth_mb_s", "hang", "free_bytes", "pids", "seed")
         unknown = set(d) - set(keys)
         if unknown:
             raise ValueError(f"unknown rule field(s) {sorted(unknown)}")
-        d = {**d, "ops": tuple(d.get("ops", ("write",)))}
+        d = {**d, "ops": tuple(d.get("ops", ("write",))), "pids": tuple(d.get("pids", ()))}
         return cls(**d)
 
     def summary(self) -> dict[str, Any]:
@@ -113,10 +117,14 @@ class RuleSet:
         with self._lock:
             return [r.summary() for r in self._rules.values()]
 
-    def gate(self, op: str, rel: str, nbytes: int = 0) -> int:
-        """Apply the rules to one operation on ``rel`` (relative to the served directory);
-        returns an errno to fail it with, 0 to let it through. Blocks while a ``hang`` rule
-        holds it, sleeps for a latency rule."""
+    def needs_caller(self) -> bool:
+        """Does a rule in force depend on which process called (``pids``)?"""
+        return any(r.pids for r in list(self._rules.values()))
+
+    def gate(self, op: str, rel: str, nbytes: int = 0, caller: int | None = None) -> int:
+        """Apply the rules to one operation on ``rel`` (relative to the served directory) by
+        the process ``caller``; returns an errno to fail it with, 0 to let it through. Blocks
+        while a ``hang`` rule holds it, sleeps for a latency rule."""
         rules = list(self._rules.values())  # a snapshot: set/remove may race, never block us
         if not rules:
             return 0
@@ -124,6 +132,8 @@ class RuleSet:
             if op not in rule.ops and not (rule.free_bytes is not None and op == "write"):
                 continue
             if not fnmatch.fnmatchcase(rel, rule.path):
+                continue
+            if rule.pids and (caller is None or not _under(caller, rule.pids)):
                 continue
             fail = self._apply(rule, op, nbytes)
             if fail:
@@ -158,3 +168,18 @@ class RuleSet:
         if pause_s > 0:
             rule.released.wait(pause_s)  # removing the rule cuts a long delay short
         return getattr(errno_mod, rule.errno) if rule.errno else 0
+
+
+def _under(pid: int, roots: tuple[int, ...]) -> bool:
+    """Is ``pid`` one of ``roots`` or a descendant of one (its parents in ``/proc``)?"""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid in roots:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        seen += 1
+    return False

@@ -52,16 +52,21 @@ def test_bad_input_is_one_located_line(line: str, path: str, message: str) -> No
     assert one_problem(doc(fault(line))) == (5, path, message)
 
 
-def test_a_storage_fault_must_be_undone_and_runs_on_local_nodes_only() -> None:
+def test_a_storage_fault_must_be_undone_and_is_refused_on_slurm() -> None:
     hang = "- {type: io_hang, target: all, trigger: {at_step: 5}}"
     assert one_problem(doc(hang))[1:] == (
         "faults[0]", "io_hang must be undone: add duration_s: <seconds>, until: reaction, or "
                      "both (whichever comes first)")
+    assert parse_experiment(doc(fault("type: disk_full"), topology=(
+        "topology: {nodes: 2, procs_per_node: 1, launcher: docker}"))).faults
     line, path, message = one_problem(doc(fault("type: disk_full"), topology=(
-        "topology: {nodes: 2, procs_per_node: 1, launcher: docker}")))
-    assert path == "faults[0].type" and message.startswith(
-        "disk_full needs topology.launcher: local (this experiment's nodes are 'docker'): the "
-        "FUSE passthrough is mounted on this host")
+        "topology: {nodes: 2, procs_per_node: 1, launcher: slurm, slurm: {time_limit: "
+        "'10:00'}}")))
+    assert (path, message) == ("faults[0].type", (
+        "disk_full needs topology.launcher: local or docker (this experiment's nodes are "
+        "'slurm'): the FUSE passthrough is mounted on faultlab's host, and a Slurm job's nodes "
+        "see the shared directory through mounts of their own, which it does not reach; run "
+        "storage faults on local or docker nodes"))
 
 
 def test_no_fuse_is_one_located_line_that_says_how_to_get_it(

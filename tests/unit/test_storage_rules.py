@@ -83,3 +83,21 @@ def test_removing_a_latency_rule_cuts_its_delay_short() -> None:
 def test_bad_rules_are_refused(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Rule(id="x", **{field: value})  # type: ignore[arg-type]
+
+
+def test_a_node_view_hits_only_the_processes_under_that_node() -> None:
+    import os
+    import subprocess
+    import sys
+
+    rules = RuleSet()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        rules.set(Rule(id="n", errno="EIO", pids=(os.getpid(),)))  # "node": this process tree
+        assert rules.needs_caller()
+        assert rules.gate("write", "f", 1, caller=child.pid) == errno.EIO  # a descendant
+        assert rules.gate("write", "f", 1, caller=os.getppid()) == 0  # not under it
+        assert rules.gate("write", "f", 1, caller=None) == 0
+    finally:
+        child.kill()
+        child.wait()
