@@ -81,6 +81,8 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             measured, note = False, f"timed out after {exp.run.timeout_s:g} s"
             if not metrics.max_step:
                 note += " without reaching a single step (see the nodes' logs)"
+        elif name == "completes" and measured is False:
+            note = _last_failure(events) or note
         if name == "bitwise_equal_to_golden":
             note = _bitwise_note(measured, golden, final_state) or note
         if name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded") and \
@@ -89,6 +91,10 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
         if name == "save_failure_detected" and measured is False:
             note = "; ".join(sign_note(events, f) for f in faults if struck(f)
                              and metrics.save_failure_detected is False) or note
+        if name == "training_continued_through_save_failure" and measured is False:
+            restarted = metrics.restarts > 0
+            note = ("the processes that failed the save did not train on: the job "
+                    + ("was restarted" if restarted else "stopped") + " after it")
         if name in ("save_failure_detected", "training_continued_through_save_failure",
                     "save_hang_detected_within_s", "failed_save_never_loaded") and \
                 measured is None and not note:
@@ -162,6 +168,19 @@ def _bitwise_note(measured: Any, golden: Golden | None, final: FinalState | None
         differs = first_difference(ours, theirs)
         return f"first differing tensor: {differs}" if differs else ""
     return ""
+
+
+def _last_failure(events: Sequence[Mapping[str, Any]]) -> str:
+    """How the last rank that failed ended: its exit reason and error."""
+    failed = [e for e in events if e.get("kind") == "exit"
+              and e.get("reason") not in ("completed", "stopped")]
+    if not failed:
+        return ""
+    last = max(failed, key=lambda e: float(e.get("t") or 0))
+    error = str(last.get("error") or "").splitlines()[0][:160] if last.get("error") else ""
+    return (f"the last failure: rank {last.get('rank')} exited {last.get('reason')}"
+            + (f" ({error})" if error else "")
+            + f" after {len(failed)} failed exit(s) in all")
 
 
 def _loaded_failed_save(events: Sequence[Mapping[str, Any]]) -> str:

@@ -23,10 +23,12 @@ save_hang_detected_s (per io_hang fault), save_hang_detected_within_s (run level
     (max) over the io_hang faults that struck; None if there is none or one was never noticed.
 training_continued_through_save_failure
     None if no save-failing fault struck and the trainer reported no failed save. Otherwise
-    True iff, after each struck fault (and after each ``checkpoint_save_failed`` anomaly), a
+    True iff, after the first save-failure sign following each struck fault (the strike
+    itself if the job never noticed) and after each ``checkpoint_save_failed`` anomaly, a
     process that was already training at that moment (its pid had a record before it)
     reported a step higher than any step before it: the same processes trained on, with no
-    restart. A job that noticed, crashed and resumed did recover, but did not continue.
+    restart. A job that noticed, crashed and resumed did recover, but did not continue; the
+    steps it took between the strike and the save that failed do not count.
 failed_save_never_loaded
     Extends ``corrupt_checkpoint_never_loaded`` to checkpoints whose save failed or was cut
     short. None if no save failed (no save-failing fault struck, no failure reported) and no
@@ -137,7 +139,9 @@ def save_failure_metrics(records: Sequence[Record], faults: Sequence[FaultRecord
         hangs = [out.per_fault_detected_s[f.id] for f in hits if f.type == "io_hang"]
         if hangs and None not in hangs:
             out.save_hang_detected_within_s = max(h for h in hangs if h is not None)
-    moments = [f.injected_t for f in hits] + [
+    # From the moment the job noticed (or, if it never did, the strike): steps between the
+    # strike and the failing save do not show that training survived it.
+    moments = [_first_sign_t(records, f.injected_t) or f.injected_t for f in hits] + [
         float(r["t"]) for r in reported if r.get("what") == "checkpoint_save_failed"]
     if moments:
         out.training_continued_through_save_failure = all(

@@ -54,7 +54,8 @@ def test_the_reference_trainer_reports_quarantines_and_trains_on() -> None:
 
 
 def test_a_plain_dcp_trainer_notices_by_crashing_and_resumes_from_an_older_save() -> None:
-    events = [*started(), *steps(1, 12, T - 2),
+    events = [*started(), *steps(1, 10, T - 2),
+              *steps(11, 12, T + 0.1),  # trained on until the save at step 12 failed
               ev(T + 0.3, "exit", reason="error", code=1, error="CheckpointException"),
               ev(T + 4, "checkpoint_loaded", 20, step=10, path=f"{CKPT}/step_10"),
               ev(T + 4.1, "start", 20, resumed_from_step=10), *steps(11, 40, T + 5, pid=20)]
