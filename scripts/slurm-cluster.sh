@@ -31,6 +31,19 @@ die() { echo "slurm cluster: $*" >&2; exit 1; }
 log() { echo "slurm cluster: $*"; }
 # the checkout a node mounts (its venv runs the jobs): a node of another checkout is replaced
 node_checkout() { docker inspect -f '{{index .Config.Labels "faultlab.checkout"}}' "$1" 2>/dev/null; }
+# How a node container sees the shared directory: rslave, so that a mount made under it on the
+# host later (the storage faults' FUSE passthrough over a job's checkpoints) reaches the node.
+shared_propagation() {
+  docker inspect -f "{{range .Mounts}}{{if eq .Destination \"$LAB/shared\"}}{{.Propagation}}{{end}}{{end}}" \
+    "$1" 2>/dev/null
+}
+# The shared directory is a mount point of its own with shared propagation (the host's / is
+# private here): what is mounted under it on the host then propagates into rslave binds.
+ensure_shared_mount() {
+  mountpoint -q "$LAB/shared" || mount --bind "$LAB/shared" "$LAB/shared" ||
+    die "cannot bind-mount $LAB/shared onto itself"
+  mount --make-shared "$LAB/shared" || die "cannot make $LAB/shared a shared mount"
+}
 controller_answers() { timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'; }
 idle_nodes() { timeout 5 sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -102,6 +115,7 @@ write_config() {  # NODES
   mkdir -p "$LAB"/{etc/slurm,etc/munge,run/munge,state,log,bin,shared}
   chmod 0755 "$LAB" "$LAB/etc" "$LAB/run"
   chmod 1777 "$LAB/shared"
+  ensure_shared_mount
   if [ ! -s "$LAB/etc/munge/munge.key" ]; then  # a key of this cluster's own
     head -c 1024 /dev/urandom >"$LAB/etc/munge/munge.key"
   fi
@@ -182,14 +196,15 @@ start_nodes() {  # NODES CONFIG_CHANGED
   for i in $(seq 1 "$n"); do
     name=node$i
     if [ "$2" = 0 ] && [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ] &&
-        [ "$(node_checkout "$name")" = "$HERE" ]; then
+        [ "$(node_checkout "$name")" = "$HERE" ] && [ "$(shared_propagation "$name")" = rslave ]
+    then
       continue
     fi
     docker rm -f "$name" >/dev/null 2>&1
     mkdir -p "$LAB/log/$name"
     local mounts=(-v /usr:/usr:ro -v /etc:/etc:ro -v "$LAB/etc:$LAB/etc:ro"
                   -v "$LAB/etc/slurm:/etc/slurm:ro" -v "$LAB/bin:$LAB/bin:ro"
-                  -v "$LAB/log/$name:/var/log/slurm" -v "$LAB/shared:$LAB/shared"
+                  -v "$LAB/log/$name:/var/log/slurm" -v "$LAB/shared:$LAB/shared:rslave"
                   -v "$HERE:$HERE:ro" --tmpfs "$LAB/run/munge")
     [ -n "$python_root" ] && [ -d "$python_root" ] && [ "${python_root#/usr/}" = "$python_root" ] &&
       mounts+=(-v "$python_root:$python_root:ro")
@@ -204,7 +219,8 @@ cmd_up() {
   local n=${1:-3} t0=$SECONDS changed=0
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "up NODES: 1 to 99 nodes, got '$n'"
   if [ -f "$CONF" ] && [ "$(render_config "$n")" = "$(cat "$CONF")" ] &&
-      [ "$(node_checkout node1)" = "$HERE" ] && controller_answers &&
+      [ "$(node_checkout node1)" = "$HERE" ] && [ "$(shared_propagation node1)" = rslave ] &&
+      mountpoint -q "$LAB/shared" && controller_answers &&
       [ "$(idle_nodes)" = "$n" ]; then
     log "up: $n nodes idle (already)"; return 0
   fi
@@ -246,6 +262,7 @@ cmd_down() {
     pid_alive "$LAB/run/slurmctld.bgpid" || pid_alive "$LAB/run/munged.pid" || break
     sleep 0.1
   done
+  mountpoint -q "$LAB/shared" && umount -l "$LAB/shared"
   rm -rf "$LAB/state" "$LAB/run" "$LAB/log" "$LAB/shared"
   log "down"
 }

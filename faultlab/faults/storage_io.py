@@ -15,9 +15,12 @@ node's processes (its agent and every process under it, found by the caller's pi
 passes) are hit, the other nodes' go through.
 
 Local and docker nodes: the mount exists before the containers are created, and Docker's bind
-of the run directory is recursive, so each container sees it at the same path. Slurm is
-refused at load time: its nodes reach the shared directory through mounts of their own, which
-a mount on faultlab's host does not reach.
+of the run directory is recursive, so each container sees it at the same path. Slurm: the job's
+directory is on the shared directory, and the mount reaches the nodes only if that directory is
+a shared mount on this host and the nodes bind it ``rslave``, as the local test cluster does
+(``scripts/slurm-cluster.sh``); otherwise the experiment is refused at load time. A real
+cluster's nodes mount the shared filesystem themselves, which no mount on faultlab's host
+reaches. ``{node: N}`` is refused there at injection (the nodes' pids are not the host's).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pydantic import Field, field_validator
 from faultlab.errors import FaultError
 from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
 from faultlab.spec._base import show, unknown
-from faultlab.storage.mount import fuse_unavailable, mount_for
+from faultlab.storage.mount import fuse_unavailable, mount_for, propagates
 from faultlab.storage.rules import ERRNOS, OPS
 
 __all__ = ["DiskFullFault", "IoErrorFault", "IoHangFault", "IoLatencyFault"]
@@ -82,10 +85,7 @@ class _IoFault(Fault):
     family = "storage"
     targets: ClassVar[tuple[str, ...]] = ("all", "node")
     """``all``: the checkpoint directory as every node sees it; ``{node: N}``: one node's."""
-    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
-    launcher_reason = ("the FUSE passthrough is mounted on faultlab's host, and a Slurm job's "
-                       "nodes see the shared directory through mounts of their own, which it "
-                       "does not reach; run storage faults on local or docker nodes")
+    launchers: ClassVar[tuple[str, ...]] = ("local", "docker", "slurm")
     reversible = True
     mounts_storage: ClassVar[bool] = True
     """The engine serves the job's checkpoint directory through the passthrough for the whole
@@ -99,7 +99,20 @@ class _IoFault(Fault):
     @classmethod
     def refuses(cls, topology: Any) -> str | None:
         why = fuse_unavailable()
-        return None if why is None else f"cannot mount the storage passthrough: {why}"
+        if why is not None:
+            return f"cannot mount the storage passthrough: {why}"
+        if topology.launcher == "slurm":
+            try:
+                shared = topology.slurm.runs_root()
+            except (AttributeError, ValueError):
+                return None  # where the runs go is checked when the run starts
+            if not propagates(shared):
+                return (f"the job's directory {str(shared)!r} is not on a shared mount of this "
+                        f"host, so the passthrough mounted there would not reach the Slurm "
+                        f"nodes; the local test cluster makes its shared directory one "
+                        f"(scripts/slurm-cluster.sh up), a real cluster's nodes mount theirs "
+                        f"themselves: run storage faults on local or docker nodes there")
+        return None
 
     def rule(self) -> dict[str, Any]:
         """The passthrough rule this fault sets (``faultlab.storage.rules.Rule``'s fields)."""
@@ -112,6 +125,11 @@ class _IoFault(Fault):
                 "seed": ctx.rng(f"{self.type}/{victim}").randrange(2**31)}
         where: dict[str, Any] = {}
         if victim.kind == "node":  # that node's view: its processes only
+            from faultlab.targets.slurm import SlurmTarget
+
+            if isinstance(ctx, SlurmTarget):
+                raise FaultError("{node: N} is not supported on Slurm nodes (their pids are "
+                                 "not this host's): use target: all")
             node = ctx.node_names()[victim.value or 0]
             rule["pids"] = ctx.node_pids(node)
             if not rule["pids"]:

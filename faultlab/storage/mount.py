@@ -26,7 +26,8 @@ from typing import Any
 
 from faultlab.errors import FaultError, FaultlabError
 
-__all__ = ["StorageMount", "force_unmount", "fuse_unavailable", "is_mounted", "mount_for"]
+__all__ = ["StorageMount", "force_unmount", "fuse_unavailable", "is_mounted", "mount_for",
+           "propagates"]
 
 _MOUNTS: dict[Path, StorageMount] = {}
 START_TIMEOUT_S = 15.0
@@ -51,6 +52,24 @@ def is_mounted(path: Path) -> bool:
         if _unescape(fields[4]) == want and fields[sep + 1].startswith("fuse"):
             return True
     return False
+
+
+def propagates(path: Path, mountinfo: str | None = None) -> bool:
+    """Does a mount made at ``path`` propagate to other mount namespaces? True when the mount
+    holding ``path`` has shared propagation (``shared:N`` in ``/proc/self/mountinfo``, or the
+    ``mountinfo`` text given): then containers that bind it ``rslave`` (the local Slurm
+    cluster's nodes) see the new mount."""
+    path = Path(os.path.abspath(path))
+    best, shared = -1, False
+    if mountinfo is None:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        point = Path(_unescape(fields[4]))
+        if (point == path or point in path.parents) and len(point.parts) > best:
+            best = len(point.parts)
+            shared = any(f.startswith("shared:") for f in fields[6:fields.index("-")])
+    return shared
 
 
 def _conn_id(path: Path) -> str | None:

@@ -242,3 +242,38 @@ def test_killing_faultlab_midway_leaves_no_job_no_down_node_and_no_process(
     proc.wait(timeout=30)
     _wait_ended(guard["job_id"])
     _assert_nothing_left([guard["job_id"]])
+
+
+def test_disk_full_reaches_the_ranks_on_the_nodes_through_the_shared_directory(
+        cluster: Path, tmp_path: Path) -> None:
+    """The storage faults' passthrough is mounted on the host under the shared directory; the
+    cluster binds that directory ``rslave`` into the nodes, so the ranks there write through
+    it: ``disk_full`` fails their save with ENOSPC, and after the run no node keeps a mount."""
+    exp = tmp_path / "full.yaml"
+    exp.write_text("""\
+name: slurm_disk_full
+seed: 0
+target: {trainer: reference, preset: tiny}
+topology: {nodes: 2, launcher: slurm, slurm: {time_limit: "10:00"}}
+run: {steps: 16, checkpoint_every: 5, timeout_s: 240}
+faults:
+  - {id: full, type: disk_full, target: all, trigger: {at_step: 7}, duration_s: 5,
+     params: {free_bytes: 0}}
+expect: {completes: true}
+""")
+    result = run_experiment(load_experiment(exp), source=exp, report_dir=tmp_path)
+    journal = json.loads(result.journal_path.read_text())
+    assert result.passed, [str(s) for s in result.failures()] + [result.error or ""]
+    [fault] = journal["faults"]
+    assert fault["details"]["undo"]["ops_hit"].get("write", 0) >= 1, fault
+    from faultlab.runtime.events import read_events
+
+    errors = [e.get("error", "") for e in read_events(Path(journal["run"]["job_dir"]) / "events")
+              if e.get("kind") == "exit"]
+    assert any("No space left on device" in e for e in errors), errors
+    assert not journal["run"]["storage_mount"]["undo"][-1].startswith("could not"), journal
+    for node in ("node1", "node2", "node3"):
+        mounts = subprocess.run(["docker", "exec", node, "cat", "/proc/mounts"],
+                                capture_output=True, text=True, timeout=30, check=True).stdout
+        assert "fuse.faultlab" not in mounts, f"{node}:\n{mounts}"
+    _assert_nothing_left([journal["run"]["slurm"]["job_id"]])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from faultlab.faults.storage_io import IoErrorFault
+from faultlab.storage.mount import propagates
 from faultlab.storage.rules import Rule
 from tests.unit.test_spec import doc, one_problem, parse_experiment
 
@@ -52,21 +55,31 @@ def test_bad_input_is_one_located_line(line: str, path: str, message: str) -> No
     assert one_problem(doc(fault(line))) == (5, path, message)
 
 
-def test_a_storage_fault_must_be_undone_and_is_refused_on_slurm() -> None:
+def test_a_storage_fault_must_be_undone() -> None:
     hang = "- {type: io_hang, target: all, trigger: {at_step: 5}}"
     assert one_problem(doc(hang))[1:] == (
         "faults[0]", "io_hang must be undone: add duration_s: <seconds>, until: reaction, or "
                      "both (whichever comes first)")
     assert parse_experiment(doc(fault("type: disk_full"), topology=(
         "topology: {nodes: 2, procs_per_node: 1, launcher: docker}"))).faults
-    line, path, message = one_problem(doc(fault("type: disk_full"), topology=(
-        "topology: {nodes: 2, procs_per_node: 1, launcher: slurm, slurm: {time_limit: "
-        "'10:00'}}")))
+
+
+def test_slurm_is_refused_where_the_shared_directory_does_not_propagate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory on a private mount of this host: the Slurm nodes would not see a mount made
+    there; the load-time line says so and what to do."""
+    import faultlab.faults.storage_io as storage_io
+
+    monkeypatch.setattr(storage_io, "propagates", lambda path: False)
+    slurm = (f"topology: {{nodes: 2, procs_per_node: 1, launcher: slurm, slurm: "
+             f"{{time_limit: '10:00', run_dir: {tmp_path}}}}}")
+    line, path, message = one_problem(doc(fault("type: disk_full"), topology=slurm))
     assert (path, message) == ("faults[0].type", (
-        "disk_full needs topology.launcher: local or docker (this experiment's nodes are "
-        "'slurm'): the FUSE passthrough is mounted on faultlab's host, and a Slurm job's nodes "
-        "see the shared directory through mounts of their own, which it does not reach; run "
-        "storage faults on local or docker nodes"))
+        f"disk_full: the job's directory {str(tmp_path)!r} is not on a shared mount of this "
+        f"host, so the passthrough mounted there would not reach the Slurm nodes; the local "
+        f"test cluster makes its shared directory one (scripts/slurm-cluster.sh up), a real "
+        f"cluster's nodes mount theirs themselves: run storage faults on local or docker nodes "
+        f"there"))
 
 
 def test_no_fuse_is_one_located_line_that_says_how_to_get_it(
@@ -79,3 +92,45 @@ def test_no_fuse_is_one_located_line_that_says_how_to_get_it(
         "faults[0].type", "io_hang: cannot mount the storage passthrough: this machine has no "
                           "/dev/fuse (the FUSE kernel module is not loaded: `modprobe fuse` as "
                           "root)")
+
+
+def test_propagation_is_read_from_the_mount_that_holds_the_path() -> None:
+    mountinfo = (
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "42 27 254:0 /var/lib/faultlab-slurm/shared /var/lib/faultlab-slurm/shared rw "
+        "shared:5 - ext4 /dev/vda rw\n"
+        "43 27 254:0 /x /var/lib/faultlab-slurm/shared/private rw - ext4 /dev/vda rw\n")
+    assert propagates(Path("/var/lib/faultlab-slurm/shared/runs/r1/job"), mountinfo)
+    assert not propagates(Path("/var/lib/faultlab-slurm/shared/private/r1"), mountinfo)
+    assert not propagates(Path("/tmp/runs"), mountinfo)
+
+
+@pytest.mark.parametrize(("command", "served"), [
+    (None, "checkpoints"),  # the reference trainer
+    ("[python, examples/fsdp2_dcp/train.py, --ckpt-dir, '{run_dir}/ckpt']", "ckpt"),
+    # a file argument: its directory
+    ("[python, examples/fsdp2_dcp/train.py, '--save-path={run_dir}/out/model.pt']", "out"),
+    ("[python, examples/fsdp2_dcp/train.py, --steps, '3']", "checkpoints"),
+])
+def test_the_served_directory_is_the_jobs_checkpoint_directory(
+        tmp_path: Path, command: str | None, served: str) -> None:
+    from faultlab.engine.storage import storage_dir
+
+    target = {"target": f"target: {{command: {command}}}"} if command else {}
+    exp = parse_experiment(doc(fault("type: disk_full"), **target))
+    assert storage_dir(exp, tmp_path) == tmp_path.resolve() / served
+
+
+def test_a_fixed_checkpoint_path_is_never_mounted_over(tmp_path: Path) -> None:
+    from faultlab.engine.storage import storage_dir
+    from faultlab.errors import FaultlabError
+
+    exp = parse_experiment(doc(fault("type: disk_full"),
+                               target=("target: {command: [python, examples/fsdp2_dcp/train.py, "
+                                       "--ckpt-dir, ckpt]}")))
+    with pytest.raises(FaultlabError) as e:
+        storage_dir(exp, tmp_path, Path("x.yaml"))
+    assert str(e.value) == (
+        "x.yaml: target.command: the storage faults would mount over '--ckpt-dir ckpt', a fixed "
+        "checkpoint path shared by every run; write '--ckpt-dir {run_dir}/ckpt' so each run's "
+        "checkpoints are its own")
