@@ -4,6 +4,7 @@ the spread of recovery, from which SLAs can be set.
     python benchmarks/bench_soak.py                                  # all of them, 20 runs: hours
     python benchmarks/bench_soak.py --runs 4 experiments/rank_kill.yaml
     python benchmarks/bench_soak.py --runs 10 --parallel 2 --out soak/ --json soak.json
+    python benchmarks/bench_soak.py --resume reports/soak-.../      # go on where one stopped
 
 By default: the Makefile's ``SHIPPED`` list (the experiments ``make test`` runs as pytest items,
 the docker ones among them), ``experiments/slurm_*.yaml`` (``tests/slurm``) and every
@@ -22,6 +23,12 @@ time, detection latency and wall time; then any collision between concurrent run
 rendezvous endpoint two live jobs shared, "address already in use" in a job log). An example
 expected to fail (``tests/examples`` asserts its failure) shows 0/N: stable, as it should be.
 No bound is asserted here; this replaces ``python -m pytest_faultlab.soak``.
+
+All of it is hours on a 2-core machine (about 28 experiments x 20 runs), more than one sitting:
+``--resume FOLDER`` goes on in the folder of an earlier soak, running only the runs whose log
+does not end in the ``[bench_soak] exit`` line (a run cut off by Ctrl-C or a reboot is run
+again; its unfinished run folder, which has no journal, is not counted), and then prints the
+table over every finished run in that folder.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from faultlab.report.journal import read_journal  # noqa: E402
 from faultlab.spec import load_experiment  # noqa: E402
 
 COLLISION_SIGNS = ("address already in use", "eaddrinuse", "errno 98")
+DONE_MARK = "[bench_soak] exit"
 
 
 def shipped_experiments() -> list[Path]:
@@ -96,14 +104,25 @@ def _run_one(exp: Path, key: str, index: int, out: Path, slurm_lock: threading.L
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "faultlab.cli", "run", str(exp), "--report-dir", str(folder),
            "--golden-cache", str(out / "golden")]
-    log = out / "logs" / f"{folder.name}-{index:02d}.log"
+    log = _log_path(out, key, index)
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with (slurm_lock or _NO_LOCK), log.open("w") as f:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL).returncode
-    print(f"  {key} run {index}: exit {rc} in {time.monotonic() - t0:.0f} s ({log})",
-          flush=True)
+        took_s = time.monotonic() - t0
+        f.write(f"\n{DONE_MARK} {rc} in {took_s:.1f} s\n")
+    print(f"  {key} run {index}: exit {rc} in {took_s:.0f} s ({log})", flush=True)
+
+
+def _log_path(out: Path, key: str, index: int) -> Path:
+    return out / "logs" / f"{key.replace('/', '__').removesuffix('.yaml')}-{index:02d}.log"
+
+
+def finished(out: Path, key: str, index: int) -> bool:
+    """Whether run ``index`` of ``key`` ran to its end in an earlier sitting (``--resume``)."""
+    log = _log_path(out, key, index)
+    return log.exists() and DONE_MARK in log.read_text(errors="replace")
 
 
 class _NoLock:
@@ -154,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=2,
                    help="runs at once (default 2, as CI's xdist workers)")
     p.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
+    p.add_argument("--resume", type=Path, default=None, metavar="FOLDER",
+                   help="go on in the folder of an earlier soak: run only its unfinished runs")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     p.add_argument("--slurm-cluster", action="store_true",
                    help="bring the local Slurm test cluster up for the slurm_*.yaml "
@@ -161,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1 or args.parallel < 1:
         p.error(f"--runs {args.runs} and --parallel {args.parallel} must both be >= 1")
-    # A fresh folder each time: the table counts every journal under it.
-    out = (new_run_folder(args.out, "soak") if args.out
+    if args.resume is not None and args.out is not None:
+        p.error("--resume FOLDER already names the folder; leave out --out")
+    if args.resume is not None and not (args.resume / "runs").is_dir():
+        p.error(f"--resume {args.resume}: not the folder of an earlier soak (it has no runs/)")
+    # A fresh folder each time (the table counts every journal under it), or the earlier one.
+    out = (args.resume if args.resume is not None
+           else new_run_folder(args.out, "soak") if args.out
            else Path(tempfile.mkdtemp(prefix="faultlab-soak-"))).resolve()
     if args.slurm_cluster and os.geteuid() != 0:
         print("bench_soak: the Slurm test cluster needs root; its experiments are not run",
@@ -206,9 +232,12 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
         else:
             runnable[key] = path
     jobs = [(key, runnable[key], i) for i, key in itertools.product(range(1, args.runs + 1),
-                                                                    runnable)]
+                                                                    runnable)
+            if not (args.resume and finished(out, key, i))]
+    done_before = len(runnable) * args.runs - len(jobs)
     print(f"soak: {len(runnable)} experiment(s) x {args.runs} run(s), {args.parallel} at a "
-          f"time, into {out}", flush=True)
+          f"time, into {out}" + (f" ({done_before} run(s) finished earlier)" if done_before
+                                 else ""), flush=True)
     slurm_lock = threading.Lock()
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -244,7 +273,9 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
     notes.append("p95 by nearest rank: the maximum below 20 runs; times in seconds; wall: the "
                  "job's first to last event (no golden run, no start-up of faultlab)")
     print_table(f"soak: {args.runs} runs per experiment, {args.parallel} at a time",
-                [f"{len(jobs)} runs in {took_s / 60:.1f} min; run folders and logs in {out}"],
+                [f"{len(jobs)} runs in {took_s / 60:.1f} min"
+                 + (f" (and {done_before} in an earlier sitting)" if done_before else "")
+                 + f"; run folders and logs in {out}"],
                 ["experiment", "passed", "stable", "resume p50", "p95", "detection p50", "p95",
                  "wall p50", "p95"], rows, notes)
     if args.json:

@@ -5,13 +5,15 @@ the job. When the engine's process disappears without having stopped the guard, 
 continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills it
 and its descendants (a storage passthrough's mount, ``--storage-guard``, is removed first: its
 hung operations are released, so no process of the job is left in the kernel); for a job of the
-docker target (``--docker-run``) it then removes that run's containers, network and image; for
-a job of the slurm target (``--slurm-guard``, the state file the target keeps current) it
+docker target (``--docker-run``) it then removes that run's containers, network and image; for a
+job with gpu faults (``--gpu-dir``, the job's ``gpu/`` directory) it removes every node's GPU
+state file, so a sticky GPU failure never outlives faultlab (the Xid logs stay, as evidence);
+for a job of the slurm target (``--slurm-guard``, the state file the target keeps current) it
 cancels the job and returns to service every node a fault set down or killed. On a normal exit
 the engine terminates the guard first.
 
     python -m faultlab.reaper --parent PID --pidfile FILE [--docker-run RUN_ID]
-                              [--slurm-guard FILE] [--storage-guard FILE]
+                              [--slurm-guard FILE] [--gpu-dir DIR] [--storage-guard FILE]
 """
 
 from __future__ import annotations
@@ -76,6 +78,19 @@ def _restore_slurm(guard: Path) -> None:
               file=sys.stderr)
 
 
+def clear_gpu_state(gpu_dir: Path) -> list[str]:
+    """Remove every node's GPU state file under ``gpu_dir`` (``RUN_DIR/gpu``): the sticky and
+    every other gpu fault end with faultlab; the kernel-log stand-ins stay."""
+    cleared = []
+    for state in sorted(gpu_dir.glob("*/state.json")):
+        try:
+            state.unlink()
+            cleared.append(str(state))
+        except OSError:
+            pass
+    return cleared
+
+
 def _unmount_storage(guard: Path) -> None:
     try:
         from faultlab.storage.mount import restore_from_guard
@@ -102,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docker-run", default=None, help="the docker target's run id")
     parser.add_argument("--slurm-guard", type=Path, default=None,
                         help="the slurm target's guard state file")
+    parser.add_argument("--gpu-dir", type=Path, default=None,
+                        help="the job's gpu/ directory (GPU state files to clear)")
     parser.add_argument("--storage-guard", type=Path, default=None,
                         help="the storage passthrough's guard file (faultlab.storage.mount)")
     args = parser.parse_args(argv)
@@ -124,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 _remove_docker_run(args.docker_run)
             if args.slurm_guard is not None and args.slurm_guard.exists():
                 _restore_slurm(args.slurm_guard)
+            if args.gpu_dir is not None:
+                cleared = clear_gpu_state(args.gpu_dir)
+                print(f"faultlab reaper: cleared {len(cleared)} GPU state file(s) under "
+                      f"{args.gpu_dir}", file=sys.stderr)
             return 0
         time.sleep(args.interval_s)
     return 0

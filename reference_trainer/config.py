@@ -155,6 +155,10 @@ class TrainConfig:
     slow link's rank (health.probe_links); 0 turns the probe off."""
     link_probe_bytes: int = 1 << 20
     """Bytes each rank sends in one probe transfer."""
+    compute_straggler_ratio: float = 1.5
+    """Name a rank a compute straggler (a slow GPU) when its forward pass takes this many
+    times as long as every other rank's, and at least ``straggler_threshold_s`` longer, for
+    ``straggler_steps`` steps in a row (health.ComputeStragglerDetector); 0 turns it off."""
     inject_nonfinite: tuple[tuple[int, int | None], ...] = field(default=())
     """Test hook: make the loss NaN at (step, rank) once per process; rank None = every rank."""
 
@@ -197,6 +201,9 @@ class TrainConfig:
             raise ConfigError("--link-probe-slowdown", f"{self.link_probe_slowdown!r} must be 0 "
                                                        f"(off) or > 1 (a slowdown factor)")
         _at_least("--link-probe-bytes", self.link_probe_bytes, 4)
+        if self.compute_straggler_ratio != 0 and self.compute_straggler_ratio <= 1:
+            raise ConfigError("--compute-straggler-ratio", f"{self.compute_straggler_ratio!r} "
+                                                           f"must be 0 (off) or > 1 (a ratio)")
         for step, _rank in self.inject_nonfinite:
             if not 1 <= step <= self.steps:
                 raise ConfigError("--inject-nonfinite", f"step {step!r} is outside 1..{self.steps}")
@@ -284,6 +291,8 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--link-probe-slowdown", "link_probe_slowdown", float,
      "probe the links when steps run this many times slower (0: off)"),
     ("--link-probe-bytes", "link_probe_bytes", int, "bytes per probe transfer"),
+    ("--compute-straggler-ratio", "compute_straggler_ratio", float,
+     "a rank whose forward takes this many times every other's is a slow GPU (0: off)"),
 ]
 
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["EXIT_CODES", "SlowStepTracker", "StragglerDetector", "Watchdog",
+__all__ = ["EXIT_CODES", "ComputeStragglerDetector", "SlowStepTracker", "StragglerDetector",
+           "Watchdog",
            "attribute_slow_links", "enable_determinism", "probe_links"]
 
 #: Exit codes of the trainer, documented in reference_trainer/README.md.
@@ -23,7 +24,9 @@ EXIT_CODES = {
     "nonfinite_abort": 4,
     "preempted": 5,
     "checkpoint_unusable": 6,
-    "checkpoint_save_failed": 7,
+    "gpu_unhealthy": 7,
+    "gpu_oom": 8,
+    "checkpoint_save_failed": 9,
 }
 
 
@@ -164,6 +167,41 @@ class StragglerDetector:
             return {"straggler_rank": rank, "wait_gap_s": round(gap, 4),
                     "waits_s": [round(w, 4) for w in waits]}
         return None
+
+
+class ComputeStragglerDetector:
+    """Names the rank whose own compute is slow (a throttled or failing GPU).
+
+    Waits in collectives cannot name it: with FSDP2 the peers of a slow rank wait for it inside
+    the backward's reduce-scatters, and every rank then reaches the step's stats all-reduce
+    together. Each rank's forward pass, timed around ``model(x, y)``, can: the slow rank's is
+    the long one (its peers' all-gathers do not wait for it, they wait later). The forward
+    times ride the stats all-reduce like the waits. A rank is named when its forward took at
+    least ``ratio`` times every other rank's and ``threshold_s`` longer, ``num_steps`` steps in
+    a row (episodes as in :class:`StragglerDetector`).
+    """
+
+    def __init__(self, world_size: int, *, ratio: float, threshold_s: float,
+                 num_steps: int) -> None:
+        self.world_size, self.ratio = world_size, ratio
+        self._episodes = StragglerDetector(world_size, threshold_s=threshold_s,
+                                           num_steps=num_steps)
+
+    def update(self, forward_s: list[float]) -> dict[str, object] | None:
+        """Feed one step's per-rank forward times; the anomaly's fields when a rank is named."""
+        if self.ratio <= 0 or self.world_size < 2 or len(forward_s) != self.world_size:
+            return None
+        slowest = max(range(self.world_size), key=forward_s.__getitem__)
+        others = max(f for r, f in enumerate(forward_s) if r != slowest)
+        slow = forward_s[slowest] >= self.ratio * others
+        # As waits: the slow rank "waits" least; the gap is how much longer its forward took.
+        named = self._episodes.update([-f for f in forward_s] if slow else
+                                      [0.0] * self.world_size)
+        if named is None:
+            return None
+        return {"straggler_rank": slowest, "cause": "slow_compute",
+                "forward_ratio": round(forward_s[slowest] / max(others, 1e-9), 3),
+                "forward_s": [round(f, 4) for f in forward_s]}
 
 
 class SlowStepTracker:

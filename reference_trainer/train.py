@@ -8,11 +8,15 @@ Each rank:
 2. joins the process group (gloo on CPU, NCCL on CUDA) and a second gloo group for checkpoints;
 3. builds the model with the same seed everywhere and shards it with ``fully_shard`` per block
    and at the root;
+   Before that it checks its GPU (NVML; "not available" on CPU): a GPU that failed for good
+   makes its node leave the job (exit code 7) instead of restarting in place (gpu_health.py);
 4. resumes from the newest *valid* checkpoint, if any (corrupt ones are reported and skipped);
 5. trains: every step consumes a fixed global batch, checks loss and gradient norm for
    non-finite values on every rank before the optimizer step, and checkpoints every N steps;
    when its node's cloud metadata announces a preemption, every rank joins an emergency
-   checkpoint of the last completed step and leaves (exit code 5, see preemption.py);
+   checkpoint of the last completed step and leaves (exit code 5, see preemption.py); an
+   out-of-memory step is retried once after freeing what can be freed (then exit code 8); an
+   accelerator error on a GPU the health check finds unhealthy makes the node leave (code 7);
 6. at the end, hashes the full unsharded state into ``final_digest``.
 
 Every milestone is an event, written with faultlab's public emitter (faultlab.runtime.events,
@@ -25,11 +29,13 @@ fault injected from outside meets the job at its step; outside faultlab both do 
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -60,8 +66,10 @@ from reference_trainer.config import (
 )
 from reference_trainer.data import GlobalBatchSampler, MarkovTokens
 from reference_trainer.digest import state_digest
+from reference_trainer.gpu_health import GpuHealth, check_gpu, is_accelerator_error
 from reference_trainer.health import (
     EXIT_CODES,
+    ComputeStragglerDetector,
     SlowStepTracker,
     StragglerDetector,
     Watchdog,
@@ -161,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = train(cfg, rank=rank, world_size=world_size, local_rank=local_rank,
                      events=events, watchdog=watchdog, progress=progress, t_main=t_main)
-        if code == EXIT_CODES["preempted"]:
+        if code in (EXIT_CODES["preempted"], EXIT_CODES["gpu_unhealthy"]):
             # Leave now: the peers are leaving too, and tearing down a process group whose
             # peers are gone only delays the agent (see the os._exit below).
             sys.stderr.flush()
@@ -189,11 +197,19 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     t_created = _process_start_time()
     agent_pid = os.getppid()  # torchrun's agent: the workers are its children
     watcher = _start_preemption_watcher(cfg, events, progress)
+    # Every (re)start checks the GPU first: an Xid 79 or an uncorrectable ECC error does not
+    # heal by restarting the process, and restarting in place would burn every restart. The
+    # check runs beside the process-group set-up (importing pynvml alone takes 40-80 ms here).
+    checked: list[GpuHealth] = []
+    checker = threading.Thread(target=_check_gpu_into, args=(local_rank, checked),
+                               name="gpu-health", daemon=True)
+    checker.start()
 
     # --- device, determinism, process groups ------------------------------------------------
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
+        checker.join()  # a lost GPU must not be handed to NCCL's eager init below
         torch.cuda.set_device(device)
     if cfg.deterministic:
         enable_determinism(device)
@@ -201,9 +217,22 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     faultlab_runtime.install()  # the collective interposer (costs nothing with no fault)
     _wait_for_master_store(rank, cfg.pg_timeout_s)
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.pg_timeout_s),
-                            device_id=device if use_cuda else None)
+                            device_id=device if use_cuda and not checked[0].unhealthy
+                            else None)
     # DCP (and async_save's background thread) talks on its own gloo group.
     ckpt_pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.pg_timeout_s))
+    checker.join()
+    gpu = checked[0]
+    events.emit("gpu_health", status=gpu.status, device=local_rank, reasons=gpu.reasons,
+                **gpu.detail)
+    # Every rank learns whose GPU is unhealthy (on the gloo group: a lost GPU cannot reduce),
+    # so that all leave together, as after a preemption notice.
+    unhealthy = torch.zeros(world_size, dtype=torch.float64)
+    unhealthy[rank] = 1.0 if gpu.unhealthy else 0.0
+    dist.all_reduce(unhealthy, group=ckpt_pg)
+    if unhealthy.any():
+        bad = [r for r in range(world_size) if unhealthy[r] > 0]
+        return _leave_for_unhealthy_gpu(events, gpu, bad, agent_pid, step=0, when="start")
     mesh = init_device_mesh(device.type, (world_size,))
     t_pg_ready = time.time()
     watchdog.beat()
@@ -297,6 +326,11 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     # A slow link slows every rank alike (each waits in the same collectives), so waits name
     # no one; a run of slow steps then triggers a timed point-to-point probe of the links.
     slow_steps = SlowStepTracker(factor=cfg.link_probe_slowdown, num_steps=cfg.straggler_steps)
+    # A slow GPU slows its own compute, which waits in collectives do not show (health.py).
+    slow_gpus = ComputeStragglerDetector(world_size, ratio=cfg.compute_straggler_ratio,
+                                         threshold_s=cfg.straggler_threshold_s,
+                                         num_steps=cfg.straggler_steps)
+    oom_retried_step = 0  # an out-of-memory step is retried once
     if watcher is not None:
         install_block_checks(model.blocks, watcher, device)
     model.train()
@@ -313,7 +347,10 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         ids = sampler.local_ids(s)
         x, y = (t.to(device, non_blocking=True) for t in data.batch(ids))
         try:
-            loss_sum = rt.loss(model(x, y))
+            t_forward = time.monotonic()
+            out = model(x, y)
+            forward_s = time.monotonic() - t_forward
+            loss_sum = rt.loss(out)
             for key in ((s, rank), (s, None)):
                 if key in cfg.inject_nonfinite and key not in fired:
                     fired.add(key)
@@ -327,6 +364,39 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                     module.reshard()  # the blocks in flight held unsharded parameters
             optimizer.zero_grad(set_to_none=True)
             return leave_for_preemption(step, rng_at_start, "block boundary")
+        except torch.OutOfMemoryError as e:
+            # Free what can be freed (gradients, unsharded parameters, cached blocks) and try
+            # the step once more; a second failure is not transient: leave, naming it.
+            error = str(e).splitlines()[0][:500]
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+            optimizer.zero_grad(set_to_none=True)
+            gc.collect()
+            if use_cuda:
+                torch.cuda.empty_cache()
+            if oom_retried_step != s:
+                oom_retried_step = s
+                events.emit("anomaly", what="gpu_oom", step=s, action="retry", error=error)
+                continue
+            events.emit("anomaly", what="gpu_oom", step=s, action="exit", error=error)
+            events.emit("exit", reason="gpu_oom", code=EXIT_CODES["gpu_oom"], step=s,
+                        error=f"torch.OutOfMemoryError: {error}")
+            print(f"reference_trainer: rank {rank}: out of memory at step {s} twice: {error}",
+                  file=sys.stderr, flush=True)
+            return EXIT_CODES["gpu_oom"]
+        except Exception as e:
+            if not is_accelerator_error(e):
+                raise
+            # The device failed. Restart in place only if its GPU may still be fit.
+            health = check_gpu(local_rank)
+            events.emit("anomaly", what="accelerator_error", step=s, gpu_health=health.status,
+                        reasons=health.reasons, error=f"{type(e).__name__}: {e}"[:500],
+                        action="leave_job" if health.unhealthy else "restart")
+            if not health.unhealthy:
+                raise
+            return _leave_for_unhealthy_gpu(events, health, [rank], agent_pid, step=step,
+                                            when=f"step {s}")
         grad_norm = clip_grad_norm(model, cfg.grad_clip)
         # One all-reduce: the global loss, the count of ranks that saw a non-finite loss, of
         # ranks whose node received a preemption notice, and every rank's wait in the previous
@@ -334,12 +404,13 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         # has issued the collective: a rank that issues late waits for nobody.
         # Flagged in this very step (not the next): every rank learns it from these stats.
         slow_flag = 1.0 if slow_steps.update(time.monotonic() - t0) else 0.0
-        stats = torch.zeros(4 + world_size, dtype=torch.float64)
+        stats = torch.zeros(4 + 2 * world_size, dtype=torch.float64)
         stats[0] = float(loss_sum.detach())
         stats[1] = 0.0 if torch.isfinite(loss_sum) else 1.0
         stats[2] = 1.0 if watcher is not None and watcher.noticed else 0.0
         stats[3 + rank] = wait_s
         stats[3 + world_size] = slow_flag
+        stats[4 + world_size + rank] = forward_s
         stats = stats.to(device)
         work = dist.all_reduce(stats, async_op=True)
         t_issued = time.monotonic()
@@ -355,6 +426,9 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
             if named is not None and rank == 0:
                 events.emit("anomaly", what="straggler", step=s, action="report", **named)
             probe = probe and stragglers.named is None
+            slow_gpu = slow_gpus.update(stats[4 + world_size:].tolist())
+            if slow_gpu is not None and rank == 0:
+                events.emit("anomaly", what="straggler", step=s, action="report", **slow_gpu)
         if stats[2] > 0:  # step s is abandoned before its optimizer step: save step s - 1
             optimizer.zero_grad(set_to_none=True)
             return leave_for_preemption(step, rng_at_start, "after backward")
@@ -448,6 +522,32 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     events.emit("exit", reason="completed", code=0, step=step)
     dist.destroy_process_group()
     return 0
+
+
+def _check_gpu_into(device: int, out: list[GpuHealth]) -> None:
+    try:
+        out.append(check_gpu(device))
+    except Exception as e:  # noqa: BLE001 - a broken check must not stop training
+        out.append(GpuHealth("not_available", device, [f"check failed: {type(e).__name__}: "
+                                                       f"{e}"]))
+
+
+def _leave_for_unhealthy_gpu(events: EventLog, health: GpuHealth, bad_ranks: list[int],
+                             agent_pid: int, *, step: int, when: str) -> int:
+    """This node's GPU is unfit to train on, or a peer's is: leave the job. The node with the
+    bad GPU tells its torchrun agent to go (SIGTERM: it stops its workers and exits without
+    closing the rendezvous), so the other nodes' agents restart their workers, which
+    re-rendezvous without it (down to min_nodes) and resume from the last checkpoint."""
+    mine = health.unhealthy
+    events.emit("exit", reason="gpu_unhealthy" if mine else "peer_gpu_unhealthy",
+                code=EXIT_CODES["gpu_unhealthy"], step=step, when=when, ranks=bad_ranks,
+                reasons=health.reasons if mine else [])
+    if mine:
+        print(f"reference_trainer: GPU {health.device} is unhealthy ({'; '.join(health.reasons)})"
+              f" at {when}: this node leaves the job", file=sys.stderr, flush=True)
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ and os.getppid() == agent_pid:
+            os.kill(agent_pid, signal.SIGTERM)
+    return EXIT_CODES["gpu_unhealthy"]
 
 
 def _start_preemption_watcher(cfg: TrainConfig, events: EventLog,

@@ -42,6 +42,7 @@ from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
 from faultlab.faults import Fault, Victim
+from faultlab.faults.gpu import GpuFault, gpu_node_env
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
@@ -217,6 +218,12 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             runtime = RuntimeSetup.create(exp, job_dir)
             for node in nodes:
                 node_env.setdefault(node, {}).update(runtime.env)
+            gpu_dir = None
+            if any(spec.fault_class.family == "gpu" for spec in exp.faults):
+                gpu_dir = job_dir / "gpu"  # each node's GPU state and kernel-log stand-in
+                for node in nodes:
+                    node_env[node].update(gpu_node_env(job_dir, node,
+                                                       exp.topology.procs_per_node))
             target = make_target(exp, job_dir, node_env=node_env)
             if needs_storage_mount(exp):  # before the job opens a file there
                 storage = StorageMount.start(storage_dir(exp, job_dir, source),
@@ -226,7 +233,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             # The guard first: faultlab may die while the job is still starting.
             pidfile = run_folder / ".job-pids.json"
             reaper = _start_reaper(pidfile, getattr(target, "run_id", None),
-                                   getattr(target, "guard_path", None),
+                                   getattr(target, "guard_path", None), gpu_dir,
                                    storage.guard_path if storage else None)
             target.start()
             t0 = time.monotonic()
@@ -385,7 +392,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: Null
     kind, value = resolve_selector(exp, index, occurrence=nth - 1)
     victim = Victim(kind, value)
     fault = prepared or spec.build()
-    if isinstance(fault, RuntimeFault):
+    if isinstance(fault, RuntimeFault | GpuFault):
         fault.fault_id = fid  # the agents echo it in their fault_injected events
     known = {e["pid"] for e in target.stream.events if e.get("kind") == "start"}
     injected_t = time.time()
@@ -516,10 +523,12 @@ def _record_dict(r: FaultRecord, landed: tuple[int, int] | None = None) -> dict[
 
 def _start_reaper(pidfile: Path, docker_run: str | None = None,
                   slurm_guard: Path | None = None,
+                  gpu_dir: Path | None = None,
                   storage_guard: Path | None = None) -> subprocess.Popen[bytes]:
     pidfile.write_text("[]")
     extra = ["--docker-run", docker_run] if docker_run else []
     extra += ["--slurm-guard", str(slurm_guard)] if slurm_guard else []
+    extra += ["--gpu-dir", str(gpu_dir)] if gpu_dir else []
     extra += ["--storage-guard", str(storage_guard)] if storage_guard else []
     return subprocess.Popen(
         [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),

@@ -164,6 +164,12 @@ class Fault(ABC):
         return None
 
     @classmethod
+    def refuses_target(cls, target: Any) -> str | None:
+        """Why this fault cannot strike ``target`` (the experiment's ``TargetSpec``: a trainer
+        or a command), checked when the experiment loads; None: it can."""
+        return None
+
+    @classmethod
     def summary(cls) -> str:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
 

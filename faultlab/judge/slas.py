@@ -84,6 +84,11 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
     Sla(key="save_hang_detected_within_s", metric="save_hang_detected_within_s", kind="max",
         description="io_hang struck a save → the job noticed (detection_latency_s, counting "
                     "only signs of a failed save)"),
+    Sla(key="faulty_node_excluded", metric="faulty_node_excluded", kind="bool",
+        description="the job finished without the node whose GPU stayed failed (sticky "
+                    "gpu_error; faultlab.observe.exclusion)"),
+    Sla(key="restarts_until_excluded", metric="restarts_until_excluded", kind="max",
+        description="GPU failed for good → restarts until the job ran without its node"),
 ]}
 """Every SLA an experiment may state under ``expect``; add a field to
 ``faultlab.spec.Expect`` and an entry here to add one."""

@@ -105,6 +105,12 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
                         for f in metrics.faults):
             note = note or "not measured: the job never noticed the fault (no error, restart, " \
                            "anomaly or exit after it)"
+        if name in ("restarts_until_excluded", "faulty_node_excluded") and not measured \
+                and fired:
+            lasting = [str(f.details.get("node")) for f in faults if f.details.get("sticky")]
+            if lasting:
+                note = note or (f"the job never ran without {', '.join(lasting)} (its GPU "
+                                f"stayed failed); {metrics.restarts} restart(s) used")
         if measured is None:
             note = note or "not measured: the run ended without the events it needs"
         passed = measured is not None and sla.holds(measured, bound)

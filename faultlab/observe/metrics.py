@@ -59,6 +59,9 @@ save_failure_detected, save_hang_detected_within_s, training_continued_through_s
 failed_save_never_loaded
     Saves that fail or hang under a storage fault (``io_error``, ``disk_full``, ``io_hang``):
     defined in :mod:`faultlab.observe.save_failures`.
+faulty_node_excluded, restarts_until_excluded (run level)
+    Defined in :mod:`faultlab.observe.exclusion` (a GPU that stays failed: did the job go on
+    without its node, after how many restarts).
 detection_latency_s, resume_time_s, recovery_time_s, lost_steps
     The worst (max) over the faults. For resume, recovery and lost steps the result is None
     if any fault went down and its value is None (unmeasurable); faults that did not go down
@@ -72,6 +75,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from faultlab.observe.exclusion import faulty_node_excluded, restarts_until_excluded
 from faultlab.observe.records import (
     FaultRecord,
     Record,
@@ -111,6 +115,8 @@ class Metrics:
     emergency_checkpoint_before_deadline: bool | None = None
     straggler_detected_within_s: float | None = None
     slowdown: float | None = None
+    faulty_node_excluded: bool | None = None
+    restarts_until_excluded: int | None = None
     checkpoints_all_finite: bool | None = None
     """Not from events: set by the engine when it read the checkpoints back after the run."""
     queue_time_s: float | None = None
@@ -257,9 +263,10 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
     slowing = [f.straggler_detected_s for f in per_fault if f.type in SLOWING_FAULTS]
     slowdowns = [f.slowdown for f in per_fault if f.type in SLOWING_FAULTS]
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
+    completes = _completes(records)
     saves = save_failure_metrics(records, faults, _damaged(faults))
     return Metrics(
-        completes=_completes(records),
+        completes=completes,
         final_digest=digest if isinstance(digest, str) else None,
         restarts=max(0, rank0_starts - 1),
         max_step=max((s for s in map(_step, records) if s is not None), default=0),
@@ -283,5 +290,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         save_hang_detected_within_s=saves.save_hang_detected_within_s,
         training_continued_through_save_failure=saves.training_continued_through_save_failure,
         failed_save_never_loaded=saves.failed_save_never_loaded,
+        faulty_node_excluded=faulty_node_excluded(records, faults, completes),
+        restarts_until_excluded=restarts_until_excluded(records, faults),
         faults=per_fault,
     )

@@ -103,7 +103,7 @@ from faultlab.observe.records import (
 
 __all__ = ["FaultMetrics"]
 
-SLOWING_FAULTS = frozenset({"collective_delay", "network_throttle"})
+SLOWING_FAULTS = frozenset({"collective_delay", "network_throttle", "gpu_slow"})
 """Fault types that make a rank a straggler (``straggler_detected_s`` is measured for them)."""
 
 

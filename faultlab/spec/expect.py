@@ -61,6 +61,12 @@ class Expect(SpecModel):
     """After a failed save the same processes trained on (or did not)."""
     save_hang_detected_within_s: float | None = Field(default=None, gt=0)
     """Upper bound, seconds from a hung save (``io_hang``) to the job noticing it."""
+    faulty_node_excluded: bool | None = None
+    """The job finished without (true) the node whose GPU stayed failed (``gpu_error`` with
+    ``sticky: true``), or did not (false)."""
+    restarts_until_excluded: int | None = Field(default=None, ge=1)
+    """Upper bound on the restarts from a GPU that stayed failed until the job ran without its
+    node; a job that never excluded it fails it."""
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in the order of the fields above."""

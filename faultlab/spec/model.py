@@ -78,6 +78,7 @@ class Experiment(SpecModel):
                     info: ValidationInfo) -> tuple[FaultSpec, ...]:
         topology: Topology | None = info.data.get("topology")
         run: RunSpec | None = info.data.get("run")
+        target: TargetSpec | None = info.data.get("target")
         errors: list[InitErrorDetails] = []
         out = []
         first_at: dict[str, int] = {}
@@ -92,6 +93,9 @@ class Experiment(SpecModel):
             if topology is not None:
                 errors += _target_in_range(i, fault.target, topology)
                 errors += _launcher_fits(i, fault, topology)
+            why = None if target is None else fault.fault_class.refuses_target(target)
+            if why is not None:
+                errors.append(spec_error((i, "type"), f"{fault.type}: {why}", fault.type))
             if run is not None:
                 errors += _trigger_in_run(i, fault.trigger, run)
             out.append(fault)

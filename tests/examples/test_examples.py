@@ -55,6 +55,14 @@ SCENARIOS = {
         "training_continued_through_save_failure": "the job was restarted after it"},
         measured={"completes": True, "bitwise_equal_to_golden": True,
                   "save_failure_detected": True, "failed_save_never_loaded": True}),
+    # A GPU that stays lost (sticky Xid 79): plain torchrun restarts in place on it until its
+    # restarts are spent, and never goes on without the node.
+    "fsdp2_dcp/gpu_error_sticky.yaml": Expected("fail", failing={
+        "completes": "", "faulty_node_excluded": "the job never ran without node1",
+        "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
+    "lightning_ddp/gpu_error_sticky.yaml": Expected("fail", failing={
+        "completes": "", "faulty_node_excluded": "the job never ran without node1",
+        "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
     "lightning_ddp/rank_kill.yaml": Expected("pass", measured={
         "bitwise_equal_to_golden": True, "max_restarts": 1, "completes": True}),
     "lightning_ddp/node_loss.yaml": Expected("pass", measured={"completes": True}),

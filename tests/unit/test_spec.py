@@ -266,8 +266,8 @@ def test_unknown_fault_type_lists_the_known_ones() -> None:
     assert one_problem(doc(KILL.replace("rank_kill", "rank_kil"))) == (
         5, "faults[0].type", f"unknown fault type 'rank_kil'; did you mean 'rank_kill'? known "
                              f"types: {known}")
-    assert one_problem(doc(KILL.replace("rank_kill", "gpu_melt")))[2] == (
-        f"unknown fault type 'gpu_melt'; known types: {known}")
+    assert one_problem(doc(KILL.replace("rank_kill", "quantum_decoherence")))[2] == (
+        f"unknown fault type 'quantum_decoherence'; known types: {known}")
 
 
 def test_params_are_checked_against_the_faults_own_params() -> None:

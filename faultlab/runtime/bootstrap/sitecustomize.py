@@ -19,6 +19,13 @@ runs right after the module's own code, before any other module can ``from ... i
 of it. The finder steps out of ``sys.meta_path`` once all of them have been imported; until then
 it costs one set lookup per import.
 
+Independently of level 0, in *any* Python process whose environment names a GPU state file
+(``FAULTLAB_GPU_STATE``: faultlab sets it on every node of an experiment with a gpu fault, at
+every integration level, and a subprocess inherits it) the same finder hooks ``torch`` and
+``pynvml``: after ``import torch``, ``faultlab.runtime.gpu.install()`` (a rank's in-rank gpu
+faults); after ``import pynvml``, ``faultlab.runtime.nvml_overlay.apply`` (what NVML shows of
+them, to the trainer and to a health-check script alike).
+
 Then it chains: the next ``sitecustomize`` on ``sys.path`` (a user's, the distribution's) runs as
 if this file were not there. Whatever goes wrong inside the bootstrap is written to stderr as
 one line starting with ``faultlab bootstrap:`` and the user's program goes on.
@@ -38,7 +45,8 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-__all__ = ["HOOKED_MODULES", "PostImportFinder", "chain", "report", "should_activate"]
+__all__ = ["GPU_HOOKED_MODULES", "HOOKED_MODULES", "PostImportFinder", "chain", "report",
+           "should_activate"]
 
 #: Modules after whose import ``faultlab.runtime.auto.on_import`` runs: torch, DCP, and the
 #: modules of ``faultlab.runtime.auto_checkpoints.FRAMEWORK_SAVES`` (Lightning's file layer).
@@ -134,6 +142,32 @@ def _on_import(module: ModuleType) -> None:
     auto.on_import(module, t_bootstrap=T_BOOTSTRAP)
 
 
+GPU_HOOKED_MODULES = ("torch", "pynvml")
+
+
+def _on_gpu_import(module: ModuleType) -> None:
+    if module.__name__ == "torch":
+        from faultlab.runtime import gpu
+
+        gpu.install()
+    elif module.__name__ == "pynvml":
+        from faultlab.runtime import nvml_overlay
+
+        nvml_overlay.apply(module)
+
+
+def _callback(level0: bool, gpu: bool) -> Callable[[ModuleType], None]:
+    def on_import(module: ModuleType) -> None:
+        if level0 and module.__name__ in HOOKED_MODULES:
+            _on_import(module)
+        if gpu and module.__name__ in GPU_HOOKED_MODULES:
+            try:
+                _on_gpu_import(module)
+            except Exception as e:
+                report(f"gpu faults, after importing {module.__name__}", e)
+    return on_import
+
+
 def chain() -> None:
     """Run the next ``sitecustomize`` on ``sys.path``: the one this file shadows."""
     try:
@@ -155,15 +189,20 @@ def chain() -> None:
 
 def _main() -> None:
     try:
-        if should_activate(os.environ, os.getpid()):
+        level0 = should_activate(os.environ, os.getpid())
+        gpu = bool(os.environ.get("FAULTLAB_GPU_STATE"))
+        if level0:
             os.environ[_PID_KEY] = str(os.getpid())
-            finder = PostImportFinder(HOOKED_MODULES, _on_import)
-            already = [sys.modules[n] for n in HOOKED_MODULES if n in sys.modules]
+        names = (HOOKED_MODULES if level0 else ()) + (GPU_HOOKED_MODULES if gpu else ())
+        if names:
+            callback = _callback(level0, gpu)
+            finder = PostImportFinder(tuple(dict.fromkeys(names)), callback)
+            already = [sys.modules[n] for n in finder.pending if n in sys.modules]
             finder.pending.difference_update(m.__name__ for m in already)
             if finder.pending:
                 finder.install()
             for module in already:  # a chained sitecustomize cannot have done it yet; a
-                _on_import(module)  # python -X importtime ... could have
+                callback(module)    # python -X importtime ... could have
     except Exception as e:
         report("activation", e)
     chain()  # an error in the user's sitecustomize is reported by site, as it would be
