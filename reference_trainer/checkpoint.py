@@ -357,7 +357,10 @@ class CheckpointManager:
         try:
             if not tmp.exists():
                 return None
-            out_of_space = any(f"[{n}]" in e for e in errors.values()
+            # torch.save's C++ writer reports a short write as "unexpected pos" and the errno
+            # is lost (seen with and without the OSError beside it under the same ENOSPC):
+            # counted as out of space, which is what cuts a local write short.
+            out_of_space = any(f"[{n}]" in e or "unexpected pos" in e for e in errors.values()
                                for n in ("ENOSPC", "EDQUOT"))
             if out_of_space:
                 listing = [f"{p.relative_to(tmp)} {p.stat().st_size}"
@@ -479,7 +482,8 @@ def _describe(error: BaseException) -> str:
 
     DCP's ``CheckpointException`` holds every failed rank's exception; torch.save's C++
     writer turns ENOSPC into ``RuntimeError: ... unexpected pos``, losing the errno, so the
-    causes are searched too."""
+    causes are searched too (sometimes a Python-level write's OSError is there, sometimes
+    not: then no errno is named)."""
     parts: list[str] = []
     causes: list[BaseException] = [error]
     prefix = ""

@@ -2,7 +2,7 @@
 
 The checkpoint directory is a small tmpfs mounted for the test (root only), so the failure is
 the kernel's own ENOSPC reaching DCP's writer (and torch.save's C++ writer inside it), not a
-patched Python call. After step 15 the test fills the tmpfs: the save of step 20 fails on
+patched Python call. Once step 10 is saved the test fills the tmpfs: the save of step 20 fails on
 both ranks before DCP starts (the small per-rank files). Once the trainer has reported it,
 the test leaves 256 KiB free: the save of step 30 fails inside DCP's writer (its shards are
 megabytes). Once that is reported the filler goes, and the final save must succeed — all in
@@ -66,11 +66,11 @@ def test_disk_full_during_save_is_reported_quarantined_and_retried(
     g = golden(GOLDEN)
     seen: dict[str, Any] = {}
 
-    def disk_full_from_step_15(job: LocalJob, events: list[dict[str, Any]]) -> bool:
+    def disk_full_after_step_10(job: LocalJob, events: list[dict[str, Any]]) -> bool:
         reported = [e for e in events if e["kind"] == "anomaly"
                     and e.get("what") == "checkpoint_save_failed"]
         if "filler" not in seen:
-            if max_step(events) >= 15:
+            if any(e["kind"] == "checkpoint_saved" for e in events):  # step 10's
                 seen["filler"] = fill(small_tmpfs)
                 seen["filled_at_step"] = max_step(events)
         elif len(reported) == 1 and "room for small files" not in seen:
@@ -81,19 +81,19 @@ def test_disk_full_during_save_is_reported_quarantined_and_retried(
             return True
         return False
 
-    # Steps padded to 0.1 s: each change of the filler lands a second before the next save
-    # (the test polls every 20 ms).
+    # Steps padded to 0.2 s: each change of the filler lands up to 2 s before the next save
+    # (the test polls every 20 ms; a loaded machine delays it by a few hundred ms).
     o = run_scenario(Scenario("disk-full-at-20-and-30", max_restarts=0,
-                              train={"min_step_time_s": 0.1},
-                              fault=disk_full_from_step_15), tmp_path)
+                              train={"min_step_time_s": 0.2},
+                              fault=disk_full_after_step_10), tmp_path)
     with explain(o):
         assert seen["filled_at_step"] < 20
         assert o.result.ok
         failed = o.of("anomaly", what="checkpoint_save_failed")
         assert [(e["rank"], e["step"], e["phase"]) for e in failed] == [
             (0, 20, "prepare"), (0, 30, "write")]
+        assert failed[0]["errno"] == ["ENOSPC"]
         for e in failed:
-            assert e["errno"] == ["ENOSPC"]
             assert set(e["errors"]) == {"0", "1"}  # both ranks' errors, agreed by both
             assert e["action"] == "retry_next_interval"
             # quarantined, its shards deleted (they would fill the space the retry needs)
@@ -102,16 +102,17 @@ def test_disk_full_during_save_is_reported_quarantined_and_retried(
             assert quarantined.name.startswith(f".tmp-step_{e['step']:08d}-")
             assert not list(quarantined.glob("*.distcp"))
         # DCP raised CheckpointException on both ranks; torch.save's C++ writer turned the
-        # ENOSPC into "unexpected pos", and the errno was found among its causes.
+        # ENOSPC into "unexpected pos". Whether a Python-level write's OSError (with its
+        # errno) comes with it varies from run to run (both seen here).
         for rank in "01":
             assert failed[1]["errors"][rank].startswith("CheckpointException (ranks [0, 1])")
-            assert "[ENOSPC]" in failed[1]["errors"][rank]
             assert "unexpected pos" in failed[1]["errors"][rank]
+        assert failed[1]["errno"] in (["ENOSPC"], [])
         # Still full when it was moved aside: no room for the first one's WHY (the anomaly
         # says why), and no empty or cut-short WHY either; the second one had room.
         assert not (Path(failed[0]["quarantined"]) / "WHY").exists()
         why = (Path(failed[1]["quarantined"]) / "WHY").read_text()
-        assert "ENOSPC" in why and "out of space" in why
+        assert "unexpected pos" in why and "out of space" in why
         # training went on in the same processes, and the next interval saved
         assert len(o.of("start")) == 2
         assert sorted(e["step"] for e in o.of("checkpoint_saved")) == [10, 40]
