@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,examples]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) fuse
 	$(VENV)/bin/faultlab run experiments/prelaunch.yaml
 
 # The shipped experiments that must pass run as pytest items through our own plugin, beside
