@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,examples]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) fuse
 	$(VENV)/bin/faultlab run experiments/prelaunch.yaml
 
 # The shipped experiments that must pass run as pytest items through our own plugin, beside
@@ -31,6 +31,8 @@ SHIPPED := experiments/rank_kill.yaml \
 	experiments/collective_partition.yaml \
 	experiments/docker_node_loss.yaml experiments/network_partition.yaml \
 	experiments/network_throttle.yaml \
+	experiments/disk_full_during_save.yaml experiments/io_error_eio_on_save.yaml \
+	experiments/io_hang_on_save.yaml experiments/slow_storage.yaml \
 	experiments/gpu_lost_sticky.yaml experiments/gpu_oom.yaml \
 	experiments/gpu_slow_straggler.yaml experiments/campaign_reference.yaml
 # The gpu_*.yaml runs, measured alone on 2 shared cores (faultlab run): gpu_lost_sticky 27 s
@@ -38,6 +40,11 @@ SHIPPED := experiments/rank_kill.yaml \
 # same trainer, topology and steps), gpu_slow_straggler 16 s. The three as pytest items at
 # -n 2 beside another engineer's jobs: 95 s wall (gpu_oom 72 s with its golden run,
 # gpu_lost_sticky 59 s, gpu_slow_straggler 31 s); the two example tests add 39 s + 45 s.
+# The storage runs (disk_full_during_save ... slow_storage) as pytest items at -n 2 beside
+# another engineer's jobs, golden run cached (they share rank_kill's): 87 s wall with
+# tests/integration/test_save_failure.py (io_hang_on_save 45 s, slow_storage 45 s,
+# io_error_eio_on_save 24 s, disk_full_during_save 24 s, the tmpfs test 11 s); the two
+# example disk_full tests add about 37 s + 30 s.
 # campaign_reference.yaml (faultlab run, beside another engineer's jobs): 73 s with its golden
 # run (28-36 s of it; a campaign always runs one), 43-60 s from the golden cache.
 

@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="validate experiment files")
     val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT")
     lst = sub.add_parser("list", help="list registered things")
-    lst.add_argument("what", choices=["faults"])
+    lst.add_argument("what", choices=["faults", "slas"],
+                     help="faults: every fault and its params; slas: every expect key")
     rep = sub.add_parser("report", help="re-render report.md from a run's journal.json (a "
                                         "suite run: its report.json, .md and .html)")
     rep.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         if args.command == "list":
-            return _list_faults(console)
+            return _list_faults(console) if args.what == "faults" else _list_slas(console)
         if args.command == "report":
             return _report(args.run_dir, console)
         if args.command == "metadata":
@@ -267,6 +268,16 @@ def _list_faults(console: Console) -> int:
         for field, info in cls.Params.model_fields.items():
             default = "" if info.is_required() else f" = {info.default!r}"
             console.print(f"    - {field}{default}: {info.description or ''}")
+    return EXIT_PASS
+
+
+def _list_slas(console: Console) -> int:
+    from faultlab.judge.slas import SLAS
+
+    op = {"max": "an upper bound", "min": "a lower bound", "bool": "true or false"}
+    for key, sla in SLAS.items():
+        console.print(f"[bold]{key}[/]  ({op[sla.kind]})")
+        console.print(f"    {sla.description}")
     return EXIT_PASS
 
 

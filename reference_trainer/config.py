@@ -126,6 +126,10 @@ class TrainConfig:
     """Rollbacks allowed in one process before a non-finite step aborts instead."""
     watchdog_s: float = 120.0
     """Exit (after dumping every thread's stack) when no progress is made for this long."""
+    checkpoint_timeout_s: float = 0.0
+    """A save (sync or async) still unfinished after this long is hung: the watchdog reports
+    it and exits. 0: ``watchdog_s``. An async save hangs in a background thread while steps
+    go on, so the no-progress watchdog alone would only notice at the next save."""
     pg_timeout_s: float = 300.0
     """Process-group timeout: how long a collective may block before it raises."""
     deterministic: bool = True
@@ -183,6 +187,7 @@ class TrainConfig:
         _choice("--nonfinite-policy", self.nonfinite_policy, NONFINITE_POLICIES)
         _at_least("--max-rollbacks", self.max_rollbacks, 0)
         _positive("--watchdog-s", self.watchdog_s)
+        _at_least("--checkpoint-timeout-s", self.checkpoint_timeout_s, 0.0)
         _positive("--pg-timeout-s", self.pg_timeout_s)
         _choice("--device", self.device, DEVICES)
         _at_least("--min-step-time-s", self.min_step_time_s, 0.0)
@@ -271,6 +276,8 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--nonfinite-policy", "nonfinite_policy", str, "rollback, skip or abort"),
     ("--max-rollbacks", "max_rollbacks", int, "rollbacks allowed per process"),
     ("--watchdog-s", "watchdog_s", float, "exit if no step completes for this long"),
+    ("--checkpoint-timeout-s", "checkpoint_timeout_s", float,
+     "a save unfinished after this long is hung: report and exit (0: --watchdog-s)"),
     ("--pg-timeout-s", "pg_timeout_s", float, "process-group (collective) timeout"),
     ("--deterministic", "deterministic", _bool, "turn on every determinism switch (true/false)"),
     ("--device", "device", str, "auto, cpu or cuda"),

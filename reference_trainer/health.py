@@ -26,23 +26,31 @@ EXIT_CODES = {
     "checkpoint_unusable": 6,
     "gpu_unhealthy": 7,
     "gpu_oom": 8,
+    "checkpoint_save_failed": 9,
 }
 
 
 class Watchdog:
-    """Exit the process when no progress is reported for ``timeout_s``.
+    """Exit the process when no progress is reported for ``timeout_s``, or when an armed
+    deadline (a checkpoint save in flight) passes.
 
     A rank stuck in a collective (its peer is stopped, or the network dropped) would otherwise
-    wait for the process-group timeout — 30 minutes on gloo by default. The watchdog dumps the
-    stack of every thread to stderr (so the log shows where it hung), reports, and exits with
-    ``EXIT_CODES["watchdog"]`` through ``os._exit``: the main thread may be blocked inside C++
-    and cannot be unwound. The torchrun agent then restarts the worker group.
+    wait for the process-group timeout — 30 minutes on gloo by default. A save stuck in the
+    kernel (a hung NFS or FUSE mount) blocks the same way, and an async save blocks only its
+    background thread, so steps (and beats) go on: ``arm`` gives such work a deadline of its
+    own. The watchdog dumps the stack of every thread to stderr (so the log shows where it
+    hung), reports, and exits with ``EXIT_CODES["watchdog"]`` through ``os._exit``: the stuck
+    thread may be blocked inside C++ or a system call and cannot be unwound. The torchrun
+    agent then restarts the worker group.
     """
 
     def __init__(self, timeout_s: float, on_fire: Callable[[float], None]) -> None:
         self.timeout_s = timeout_s
         self._on_fire = on_fire
         self._last = time.monotonic()
+        self._armed: tuple[float, dict[str, object]] | None = None
+        self.overdue: dict[str, object] | None = None
+        """When it fires for an armed deadline: what was armed (``on_fire`` reads it)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="faultlab-watchdog", daemon=True)
 
@@ -53,16 +61,35 @@ class Watchdog:
     def beat(self) -> None:
         self._last = time.monotonic()
 
+    def arm(self, timeout_s: float, what: dict[str, object]) -> None:
+        """Fire if ``disarm`` is not called within ``timeout_s``; ``what`` (e.g. the save's
+        step and path) is left in ``overdue`` for ``on_fire``. One deadline at a time: arming
+        replaces it."""
+        self._armed = (time.monotonic() + timeout_s, dict(what, started=time.monotonic()))
+
+    def disarm(self) -> None:
+        self._armed = None
+
     def stop(self) -> None:
         self._stop.set()
 
     def _run(self) -> None:
         interval = min(1.0, self.timeout_s / 4)
         while not self._stop.wait(interval):
-            idle = time.monotonic() - self._last
-            if idle > self.timeout_s:
-                print(f"[watchdog] no progress for {idle:.1f} s (limit {self.timeout_s} s); "
-                      f"stacks of all threads follow", file=sys.stderr, flush=True)
+            now = time.monotonic()
+            idle = now - self._last
+            armed = self._armed
+            overdue = armed is not None and now > armed[0]
+            if idle > self.timeout_s or overdue:
+                if armed is not None and (overdue or armed[1].get("blocks_training")):
+                    # a blocking save that hangs stops progress too: name the save
+                    self.overdue = dict(armed[1], seconds=round(now - float(
+                        armed[1]["started"]), 3))  # type: ignore[arg-type]
+                reason = (f"{self.overdue['what']} unfinished after "
+                          f"{self.overdue['seconds']} s" if self.overdue else
+                          f"no progress for {idle:.1f} s (limit {self.timeout_s} s)")
+                print(f"[watchdog] {reason}; stacks of all threads follow", file=sys.stderr,
+                      flush=True)
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 try:
                     self._on_fire(idle)

@@ -80,7 +80,8 @@ class _ReferenceTrainer:
     numerics_neutral: frozenset[str] = frozenset({
         # Settings that change how a run is operated, never one bit of what it computes (the
         # trainer's tests check async saving and the watchdog against the same golden digest).
-        "async_checkpoint", "keep_checkpoints", "watchdog_s", "pg_timeout_s",
+        "async_checkpoint", "keep_checkpoints", "watchdog_s", "checkpoint_timeout_s",
+        "pg_timeout_s",
         "min_step_time_s", "preemption_provider", "preemption_poll_s",
         "straggler_threshold_s", "straggler_steps"})
 

@@ -156,8 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     progress = {"step": 0}
 
     def on_watchdog(idle_s: float) -> None:
-        events.emit("anomaly", what="watchdog", step=progress["step"], idle_s=round(idle_s, 3),
-                    action="exit")
+        hung = watchdog.overdue  # a save in flight past its deadline: name it
+        if hung is not None:
+            events.emit("anomaly", what="checkpoint_save_hung", step=hung.get("step"),
+                        path=hung.get("path"), seconds=hung.get("seconds"), action="exit")
+        else:
+            events.emit("anomaly", what="watchdog", step=progress["step"],
+                        idle_s=round(idle_s, 3), action="exit")
         events.emit("exit", reason="watchdog", code=EXIT_CODES["watchdog"])
 
     watchdog = Watchdog(cfg.watchdog_s, on_watchdog).start()
@@ -250,7 +255,9 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     # --- resume -----------------------------------------------------------------------------
     ckpt = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.keep_checkpoints,
                              async_save=cfg.async_checkpoint, rank=rank, world_size=world_size,
-                             process_group=ckpt_pg, emit=events.emit, beat=watchdog.beat)
+                             process_group=ckpt_pg, emit=events.emit, beat=watchdog.beat,
+                             timeout_s=cfg.checkpoint_timeout_s or cfg.watchdog_s,
+                             arm=watchdog.arm, disarm=watchdog.disarm)
 
     def resume() -> int:
         loaded = ckpt.load_latest(model, optimizer, on_none_valid=cfg.on_no_valid_checkpoint)
@@ -267,7 +274,6 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         return int(state["step"])
 
     step = resume()
-    last_saved = step
     progress["step"] = step
     last_step = cfg.stop_after or cfg.steps
     events.emit("start", resumed_from_step=step, preset=cfg.preset,
@@ -289,7 +295,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         restart their workers, which re-rendezvous without it and resume from this save."""
         assert watcher is not None
         ckpt.wait()
-        if at_step == last_saved:  # already committed: that is the emergency checkpoint
+        if at_step == ckpt.committed_step:  # already committed: the emergency checkpoint
             if rank == 0:
                 latest = list_checkpoints(ckpt.root)[0][1]
                 events.emit("checkpoint_saved", step=at_step, path=str(latest), seconds=0.0,
@@ -441,7 +447,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
                         **({"why": why} if why else {}))
             if policy == "rollback":
                 rollbacks += 1
-                step = progress["step"] = last_saved = resume()
+                step = progress["step"] = resume()
                 continue
             if policy == "skip":
                 sampler.advance(s)
@@ -473,8 +479,9 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         # lost) lands here, before step s's checkpoint: the step gate (faultlab.runtime.gates).
         rt.step_done(s, beat=watchdog.beat)
         if s % cfg.checkpoint_every == 0 or s == last_step:
+            # A failed save is reported and quarantined inside; training goes on and the next
+            # interval (or the end) tries again.
             ckpt.save(s, model, optimizer, trainer_state(s), force_sync=(s == last_step))
-            last_saved = s
             watchdog.beat()
         if probe:
             t_probe = time.monotonic()
@@ -494,9 +501,17 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     # --- the end ----------------------------------------------------------------------------
     if watcher is not None:
         watcher.stop()
-    if last_saved != step:
-        ckpt.save(step, model, optimizer, trainer_state(step), force_sync=True)
     ckpt.wait()
+    if ckpt.committed_step != step and not ckpt.save(step, model, optimizer,
+                                                     trainer_state(step), force_sync=True):
+        # The last step's save failed, and so did this retry: the steps since the last
+        # committed checkpoint are not durable. Leaving with an error lets the agent restart
+        # the group, which resumes from that checkpoint and saves again at the end.
+        events.emit("exit", reason="checkpoint_save_failed",
+                    code=EXIT_CODES["checkpoint_save_failed"], step=step,
+                    committed_step=ckpt.committed_step)
+        dist.destroy_process_group()
+        return EXIT_CODES["checkpoint_save_failed"]
     if step < cfg.steps:
         events.emit("exit", reason="stopped", code=0, step=step)
         dist.destroy_process_group()

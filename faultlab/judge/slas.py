@@ -72,6 +72,18 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
     Sla(key="max_slowdown", metric="slowdown", kind="max",
         description="median step time while a slowing fault is in force ÷ the median before "
                     "it"),
+    Sla(key="save_failure_detected", metric="save_failure_detected", kind="bool",
+        description="a save that io_error, disk_full or io_hang made fail was noticed (an "
+                    "anomaly, a watchdog, a rank that failed), not taken for saved"),
+    Sla(key="failed_save_never_loaded", metric="failed_save_never_loaded", kind="bool",
+        description="no checkpoint whose save failed or was cut short (or that a storage "
+                    "fault damaged) was loaded"),
+    Sla(key="training_continued_through_save_failure",
+        metric="training_continued_through_save_failure", kind="bool",
+        description="after a failed save the same processes trained on, without a restart"),
+    Sla(key="save_hang_detected_within_s", metric="save_hang_detected_within_s", kind="max",
+        description="io_hang struck a save → the job noticed (detection_latency_s, counting "
+                    "only signs of a failed save)"),
     Sla(key="faulty_node_excluded", metric="faulty_node_excluded", kind="bool",
         description="the job finished without the node whose GPU stayed failed (sticky "
                     "gpu_error; faultlab.observe.exclusion)"),

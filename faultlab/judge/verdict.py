@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from faultlab.judge.slas import CAMPAIGN_SLAS, SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState, first_difference
+from faultlab.observe.save_failures import sign_note, struck
 from faultlab.spec import Experiment, arrival_times_s
 
 __all__ = ["Golden", "SLAResult", "judge"]
@@ -81,10 +82,25 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             measured, note = False, f"timed out after {exp.run.timeout_s:g} s"
             if not metrics.max_step:
                 note += " without reaching a single step (see the nodes' logs)"
+        elif name == "completes" and measured is False:
+            note = _last_failure(events) or note
         if name == "bitwise_equal_to_golden":
             note = _bitwise_note(measured, golden, final_state) or note
-        if name == "corrupt_checkpoint_never_loaded" and measured is False:
-            note = _loaded_damage(faults, events) or note
+        if name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded") and \
+                measured is False:
+            note = _loaded_damage(faults, events) or _loaded_failed_save(events) or note
+        if name == "save_failure_detected" and measured is False:
+            note = "; ".join(sign_note(events, f) for f in faults if struck(f)
+                             and metrics.save_failure_detected is False) or note
+        if name == "training_continued_through_save_failure" and measured is False:
+            restarted = metrics.restarts > 0
+            note = ("the processes that failed the save did not train on: the job "
+                    + ("was restarted" if restarted else "stopped") + " after it")
+        if name in ("save_failure_detected", "training_continued_through_save_failure",
+                    "save_hang_detected_within_s", "failed_save_never_loaded") and \
+                measured is None and not note:
+            note = ("not measured: no io_error, disk_full or io_hang fault hit an operation, "
+                    "and the job reported no failed save")
         if name == "detection_latency_s" and measured is None and fired and \
                 not any(f.went_down or f.detection_latency_s is not None
                         for f in metrics.faults):
@@ -158,6 +174,36 @@ def _bitwise_note(measured: Any, golden: Golden | None, final: FinalState | None
     if measured is False and ours and theirs:
         differs = first_difference(ours, theirs)
         return f"first differing tensor: {differs}" if differs else ""
+    return ""
+
+
+def _last_failure(events: Sequence[Mapping[str, Any]]) -> str:
+    """How the last rank that failed ended: its exit reason and error."""
+    failed = [e for e in events if e.get("kind") == "exit"
+              and e.get("reason") not in ("completed", "stopped")]
+    if not failed:
+        return ""
+    last = max(failed, key=lambda e: float(e.get("t") or 0))
+    error = str(last.get("error") or "").splitlines()[0][:160] if last.get("error") else ""
+    return (f"the last failure: rank {last.get('rank')} exited {last.get('reason')}"
+            + (f" ({error})" if error else "")
+            + f" after {len(failed)} failed exit(s) in all")
+
+
+def _loaded_failed_save(events: Sequence[Mapping[str, Any]]) -> str:
+    """Which failed save the job loaded, and when it had reported the failure."""
+    failed = [e for e in events if e.get("kind") == "anomaly"
+              and e.get("what") in ("checkpoint_save_failed", "checkpoint_save_hung")
+              and isinstance(e.get("path"), str)]
+    for e in events:
+        if e.get("kind") != "checkpoint_loaded" or not isinstance(e.get("path"), str):
+            continue
+        for f in failed:
+            p, q = e["path"].rstrip("/"), f["path"].rstrip("/")
+            if (p == q or p.startswith(q + "/") or q.startswith(p + "/")) and \
+                    float(e.get("t") or 0) > float(f.get("t") or 0):
+                return (f"rank {e.get('rank')} loaded {e['path']} (step {e.get('step')}) after "
+                        f"its save was reported {f.get('what')} at step {f.get('step')}")
     return ""
 
 

@@ -55,6 +55,10 @@ emergency_checkpoint_s, emergency_checkpoint_before_deadline (run level)
 straggler_detected_within_s (run level)
     The worst (max) ``straggler_detected_s`` over the slowing faults; None if there is none or
     any of them was never named.
+save_failure_detected, save_hang_detected_within_s, training_continued_through_save_failure,
+failed_save_never_loaded
+    Saves that fail or hang under a storage fault (``io_error``, ``disk_full``, ``io_hang``):
+    defined in :mod:`faultlab.observe.save_failures`.
 faulty_node_excluded, restarts_until_excluded (run level)
     Defined in :mod:`faultlab.observe.exclusion` (a GPU that stays failed: did the job go on
     without its node, after how many restarts).
@@ -83,6 +87,7 @@ from faultlab.observe.records import (
     _range,
     _step,
 )
+from faultlab.observe.save_failures import save_failure_metrics
 from faultlab.observe.timeline import SLOWING_FAULTS, FaultMetrics, _Timeline
 
 __all__ = ["FaultMetrics", "FaultRecord", "Metrics", "compute_metrics"]
@@ -122,6 +127,10 @@ class Metrics:
     the run's requeues); None if the job was never requeued."""
     requeues: int | None = None
     """Not from events: how many times the scheduler requeued the job."""
+    save_failure_detected: bool | None = None
+    save_hang_detected_within_s: float | None = None
+    training_continued_through_save_failure: bool | None = None
+    failed_save_never_loaded: bool | None = None
     faults: list[FaultMetrics] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,9 +152,13 @@ def _committed(records: list[Record]) -> dict[int, Record]:
     return {s: r for s, r in sorted(trajectory.items()) if s <= last}
 
 
+def _damaged(faults: list[FaultRecord]) -> list[tuple[str, float]]:
+    return [(str(path), f.injected_t) for f in faults
+            for path in (f.details.get("checkpoints") or []) if isinstance(path, str)]
+
+
 def _corrupt_never_loaded(records: list[Record], faults: list[FaultRecord]) -> bool | None:
-    damaged = [(str(path), f.injected_t) for f in faults
-               for path in (f.details.get("checkpoints") or []) if isinstance(path, str)]
+    damaged = _damaged(faults)
     if not damaged:
         return None
     for path, struck_t in damaged:
@@ -251,6 +264,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
     slowdowns = [f.slowdown for f in per_fault if f.type in SLOWING_FAULTS]
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
     completes = _completes(records)
+    saves = save_failure_metrics(records, faults, _damaged(faults))
     return Metrics(
         completes=completes,
         final_digest=digest if isinstance(digest, str) else None,
@@ -272,6 +286,10 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
             if with_deadline else None),
         straggler_detected_within_s=_worst(slowing, None in slowing),
         slowdown=_worst(slowdowns, None in slowdowns) if slowdowns else None,
+        save_failure_detected=saves.save_failure_detected,
+        save_hang_detected_within_s=saves.save_hang_detected_within_s,
+        training_continued_through_save_failure=saves.training_continued_through_save_failure,
+        failed_save_never_loaded=saves.failed_save_never_loaded,
         faulty_node_excluded=faulty_node_excluded(records, faults, completes),
         restarts_until_excluded=restarts_until_excluded(records, faults),
         faults=per_fault,

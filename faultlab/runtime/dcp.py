@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["SafeReader", "flatten_state", "is_dcp_checkpoint", "read_checkpoint",
-           "state_digests", "tensor_sha256"]
+           "state_digests", "tensor_sha256", "verify_dcp_save"]
 
 # Everything DCP 2.13 writes into ``.metadata``; any other global is refused.
 _DCP_METADATA_GLOBALS = {
@@ -82,6 +82,46 @@ _SAFE_READER: type | None = None
 def is_dcp_checkpoint(path: Path) -> bool:
     """A DCP checkpoint is a directory with DCP's ``.metadata`` index."""
     return path.is_dir() and (path / ".metadata").is_file()
+
+
+def verify_dcp_save(path: Path) -> str | None:
+    """``None`` if the DCP save in ``path`` is complete, else the first reason it is not.
+
+    A ``dcp.save`` that returned is not proof that every byte was written: with a
+    ``FileSystemWriter(thread_count > 1)`` an exception in a helper thread (ENOSPC, EIO) ends
+    only that thread, the coordinator writes ``.metadata`` from the items the other threads
+    reported, and the save "succeeds" (pytorch issue 191391). So: ``.metadata`` must exist
+    and parse (through the allow-listed unpickler), every chunk it declares must have a
+    storage entry, and every entry's file must hold its byte range. Reads only the index and
+    file sizes, never the data: cheap enough to run after every save."""
+    path = Path(path)
+    try:
+        metadata = SafeReader(path).read_metadata()
+    except FileNotFoundError:
+        return f"{path.name}: no .metadata (the save did not finish on every rank)"
+    except Exception as e:  # noqa: BLE001 - a damaged index is an answer, not a crash
+        return f"{path.name}: .metadata unreadable: {type(e).__name__}: {e}"
+    stored = {(idx.fqn, None if idx.offset is None else tuple(idx.offset)): info
+              for idx, info in (metadata.storage_data or {}).items()}
+    for fqn, md in sorted(metadata.state_dict_metadata.items()):
+        chunks = [tuple(c.offsets) for c in getattr(md, "chunks", None) or []] or [None]
+        for offsets in chunks:
+            if (fqn, offsets) not in stored:
+                where = "" if offsets is None else f" at offset {list(offsets)}"
+                return (f"{path.name}: {fqn}{where} is in .metadata but was never written "
+                        f"(a writer thread failed?)")
+    ends: dict[str, int] = {}
+    for info in stored.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0),
+                                       int(info.offset) + int(info.length))
+    for name, end in sorted(ends.items()):
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            return f"{path.name}: {name} is missing"
+        if size < end:
+            return f"{path.name}: {name} has {size} bytes, .metadata needs {end}"
+    return None
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

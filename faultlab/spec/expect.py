@@ -52,6 +52,15 @@ class Expect(SpecModel):
     """Upper bound, seconds from slowing a rank down to the trainer naming it."""
     max_slowdown: float | None = Field(default=None, gt=0)
     """Upper bound on the slowdown a slowing fault causes (step time during ÷ before)."""
+    save_failure_detected: bool | None = None
+    """A save that a storage fault made fail was (or was not) noticed by the job."""
+    failed_save_never_loaded: bool | None = None
+    """No checkpoint whose save failed, was cut short or was damaged was ever loaded (or, if
+    false, one was)."""
+    training_continued_through_save_failure: bool | None = None
+    """After a failed save the same processes trained on (or did not)."""
+    save_hang_detected_within_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds from a hung save (``io_hang``) to the job noticing it."""
     faulty_node_excluded: bool | None = None
     """The job finished without (true) the node whose GPU stayed failed (``gpu_error`` with
     ``sticky: true``), or did not (false)."""

@@ -49,6 +49,13 @@ SCENARIOS = {
     "fsdp2_dcp/collective_hang.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault"},
         measured={"completes": True}),
+    # DCP raises CheckpointException on both ranks and the script has no handler: the failed
+    # save is noticed by dying; the partial step_12 (no .metadata) is never loaded; torchrun
+    # restarts it from step_8 and it ends bitwise equal, but nothing trained on through it.
+    "fsdp2_dcp/disk_full.yaml": Expected("fail", failing={
+        "training_continued_through_save_failure": "the job was restarted after it"},
+        measured={"completes": True, "bitwise_equal_to_golden": True,
+                  "save_failure_detected": True, "failed_save_never_loaded": True}),
     # A campaign at level 0: the NaN gradient among its faults is never noticed.
     "fsdp2_dcp/campaign.yaml": Expected("fail", failing={"detection_rate": ""}, measured={
         "completes": True, "false_positives_per_hour": 0.0}),
@@ -73,6 +80,12 @@ SCENARIOS = {
         "detection_latency_s": "the job never noticed the fault",
         "bitwise_equal_to_golden": "first differing tensor: optimizer_states.0.state."},
         measured={"completes": True}),
+    # Lightning's save moves a temporary file from /tmp over last.ckpt: across file systems a
+    # copy that truncates it first. ENOSPC tears it, and every restart dies loading it.
+    "lightning_ddp/disk_full.yaml": Expected("fail", failing={
+        "completes": "PytorchStreamReader failed reading zip archive",
+        "training_continued_through_save_failure": "the job was restarted after it"},
+        measured={"save_failure_detected": True, "failed_save_never_loaded": True}),
     "lightning_ddp/collective_hang.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault"},
         measured={"completes": True}),

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 PRELAUNCH = REPO / "experiments" / "prelaunch.yaml"
 MUST_PASS = ["rank_kill", "node_loss_elastic", "rank_hang", "ckpt_bitflip", "ckpt_torn_write",
              "nan_gradients", "collective_delay_straggler", "collective_partition",
-             "spot_preemption_aws"]
+             "spot_preemption_aws", "gpu_lost_sticky", "disk_full_during_save"]
 
 EXPERIMENT = """\
 name: {name}

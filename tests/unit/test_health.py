@@ -149,3 +149,40 @@ def test_the_slow_links_name_their_rank(transfers: list[tuple[int, int, float]],
 ])
 def test_no_single_culprit_names_no_one(transfers: list[tuple[int, int, float]]) -> None:
     assert attribute_slow_links(transfers, factor=3.0) is None
+
+
+def test_an_armed_deadline_fires_while_beats_go_on_and_names_what_hung(tmp_path: Path) -> None:
+    """An async save stuck in the kernel: its thread blocks in open() of a FIFO nobody reads
+    (a real uninterruptible-looking wait, as on a hung mount) while the training thread keeps
+    beating. The deadline, not the beats, decides; an earlier save that finished in time and
+    disarmed it never fires."""
+    fifo = tmp_path / "stuck"
+    proc = _run(f"""
+        import os, sys, threading, time
+        from reference_trainer.health import Watchdog
+
+        wd = Watchdog(5.0, lambda idle: print("ON_FIRE", wd.overdue, file=sys.stderr,
+                                              flush=True)).start()
+        wd.arm(0.3, {{"what": "checkpoint_save", "step": 10}})
+        wd.disarm()  # this save finished in time
+        time.sleep(0.8)
+        print("DISARMED QUIET", flush=True)
+        os.mkfifo({str(fifo)!r})
+        def stuck_writer():
+            open({str(fifo)!r}, "wb")  # blocks until a reader opens it: never
+        wd.arm(0.5, {{"what": "checkpoint_save", "step": 20}})
+        threading.Thread(target=stuck_writer, name="checkpoint-commit-20", daemon=True).start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:  # steps go on
+            wd.beat()
+            time.sleep(0.05)
+        print("NOT FIRED", flush=True)
+    """)
+    assert proc.returncode == EXIT_CODES["watchdog"], proc.stderr
+    assert proc.stdout.split() == ["DISARMED", "QUIET"]
+    assert "[watchdog] checkpoint_save unfinished after" in proc.stderr
+    assert "stuck_writer" in proc.stderr  # the stack dump shows where it hangs
+    fired = [line for line in proc.stderr.splitlines() if line.startswith("ON_FIRE")]
+    assert len(fired) == 1 and "'step': 20" in fired[0]
+    seconds = float(fired[0].split("'seconds': ")[1].rstrip("}"))
+    assert 0.5 < seconds < 5.0  # past its own deadline, well before the no-progress limit
