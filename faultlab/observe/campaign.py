@@ -101,6 +101,7 @@ from faultlab.observe.records import (
     _int,
     _json_safe,
     _key,
+    _one_start_per_process,
     _step,
 )
 from faultlab.observe.timeline import FaultMetrics, _Timeline
@@ -201,27 +202,32 @@ def nearest_rank(values: Sequence[float], q: float) -> float | None:
 
 def golden_step_time_s(events: Iterable[Record]) -> float | None:
     """Median ``step_time_s`` of rank 0's steps in a fault-free run (step 1, warm-up, left
-    out); None without any."""
-    times = [t for r in events if r.get("kind") == "step" and r.get("rank") == 0
-             and r.get("step") != 1 and (t := _float(r.get("step_time_s"))) is not None]
+    out); for records without it (a level-0 trainer's), the median gap between rank 0's
+    consecutive step records; None with fewer than two steps."""
+    steps = sorted((r for r in events if r.get("kind") == "step" and r.get("rank") == 0
+                    and _float(r.get("t")) is not None), key=lambda r: r["t"])
+    times = [t for r in steps if r.get("step") != 1
+             and (t := _float(r.get("step_time_s"))) is not None]
+    if not times:
+        times = [b["t"] - a["t"] for a, b in zip(steps, steps[1:], strict=False)]
     return statistics.median(times) if times else None
 
 
 def false_positives(events: Iterable[Record]) -> list[str]:
     """Every detection, restart or anomaly of a fault-free run, described."""
     out = []
-    starts = 0
-    for r in sorted((r for r in events if _float(r.get("t")) is not None),
-                    key=lambda r: r["t"]):
+    pids: set[Any] = set()  # rank 0's processes: each one after the first is a restart
+    records = _one_start_per_process([r for r in events if _float(r.get("t")) is not None])
+    for r in sorted(records, key=lambda r: r["t"]):
         kind = r.get("kind")
         if kind == "anomaly":
             out.append(f"anomaly:{r.get('what')} (rank {r.get('rank')}, step {r.get('step')})")
         elif kind == "exit" and _key(r.get("reason")) not in CLEAN_EXITS:
             out.append(f"exit:{r.get('reason')} (rank {r.get('rank')})")
-        elif kind == "start" and r.get("rank") == 0 and r.get("level") != 0:
-            starts += 1
-            if starts > 1:
+        elif kind == "start" and r.get("rank") == 0 and _key(r.get("pid")) not in pids:
+            if pids:
                 out.append(f"restart (rank 0 started again, restart {r.get('restart')})")
+            pids.add(_key(r.get("pid")))
     return out
 
 

@@ -302,6 +302,12 @@ def test_false_positives_of_the_golden_run() -> None:
     assert s.false_positives == 3
     assert s.false_positives_per_hour == pytest.approx(3 / (7.0 / 3600))
     assert golden_step_time_s(golden) == 0.4
+    # a level-0 trainer: its starts are the observer's, its steps carry no step_time_s
+    level0 = [{**r, "level": 0} for r in golden if r["kind"] == "start"] + [
+        {k: v for k, v in r.items() if k != "step_time_s"} for r in golden
+        if r["kind"] != "start"]
+    assert false_positives(level0)[-1] == "restart (rank 0 started again, restart 1)"
+    assert golden_step_time_s(level0) == pytest.approx(0.5)  # the gap between its records
 
 
 def test_campaign_slas_judged() -> None:
