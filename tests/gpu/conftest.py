@@ -1,5 +1,6 @@
 """The tests/gpu suite needs a CUDA GPU: without one every test here is skipped, saying why.
-Run it where there is one: ``python -m pytest tests/gpu -v`` (about 3 minutes on one H100)."""
+Run it where there is one: ``python -m pytest tests/gpu -v`` (not run yet: no GPU was lent to the
+session that wrote it, so its run time is unmeasured)."""
 
 from __future__ import annotations
 
