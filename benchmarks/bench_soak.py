@@ -26,9 +26,11 @@ No bound is asserted here; this replaces ``python -m pytest_faultlab.soak``.
 
 All of it is hours on a 2-core machine (about 28 experiments x 20 runs), more than one sitting:
 ``--resume FOLDER`` goes on in the folder of an earlier soak, running only the runs whose log
-does not end in the ``[bench_soak] exit`` line (a run cut off by Ctrl-C or a reboot is run
-again; its unfinished run folder, which has no journal, is not counted), and then prints the
-table over every finished run in that folder.
+does not have the ``[bench_soak] exit`` line, and then prints the table over every finished
+run in that folder. Ctrl-C or SIGTERM stops a soak: no new run starts, the running ones undo
+their faults and exit, and they get no done mark; so a run cut off by a stop (or a reboot) is
+run again, and the table counts only the journal each finished run's log names, never the
+journal a cut-off run left behind.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,6 +63,8 @@ from faultlab.spec import load_experiment  # noqa: E402
 
 COLLISION_SIGNS = ("address already in use", "eaddrinuse", "errno 98")
 DONE_MARK = "[bench_soak] exit"
+CUT_MARK = "[bench_soak] cut off by a stop, exit"
+JOURNAL_LINE = re.compile(r"^journal: (.+/journal\.json)$", re.M)
 
 
 def shipped_experiments() -> list[Path]:
@@ -97,8 +102,26 @@ def _key(path: Path) -> str:
         return str(path)
 
 
-def _run_one(exp: Path, key: str, index: int, out: Path, slurm_lock: threading.Lock | None
-             ) -> None:
+class _Stop:
+    """Ctrl-C or SIGTERM: no run is started any more, the running ones are stopped (each
+    ``faultlab run`` undoes its faults and exits), and none of them counts as finished."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self.lock = threading.Lock()
+        self.children: set[subprocess.Popen[bytes]] = set()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.set = True
+            children = list(self.children)
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)  # a second one is ignored during undo
+
+
+def _run_one(exp: Path, key: str, index: int, out: Path, slurm_lock: threading.Lock | None,
+             stop: _Stop) -> None:
     """One real ``faultlab run`` of ``exp`` into ``out/runs/<key>/``; its output in a log."""
     folder = out / "runs" / key.replace("/", "__").removesuffix(".yaml")
     folder.mkdir(parents=True, exist_ok=True)
@@ -106,13 +129,27 @@ def _run_one(exp: Path, key: str, index: int, out: Path, slurm_lock: threading.L
            "--golden-cache", str(out / "golden")]
     log = _log_path(out, key, index)
     log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    with (slurm_lock or _NO_LOCK), log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL).returncode
-        took_s = time.monotonic() - t0
-        f.write(f"\n{DONE_MARK} {rc} in {took_s:.1f} s\n")
-    print(f"  {key} run {index}: exit {rc} in {took_s:.0f} s ({log})", flush=True)
+    with (slurm_lock or _NO_LOCK):
+        t0 = time.monotonic()
+        with stop.lock:
+            if stop.set:
+                return
+            f = log.open("w")
+            child = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+            stop.children.add(child)
+        with f:
+            rc = child.wait()
+            took_s = time.monotonic() - t0
+            with stop.lock:
+                stop.children.discard(child)
+                cut_off = stop.set
+            # A run cut off by a stop gets no done mark: --resume runs it again and the table
+            # does not count it, though it wrote a journal.
+            f.write(f"\n{CUT_MARK} {rc}\n" if cut_off
+                    else f"\n{DONE_MARK} {rc} in {took_s:.1f} s\n")
+    print(f"  {key} run {index}: " + ("cut off" if cut_off else f"exit {rc} in {took_s:.0f} s")
+          + f" ({log})", flush=True)
 
 
 def _log_path(out: Path, key: str, index: int) -> Path:
@@ -123,6 +160,24 @@ def finished(out: Path, key: str, index: int) -> bool:
     """Whether run ``index`` of ``key`` ran to its end in an earlier sitting (``--resume``)."""
     log = _log_path(out, key, index)
     return log.exists() and DONE_MARK in log.read_text(errors="replace")
+
+
+def finished_journals(out: Path, key: str, runs: int) -> tuple[list[Path], int]:
+    """The journals of the finished runs of ``key`` (those whose log has the done mark), and
+    how many finished runs named none. A journal written by a run cut off by a stop, or left
+    in the folder by anything else, is not counted."""
+    journals, none = [], 0
+    for index in range(1, runs + 1):
+        log = _log_path(out, key, index)
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if DONE_MARK not in text:
+            continue
+        found = JOURNAL_LINE.findall(text)
+        if found and Path(found[-1]).exists():
+            journals.append(Path(found[-1]))
+        else:
+            none += 1
+    return journals, none
 
 
 class _NoLock:
@@ -154,6 +209,10 @@ def collisions(folders: list[Path]) -> list[str]:
             text = log.read_text(errors="replace").lower()
             found += [f"{log}: {sign!r}" for sign in COLLISION_SIGNS if sign in text]
     return found
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _p(summary: Any, metric: str) -> tuple[str, str]:
@@ -239,12 +298,27 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
           f"time, into {out}" + (f" ({done_before} run(s) finished earlier)" if done_before
                                  else ""), flush=True)
     slurm_lock = threading.Lock()
+    stop = _Stop()
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        for f in [pool.submit(_run_one, path, key, i, out,
-                              slurm_lock if launchers[key] == "slurm" else None)
-                  for key, path, i in jobs]:
+    pool = ThreadPoolExecutor(max_workers=args.parallel)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        futures = [pool.submit(_run_one, path, key, i, out,
+                               slurm_lock if launchers[key] == "slurm" else None, stop)
+                   for key, path, i in jobs]
+        for f in futures:
             f.result()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("soak: stopping: no new run starts; the running ones undo their faults and are "
+              "not counted (--resume runs them again)", flush=True)
+        stop.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        pool.shutdown(wait=True, cancel_futures=True)
     took_s = time.monotonic() - t0
 
     rows, data = [], []
@@ -256,14 +330,15 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
             continue
         folder = out / "runs" / key.replace("/", "__").removesuffix(".yaml")
         folders.append(folder)
-        journals = [read_journal(j.parent) for j in sorted(folder.glob("*/journal.json"))]
-        summary = summarize(journals)
+        done, no_journal = finished_journals(out, key, args.runs)
+        summary = summarize([read_journal(j.parent) for j in done])
         verdicts = set(summary.verdicts)
         resume, detect, wall = (_p(summary, m) for m in
                                 ("resume_time_s", "detection_latency_s", "wall_s"))
         missing = args.runs - summary.num_runs
         rows.append([key, f"{summary.num_passed}/{args.runs}"
-                     + (f" ({missing} no journal)" if missing else ""),
+                     + (f" ({no_journal} without a journal)" if no_journal else "")
+                     + (f" ({missing - no_journal} not run)" if missing > no_journal else ""),
                      "yes" if len(verdicts) == 1 and not missing else "NO",
                      *resume, *detect, *wall])
         data.append({"experiment": key, "runs": args.runs, **summary.to_dict()})
