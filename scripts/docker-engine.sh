@@ -55,7 +55,8 @@ if ! containerd_answers; then
   [ -n "$pid" ] && wait_for containerd_answers 20 "$pid"
   if ! containerd_answers && [ -z "$(live_pid containerd)" ]; then
     rm -f "$containerd_sock" "$containerd_sock.ttrpc"
-    nohup containerd >>"$log" 2>&1 &
+    setsid nohup containerd >>"$log" 2>&1 &  # its own session: a Ctrl-C or a kill of the
+    # caller's process group (make test, a soak stopped) must not take the engine down
     wait_for containerd_answers 20 $!
   fi
   containerd_answers || give_up "containerd does not answer on $containerd_sock"
@@ -65,7 +66,7 @@ pid=$(live_pid dockerd)
 [ -n "$pid" ] && wait_for answers 60 "$pid"
 if ! answers && [ -z "$(live_pid dockerd)" ]; then
   rm -f /var/run/docker.pid /var/run/docker.sock
-  nohup dockerd --containerd="$containerd_sock" >>"$log" 2>&1 &
+  setsid nohup dockerd --containerd="$containerd_sock" >>"$log" 2>&1 &  # its own session (above)
   wait_for answers 60 $!
 fi
 answers || give_up "dockerd does not answer"
