@@ -2,11 +2,13 @@
 
     python benchmarks/bench_campaign.py                       # 10 min of faults, mtbf 20 s
     python benchmarks/bench_campaign.py --duration-s 120 --mtbf-s 10 --seed 3
+    python benchmarks/bench_campaign.py --mtbf-steps 40 --steps 2000   # the step clock
 
 It takes ``experiments/campaign_reference.yaml`` (the mix of CI's short campaign: rank_kill,
 grad_nan, collective_error, io_error, gpu_oom on 2 nodes of 1 rank), stretches its window to
 ``--duration-s`` at ``--mtbf-s`` and its run to enough steps to outlast the window (from the
-golden run's step time: the first run measures it), runs it through the same engine as
+golden run's step time: the first run measures it) — or, with ``--mtbf-steps``, puts it on the
+step clock over ``--steps`` — runs it through the same engine as
 ``faultlab run`` and prints the campaign's headline and per-fault-type table (the journal and
 report.html in the run folder have every injection).
 """
@@ -35,25 +37,44 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument("--mtbf-s", type=float, default=20.0)
+    p.add_argument("--mtbf-steps", type=float, default=None,
+                   help="the step clock instead: one fault every N steps on average")
+    p.add_argument("--steps", type=int, default=2000, help="with --mtbf-steps: the run's steps")
     p.add_argument("--seed", type=int, default=36)
     p.add_argument("--report-dir", type=Path, default=None)
     args = p.parse_args()
     loaded = load_campaign(REPO / "experiments" / "campaign_reference.yaml", seed=args.seed)
     assert loaded is not None
     base, line = loaded
-    steps = math.ceil(args.duration_s * 1.2 / STEP_S_GUESS / 10) * 10
+    mix = base.campaign.model_dump(mode="json", exclude_none=True)["mix"]
+    if args.mtbf_steps is not None:
+        steps = args.steps
+        arrivals = steps / args.mtbf_steps
+        campaign = {"mtbf_steps": args.mtbf_steps, "start_after_step": 5,
+                    "until_step": steps - 10, "mix": mix}
+        timeout_s = steps * STEP_S_GUESS * 2 + arrivals * 30
+        what = f"mtbf {args.mtbf_steps:g} steps over {steps} steps"
+    else:
+        steps = math.ceil(args.duration_s * 1.2 / STEP_S_GUESS / 10) * 10
+        arrivals = args.duration_s / args.mtbf_s
+        campaign = {"mtbf_s": args.mtbf_s, "duration_s": args.duration_s,
+                    "start_after_s": 10, "mix": mix}
+        timeout_s = args.duration_s * 3
+        what = f"mtbf {args.mtbf_s:g} s over {args.duration_s:g} s, {steps} steps"
     doc = base.model_validate({
         **base.model_dump(mode="json", exclude_none=True),
         "name": "campaign_bench",
-        "run": {"steps": steps, "checkpoint_every": 10, "timeout_s": args.duration_s * 3},
-        "campaign": {**base.campaign.model_dump(mode="json", exclude_none=True),
-                     "duration_s": args.duration_s, "mtbf_s": args.mtbf_s},
+        # Every arrival may cost a restart: torchrun's restarts must not run out first.
+        "topology": {**base.topology.model_dump(mode="json", exclude_none=True),
+                     "max_restarts": math.ceil(arrivals * 2) + 5},
+        "run": {"steps": steps, "checkpoint_every": 10, "timeout_s": timeout_s},
+        "campaign": campaign,
     })
     report_dir = args.report_dir or Path(tempfile.mkdtemp(prefix="bench-campaign-"))
     ran = run_campaign(doc, line=line, report_dir=report_dir)
     score = ran.score.to_dict()
-    print(f"campaign_bench: seed {args.seed}, mtbf {args.mtbf_s:g} s over {args.duration_s:g} s,"
-          f" {steps} steps, verdict {ran.verdict}; run folder {ran.result.run_folder}")
+    print(f"campaign_bench: seed {args.seed}, {what}, verdict {ran.verdict}; run folder "
+          f"{ran.result.run_folder}")
     print("\n| | |\n| --- | --- |")
     for k, v in summary_rows(score):
         print(f"| {k} | {v} |")

@@ -79,11 +79,20 @@ def _parser() -> argparse.ArgumentParser:
                        help="campaign name; the file is NAME.yaml (default: my_campaign)")
     cinit.add_argument("--out", type=Path, default=None,
                        help="file to write (default: NAME.yaml in the current directory)")
-    cinit.add_argument("--mtbf-s", type=_seconds, default=20.0, metavar="S",
-                       help="mean seconds between faults (default: 20)")
+    clock = cinit.add_mutually_exclusive_group()
+    clock.add_argument("--mtbf-steps", type=_steps, default=40.0, metavar="N",
+                       help="mean training steps between faults: the step clock, the same "
+                            "scoring run after run (default: 40)")
+    clock.add_argument("--mtbf-s", type=_seconds, default=None, metavar="S",
+                       help="mean seconds between faults instead: the wall clock (faults also "
+                            "strike while the job restarts; where they land varies)")
     cinit.add_argument("--force", action="store_true", help="overwrite an existing file")
     val = sub.add_parser("validate", help="validate experiment files")
     val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT")
+    val.add_argument("--golden-cache", type=Path, default=Path("reports/.golden"),
+                     metavar="DIR", help="where faultlab run caches golden runs: a campaign's "
+                                         "mtbf_s is checked against the step time of one cached "
+                                         "there (default: reports/.golden)")
     lst = sub.add_parser("list", help="list registered things")
     lst.add_argument("what", choices=["faults", "slas"],
                      help="faults: every fault and its params; slas: every expect key")
@@ -148,6 +157,16 @@ def _pass_rate(text: str) -> Fraction:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _steps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 1 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps >= 1")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -206,9 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             for path, exp in experiments:
                 campaign = load_campaign(path, seed=args.seed if hasattr(args, "seed") else None)
                 if campaign is not None:
+                    from faultlab.engine.campaign import check_rate_cached
+
+                    rate = check_rate_cached(campaign[0], args.golden_cache, path, campaign[1])
                     console.print(f"ok  {path}  (campaign {exp.name}: {len(exp.faults)} "
                                   f"arrival(s) from seed {exp.seed}, "
-                                  f"{len(campaign[0].expect.items())} SLA(s))")
+                                  f"{len(campaign[0].expect.items())} SLA(s); "
+                                  f"{escape(rate)})")
                     continue
                 console.print(f"ok  {path}  ({exp.name}: {len(exp.faults)} fault(s), "
                               f"{len(list(exp.expect.items()))} SLA(s))")
@@ -247,10 +270,11 @@ def _campaign_init(args: argparse.Namespace, console: Console, err: Console) -> 
         err.print(f"faultlab campaign init: error: {out} exists; choose another --out or add "
                   f"--force to overwrite it")
         return EXIT_INVALID
-    text = starter_campaign(args.name, mtbf_s=args.mtbf_s)
+    text = starter_campaign(args.name, mtbf_steps=args.mtbf_steps, mtbf_s=args.mtbf_s)
     parse_document(text, out)  # a starter that does not validate is our bug: raise here
     out.write_text(text)
-    console.print(f"wrote {out}: a campaign of {args.name!r} (mtbf {args.mtbf_s:g} s); see the "
+    rate = f"{args.mtbf_s:g} s" if args.mtbf_s is not None else f"{args.mtbf_steps:g} steps"
+    console.print(f"wrote {out}: a campaign of {args.name!r} (mtbf {rate}); see the "
                   f"schedule with: faultlab run --dry-run {out}")
     return EXIT_PASS
 

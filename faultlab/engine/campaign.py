@@ -1,14 +1,15 @@
 """Runs a campaign: golden run → rate check → the compiled experiment → scoring → verdict.
 
-The campaign's experiment (``faultlab.spec.compile_campaign``: one ``at_time_s`` fault per
-seeded arrival) runs through ``run_experiment`` unchanged, so undo, guard and journal are an
-experiment's. The golden run (the same job without faults, cached like every golden run) is
-needed twice: its median step time decides whether ``mtbf_s`` leaves a step room to finish
-between faults, and its records are scored for false positives. The scoring
-(``faultlab.observe.campaign``) and the campaign SLAs go into the journal under ``campaign``,
-and the verdict is rewritten to include them. The experiment's implicit per-fault check that
-each fault was injected is left out of a campaign's verdict: an arrival whose victim was
-restarting, or that came after the job finished, is reported as not injected instead.
+The campaign's experiment (``faultlab.spec.compile_campaign``: one fault per seeded arrival,
+``at_step`` on the step clock, ``at_time_s`` on the wall clock) runs through ``run_experiment``
+unchanged, so undo, guard and journal are an experiment's. The golden run (the same job without
+faults, cached like every golden run) is needed twice: its median step time decides whether a
+wall-clock ``mtbf_s`` leaves a step room to finish between faults (and turns a step-clock
+``mtbf_steps`` into seconds for the goodput projection), and its records are scored for false
+positives. The scoring (``faultlab.observe.campaign``) and the campaign SLAs go into the journal
+under ``campaign``, and the verdict is rewritten to include them. The experiment's implicit
+per-fault check that each fault was injected is left out of a campaign's verdict: an arrival whose
+victim was restarting, or that came after the job finished, is reported as not injected instead.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from faultlab.engine.golden import GoldenRun, golden_run
+from faultlab.engine.golden import GoldenRun, golden_key, golden_run
 from faultlab.engine.runner import RunResult, run_experiment
 from faultlab.engine.view import NullView
 from faultlab.errors import InvalidExperimentError, Problem
@@ -33,7 +34,7 @@ from faultlab.report.journal import strict_json, write_journal
 from faultlab.runtime.events import read_events
 from faultlab.spec.campaign import Campaign, campaign_schedule, compile_campaign
 
-__all__ = ["CampaignResult", "check_rate", "judge_campaign", "run_campaign"]
+__all__ = ["CampaignResult", "check_rate", "check_rate_cached", "judge_campaign", "run_campaign"]
 
 
 @dataclass
@@ -51,15 +52,41 @@ class CampaignResult:
 
 def check_rate(campaign: Campaign, step_time_s: float | None, source: Path | None,
                line: int | None) -> None:
-    """Refuse an ``mtbf_s`` so short that, on average, no step finishes between two faults."""
-    if step_time_s is None or campaign.campaign.mtbf_s > step_time_s:
+    """Refuse a wall-clock ``mtbf_s`` so short that, on average, no step finishes between two
+    faults. (On the step clock, ``mtbf_steps < 1`` is refused when the document is read.)"""
+    mtbf_s = campaign.campaign.mtbf_s
+    if mtbf_s is None or step_time_s is None or mtbf_s > step_time_s:
         return
     raise InvalidExperimentError([Problem(
         source, line, "campaign.mtbf_s",
-        f"{campaign.campaign.mtbf_s:g} s between faults is not longer than one training step "
+        f"{mtbf_s:g} s between faults is not longer than one training step "
         f"({step_time_s:.3f} s, estimated as the median step time of the golden run, the same "
         f"job without faults): no step could finish between two faults; make mtbf_s several "
         f"times the step time (e.g. {max(1.0, 20 * step_time_s):.0f})")])
+
+
+def check_rate_cached(campaign: Campaign, cache_dir: Path, source: Path | None,
+                      line: int | None) -> str:
+    """``faultlab validate``'s rate check, which runs nothing: against the golden run in
+    ``cache_dir`` when one is cached for this job (raises ``InvalidExperimentError`` like
+    ``check_rate``); returns what was checked, for the user."""
+    spec = campaign.campaign
+    if spec.mtbf_s is None:
+        return f"mtbf_steps {spec.mtbf_steps:g}: at least one step between faults"
+    exp = compile_campaign(campaign)
+    entry = cache_dir / f"{golden_key(exp)}.json"
+    try:
+        run_dir = Path(json.loads(entry.read_text())["run_dir"])
+    except (OSError, ValueError, KeyError):
+        return (f"mtbf_s {spec.mtbf_s:g} s not checked against a step time yet: no golden run "
+                f"of this job is cached in {cache_dir}; faultlab run checks it first")
+    step_s = golden_step_time_s(read_events(run_dir / "events")) \
+        if (run_dir / "events").is_dir() else None
+    if step_s is None:
+        return f"mtbf_s {spec.mtbf_s:g} s not checked: the cached golden run has no step time"
+    check_rate(campaign, step_s, source, line)
+    return (f"mtbf_s {spec.mtbf_s:g} s against the cached golden run's step time "
+            f"{step_s:.3f} s")
 
 
 def judge_campaign(campaign: Campaign, score: CampaignScore) -> list[SLAResult]:
@@ -106,14 +133,14 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
     journal_path = result.journal_path
     journal: dict[str, Any] = json.loads(journal_path.read_text())
     events = read_events(Path(journal["run"]["job_dir"]) / "events")
+    schedule = campaign_schedule(campaign)
     score = score_campaign(events, result.faults, procs_per_node=exp.topology.procs_per_node,
                            world_size=exp.topology.world_size,
                            mtbf_s=campaign.campaign.mtbf_s,
+                           mtbf_steps=campaign.campaign.mtbf_steps,
                            checkpoint_every=exp.run.checkpoint_every,
                            golden_events=golden_events, scheduled=len(exp.faults),
-                           planned_at_s={f.id: f.trigger.at_time_s for f in exp.faults
-                                         if f.id is not None
-                                         and f.trigger.at_time_s is not None})
+                           planned={p.fault_id: p for p in schedule})
     # An arrival that found no victim (its rank was restarting) or came after the job finished
     # is a fact of the campaign, shown as "not injected" in its table, not a failed check.
     kept = [s for s in result.slas if not s.name.startswith("fault_injected[")]
@@ -124,9 +151,10 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
     journal["slas"] = strict_json([dataclasses.asdict(s) for s in slas])
     journal["campaign"] = {
         "document": campaign.model_dump(mode="json"),
-        "schedule": [{"fault_id": p.fault_id, "at_s": p.at_s, "type": p.type,
-                      "victim": str(p.victim), "entry": p.entry}
-                     for p in campaign_schedule(campaign)],
+        "clock": campaign.campaign.clock,
+        "schedule": [{"fault_id": p.fault_id, "at_step": p.at_step, "at_s": p.at_s,
+                      "type": p.type, "victim": str(p.victim), "entry": p.entry}
+                     for p in schedule],
         "golden_key": golden.key, "golden_run_dir": golden.run_dir,
         "score": strict_json(score.to_dict()),
         **_plot_data(events, result.faults, score),

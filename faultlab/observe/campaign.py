@@ -17,9 +17,10 @@ attributed
     ``(T, end)``, ``end`` = the job's came-back record (the restart) or ``T_next``, whichever
     is first:
 
-    1. *silent ranks* (level 0 sees no more than this): ranks that recorded a step in the 30 s
-       before ``T`` and no record at all in the window, while another rank recorded an unclean
-       exit there. A rank that died without a word is the first to fail (a SIGKILLed rank
+    1. *silent ranks* (level 0 sees no more than this): ranks whose process recorded a step
+       in the 30 s before ``T`` and no record at all in the window (a record of the rank's
+       next process, a restart's, does not count), while another rank recorded an unclean exit
+       there. A rank that died without a word is the first to fail (a SIGKILLed rank
        writes nothing; its peers exit with "Connection closed by peer").
     2. ranks the trainer's records name: ``straggler_rank`` of a straggler anomaly, the
        ``ranks`` list of an exit or anomaly (the reference trainer's lost GPU);
@@ -43,15 +44,22 @@ recovered, recovery_time_s, lost_steps
     noticed and trained through (a step record after the detection and before ``T_next``, and
     no came-back record before ``T_next``) did not take the job down: the restart after
     ``T_next`` is the next fault's.
-at_s
-    The planned arrival (seconds after the launch) when the schedule is given, else seconds
-    after the job's first record.
+at_step, at_s
+    The planned step (step clock; ``at_s`` is then measured: seconds after the job's first
+    record), or the planned arrival in seconds after the launch (wall clock, ``at_step``
+    None).
 compound, compound_reasons
     True if at ``T`` the job was recovering from an earlier injection (it went down at or
     before ``T`` and was not yet back at its step: ``T_k + recovery_time_k > T``, or never
     came back), an earlier reversible injection was still in force (not yet undone), or a
-    checkpoint save was under way (a ``checkpoint_saved`` record at ``t >= T`` whose
-    ``t − seconds <= T``).
+    checkpoint save was under way: one that completed (a ``checkpoint_saved`` record at
+    ``t >= T`` whose ``t − seconds <= T``), one that failed (a ``checkpoint_save_failed`` or
+    ``checkpoint_save_hung`` anomaly likewise), or one that never reported anything (a wall-clock
+    injection after rank 0's record of a checkpoint step ``N`` — a multiple of
+    ``checkpoint_every`` in a job that records saves — with no record of rank 0 between that
+    step and ``T``, and ``T`` within twice the longest save the job recorded (+ 1 s) of that
+    step: rank 0 was saving step ``N`` when it was struck). A step-clock injection at
+    a checkpoint step is not "during the save": the step gate holds it before the save begins.
 
 Campaign level:
 
@@ -74,11 +82,16 @@ ettr
 projected_ettr
     What the analytic model of :mod:`faultlab.report.projection` predicts for the same failure
     rate, from the costs the isolated injections measured (compound ones are left out, as a
-    single-fault experiment never sees them): ``golden_ettr · (1 − p_down · L / mtbf_s)``,
+    single-fault experiment never sees them): on the wall clock, failures arrive every
+    ``mtbf_s`` of wall time, lost time included: ``golden_ettr · (1 − p_down · L / mtbf_s)``
+    (at least 0); on the step clock, every ``mtbf_steps`` steps of progress, i.e. every
+    ``M = mtbf_steps × step time`` of useful time, so each ``M`` costs ``p_down · L`` more:
+    ``golden_ettr / (1 + p_down · L / M)``,
     with ``golden_ettr`` the golden run's goodput (start-up and checkpoint stalls included),
     ``p_down`` the fraction of isolated injections that took the job down, ``L = R + τ/2``,
     ``R`` the median resume time of those (fault → training again), ``τ`` the checkpoint
-    interval (``checkpoint_every`` × the golden run's median step time). None if no isolated
+    interval (``checkpoint_every`` × this run's median step time, the speed at which
+    ``mtbf_steps`` also turns into seconds). None if no isolated
     injection took the job down and none was absorbed. ``ettr_gap`` = projected − measured:
     what isolated experiments miss.
 """
@@ -123,7 +136,8 @@ class InjectionScore:
     type: str
     target: str
     at_s: float | None
-    """Seconds after the job's first record."""
+    """Wall clock: the planned arrival, seconds after the launch; step clock: measured,
+    seconds after the job's first record."""
     injected: bool
     error: str | None = None
     detected: bool = False
@@ -139,6 +153,8 @@ class InjectionScore:
     lost_steps: int | None = None
     compound: bool = False
     compound_reasons: list[str] = field(default_factory=list)
+    at_step: int | None = None
+    """Step clock: the planned step (it struck right after it)."""
 
 
 @dataclass(slots=True)
@@ -232,11 +248,14 @@ def false_positives(events: Iterable[Record]) -> list[str]:
 
 
 def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
-                   procs_per_node: int, world_size: int, mtbf_s: float,
+                   procs_per_node: int, world_size: int, mtbf_s: float | None,
                    checkpoint_every: int, golden_events: Sequence[Record],
-                   scheduled: int | None = None,
-                   planned_at_s: Mapping[str, float] | None = None) -> CampaignScore:
-    """Score every injection of ``faults`` against ``events`` (module docstring)."""
+                   mtbf_steps: float | None = None, scheduled: int | None = None,
+                   planned: Mapping[str, Any] | None = None) -> CampaignScore:
+    """Score every injection of ``faults`` against ``events`` (module docstring).
+
+    ``planned``: fault id → its arrival (``faultlab.spec.campaign.Planned``: ``at_step`` on
+    the step clock, ``at_s`` on the wall clock). Exactly one of ``mtbf_s``, ``mtbf_steps``."""
     timeline = _Timeline(events)
     records = timeline.records
     t_first = timeline.ts[0] if timeline.ts else None
@@ -245,11 +264,14 @@ def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
     metrics = {f.id: timeline.analyse(f) for f in struck}
     scores: list[InjectionScore] = []
     for f in ordered:
-        at_s = (planned_at_s or {}).get(f.id)
+        arrival = (planned or {}).get(f.id)
+        at_step = getattr(arrival, "at_step", None)
+        at_s = getattr(arrival, "at_s", None)
         if at_s is None and t_first is not None:
             at_s = round(f.injected_t - t_first, 3)
         error = (f.details or {}).get("error")
         s = InjectionScore(fault_id=f.id, type=f.type, target=f.target, at_s=at_s,
+                           at_step=at_step,
                            injected=not error, error=str(error) if error else None,
                            victim_ranks=_victims(f, procs_per_node, world_size))
         if error:
@@ -258,7 +280,8 @@ def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
         i = struck.index(f)
         next_t = struck[i + 1].injected_t if i + 1 < len(struck) else math.inf
         m = metrics[f.id]
-        s.compound_reasons = _compound(f, struck[:i], metrics, records)
+        s.compound_reasons = _compound(f, struck[:i], metrics, records, checkpoint_every,
+                                       step_gated=at_step is not None)
         s.compound = bool(s.compound_reasons)
         if m.detection_t is not None and m.detection_t < next_t:
             s.detected, s.detected_by = True, m.detected_by
@@ -281,8 +304,11 @@ def score_campaign(events: Sequence[Record], faults: Sequence[FaultRecord], *,
     golden = compute_metrics(golden_events, [])
     signals = false_positives(golden_events)
     golden_h = golden.wall_s / 3600
-    step_s = golden_step_time_s(golden_events)
-    projected, inputs = _projection(scores, golden.goodput, mtbf_s, checkpoint_every, step_s)
+    # The rate is per step (step clock) and the interval is in steps: both turn into seconds
+    # at the speed this run trained at (the golden run may have run on a quieter machine).
+    step_s = golden_step_time_s(events) or golden_step_time_s(golden_events)
+    projected, inputs = _projection(scores, golden.goodput, mtbf_s, mtbf_steps,
+                                    checkpoint_every, step_s)
     done = [s for s in scores if s.injected]
     p50, p95 = _recovery(done)
     return CampaignScore(
@@ -339,10 +365,11 @@ def _trained_through(m: FaultMetrics, next_t: float, records: Sequence[Record]) 
 def _named(records: Sequence[Record], start_t: float, end_t: float) -> list[int]:
     """The ranks the job named in ``(start_t, end_t)``, in the order of the docstring."""
     window = [r for r in records if start_t < r["t"] < end_t]
-    alive = {_int(r.get("rank")) for r in records
+    # A rank is silent if the process it trained in wrote nothing more: its next incarnation
+    # (a restart's health check or start record, inside the window) is another process.
+    alive = {(_int(r.get("rank")), _key(r.get("pid"))) for r in records
              if start_t - SILENT_LOOKBACK_S <= r["t"] <= start_t and _step(r) is not None}
-    alive.discard(None)
-    spoke = {_int(r.get("rank")) for r in window}
+    spoke = {(_int(r.get("rank")), _key(r.get("pid"))) for r in window}
     failed = [r for r in window if r.get("kind") == "exit"
               and _key(r.get("reason")) not in CLEAN_EXITS]
     out: list[int] = []
@@ -353,7 +380,7 @@ def _named(records: Sequence[Record], start_t: float, end_t: float) -> list[int]
             out.append(n)
 
     if failed:
-        for rank in sorted(r for r in alive - spoke if r is not None):
+        for rank in sorted({r for r, _pid in alive - spoke if r is not None}):
             add(rank)
     for r in window:
         kind = r.get("kind")
@@ -378,7 +405,8 @@ def _named(records: Sequence[Record], start_t: float, end_t: float) -> list[int]
 
 
 def _compound(f: FaultRecord, earlier: Sequence[FaultRecord],
-              metrics: Mapping[str, FaultMetrics], records: Sequence[Record]) -> list[str]:
+              metrics: Mapping[str, FaultMetrics], records: Sequence[Record],
+              checkpoint_every: int, *, step_gated: bool) -> list[str]:
     T = f.injected_t
     out = []
     for e in earlier:
@@ -388,14 +416,43 @@ def _compound(f: FaultRecord, earlier: Sequence[FaultRecord],
             out.append(f"during the recovery from {e.id}")
         elif e.undone_t is not None and e.undone_t > T:
             out.append(f"while {e.id} was in force")
+    saving = _save_under_way(T, records, checkpoint_every, step_gated=step_gated)
+    if saving:
+        out.append(saving)
+    return out
+
+
+def _save_under_way(T: float, records: Sequence[Record], checkpoint_every: int, *,
+                    step_gated: bool) -> str | None:
+    """The save that was under way at ``T`` (module docstring, ``compound``), described."""
     for r in records:
-        if r.get("kind") != "checkpoint_saved" or r["t"] < T:
+        if r["t"] < T:
+            continue
+        kind, what = r.get("kind"), r.get("what")
+        failed = kind == "anomaly" and what in ("checkpoint_save_failed", "checkpoint_save_hung")
+        if kind != "checkpoint_saved" and not failed:
             continue
         seconds = _float(r.get("seconds"))
         if seconds is not None and r["t"] - seconds <= T:
-            out.append(f"during the save of step {r.get('step')}")
+            return f"during the save of step {r.get('step')}" + (
+                " (it failed)" if failed else "")
+    took = [x for r in records if r.get("kind") == "checkpoint_saved"
+            and (x := _float(r.get("seconds"))) is not None]
+    if step_gated or checkpoint_every < 1 or not took:
+        return None
+    last = None  # rank 0's last record before T
+    for r in records:
+        if r["t"] >= T:
             break
-    return out
+        if r.get("rank") == 0:
+            last = r
+    step = _step(last) if last is not None and last.get("kind") == "step" else None
+    if step is None or step % checkpoint_every or T - last["t"] > 2 * max(took) + 1.0:
+        return None  # not a checkpoint step, or too long after it for its save to be running
+    if any(r.get("kind") in ("checkpoint_saved", "anomaly") and _step(r) == step
+           and r["t"] < T for r in records):
+        return None
+    return f"during the save of step {step} (never completed)"
 
 
 def _recovery(done: Sequence[InjectionScore]) -> tuple[float | None, float | None]:
@@ -423,16 +480,21 @@ def _per_type(done: Sequence[InjectionScore]) -> list[TypeScore]:
     return out
 
 
-def _projection(scores: Sequence[InjectionScore], golden_ettr: float | None, mtbf_s: float,
-                checkpoint_every: int, step_s: float | None
-                ) -> tuple[float | None, dict[str, Any]]:
+def _projection(scores: Sequence[InjectionScore], golden_ettr: float | None,
+                mtbf_s: float | None, mtbf_steps: float | None, checkpoint_every: int,
+                step_s: float | None) -> tuple[float | None, dict[str, Any]]:
     isolated = [s for s in scores if s.injected and not s.compound]
     down = [s for s in isolated if s.went_down]
     resumes = [s.resume_time_s for s in down if s.resume_time_s is not None]
     inputs: dict[str, Any] = {"isolated_injections": len(isolated), "went_down": len(down),
-                              "golden_ettr": golden_ettr, "mtbf_s": mtbf_s,
-                              "step_time_s": step_s}
-    if not isolated or golden_ettr is None or step_s is None or (down and not resumes):
+                              "golden_ettr": golden_ettr, "step_time_s": step_s,
+                              "clock": "steps" if mtbf_steps is not None else "seconds"}
+    if mtbf_steps is not None:
+        inputs["mtbf_steps"] = mtbf_steps
+        mtbf_s = mtbf_steps * step_s if step_s is not None else None
+    inputs["mtbf_s"] = None if mtbf_s is None else round(mtbf_s, 3)
+    if not isolated or golden_ettr is None or step_s is None or mtbf_s is None or (
+            down and not resumes):
         return None, inputs
     p_down = len(down) / len(isolated)
     restart_s = statistics.median(resumes) if resumes else 0.0
@@ -440,4 +502,6 @@ def _projection(scores: Sequence[InjectionScore], golden_ettr: float | None, mtb
     lost_s = restart_s + interval_s / 2
     inputs.update(p_down=round(p_down, 4), restart_s=round(restart_s, 3),
                   interval_s=round(interval_s, 3), lost_per_failure_s=round(lost_s, 3))
+    if mtbf_steps is not None:  # failures per unit of progress: the lost time adds on
+        return round(golden_ettr / (1 + p_down * lost_s / mtbf_s), 4), inputs
     return round(max(0.0, golden_ettr * (1 - p_down * lost_s / mtbf_s)), 4), inputs

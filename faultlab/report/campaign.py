@@ -15,9 +15,9 @@ __all__ = ["INJECTION_COLUMNS", "SHORT_INJECTION_COLUMNS", "SUMMARY_TITLE", "TYP
 SUMMARY_TITLE = "Campaign"
 TYPE_COLUMNS = ("type", "n", "detected", "attributed", "recovered", "p50 s", "p95 s",
                 "lost", "compound")
-INJECTION_COLUMNS = ("id", "at s", "target", "detected by", "latency s", "named", "attributed",
+INJECTION_COLUMNS = ("id", "at", "target", "detected by", "latency s", "named", "attributed",
                      "recovered", "recovery s", "lost", "compound")
-SHORT_INJECTION_COLUMNS = ("id", "at s", "target", "detected", "attr.", "recovery s", "lost",
+SHORT_INJECTION_COLUMNS = ("id", "at", "target", "detected", "attr.", "recovery s", "lost",
                            "compound")
 
 
@@ -31,6 +31,14 @@ def _num(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _at(s: dict[str, Any]) -> str:
+    """Where an injection landed: its planned step (step clock, with the measured second), or
+    its planned second after the launch (wall clock)."""
+    if s.get("at_step") is not None:
+        return f"step {s['at_step']} ({_num(s.get('at_s'), 1)} s)"
+    return f"{_num(s.get('at_s'), 1)} s"
+
+
 def _frac(num: int, den: int, rate: float | None) -> str:
     return f"{num}/{den}" + (f" ({rate:.0%})" if rate is not None else "")
 
@@ -39,9 +47,14 @@ def summary_rows(score: dict[str, Any]) -> list[tuple[str, str]]:
     """The headline: injections, rates, false positives, ETTR measured beside projected."""
     inputs = score.get("projection_inputs") or {}
     projected = score.get("projected_ettr")
-    how = (f" (golden {_num(inputs.get('golden_ettr'), 3)} × (1 − {_num(inputs.get('p_down'))}"
-           f" × {_num(inputs.get('lost_per_failure_s'), 1)} s / {_num(inputs.get('mtbf_s'), 1)}"
-           f" s))") if projected is not None else " (not computable: no isolated injection)"
+    ratio = (f"{_num(inputs.get('p_down'))} × {_num(inputs.get('lost_per_failure_s'), 1)} s / "
+             f"{_num(inputs.get('mtbf_s'), 1)} s")
+    how = ((f" (golden {_num(inputs.get('golden_ettr'), 3)} / (1 + {ratio}); "
+            f"{_num(inputs.get('mtbf_steps'), 1)} steps between failures = "
+            f"{_num(inputs.get('mtbf_s'), 1)} s of training)")
+           if inputs.get("clock") == "steps"
+           else f" (golden {_num(inputs.get('golden_ettr'), 3)} × (1 − {ratio}))"
+           ) if projected is not None else " (not computable: no isolated injection)"
     p95 = score.get("recovery_time_p95_s")
     down = sum(1 for s in score["injections"] if s.get("went_down"))
     never = sum(1 for s in score["injections"] if s.get("went_down") and not s.get("recovered"))
@@ -76,12 +89,12 @@ def injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
     out = []
     for s in score["injections"]:
         if not s.get("injected"):
-            out.append((s["fault_id"], _num(s.get("at_s"), 1), s["target"],
+            out.append((s["fault_id"], _at(s), s["target"],
                         f"not injected: {s.get('error')}", "", "", "", "", "", "", ""))
             continue
         attributed = "n/a" if s.get("attributed") is None and s.get("detected") else \
             _num(s.get("attributed"))
-        out.append((s["fault_id"], _num(s.get("at_s"), 1), s["target"],
+        out.append((s["fault_id"], _at(s), s["target"],
                     s.get("detected_by") or "not detected",
                     _num(s.get("detection_latency_s")),
                     ",".join(map(str, s.get("named_ranks") or [])) or "—", attributed,
@@ -97,10 +110,10 @@ def short_injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
     out = []
     for s in score["injections"]:
         if not s.get("injected"):
-            out.append((s["fault_id"], _num(s.get("at_s"), 1), s["target"], "not injected",
+            out.append((s["fault_id"], _at(s), s["target"], "not injected",
                         "", "", "", ""))
             continue
-        out.append((s["fault_id"], _num(s.get("at_s"), 1), s["target"],
+        out.append((s["fault_id"], _at(s), s["target"],
                     f"{_num(s.get('detection_latency_s'))} s" if s.get("detected") else "no",
                     "n/a" if s.get("attributed") is None else _num(s.get("attributed")),
                     "—" if not s.get("detected") else "absorbed" if not s.get("went_down")

@@ -85,13 +85,14 @@ def load_document(path: PathLike) -> Experiment | Suite | PlannedSuite | Campaig
 def load_campaign(path: PathLike, *, seed: int | None = None
                   ) -> tuple[Campaign, int | None] | None:
     """The campaign in ``path`` (``seed`` replacing its own) and the line of its
-    ``campaign.mtbf_s`` (for the error a too high rate gets once the golden run measured the
-    step time); None if the file is not a campaign."""
+    ``campaign.mtbf_s`` or ``mtbf_steps`` (for the error a too high rate gets once the golden
+    run measured the step time); None if the file is not a campaign."""
     parsed = _load(Path(path))
     if not isinstance(parsed.doc, Campaign):
         return None
     _check_seed(seed, Path(path))
-    return _with_seed(parsed.doc, seed), parsed.yaml.line_of(("campaign", "mtbf_s"))
+    key = "mtbf_s" if parsed.doc.campaign.mtbf_s is not None else "mtbf_steps"
+    return _with_seed(parsed.doc, seed), parsed.yaml.line_of(("campaign", key))
 
 
 def load_experiment(path: PathLike, *, seed: int | None = None) -> Experiment:

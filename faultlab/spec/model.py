@@ -14,7 +14,7 @@ located ``Problem`` s.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 from pydantic_core import InitErrorDetails
@@ -27,36 +27,36 @@ from faultlab.spec.observation import ObserveSpec
 from faultlab.spec.target import RunSpec, TargetSpec, Topology
 from faultlab.spec.trainers import get_trainer
 
-__all__ = ["Experiment", "Suite"]
+__all__ = ["Experiment", "JobSpec", "Suite"]
 
 
-class Experiment(SpecModel):
-    """One experiment: run the target with this topology, inject the faults, judge ``expect``.
-    """
+class JobSpec(SpecModel):
+    """What an experiment and a campaign (``faultlab.spec.campaign``) share: the job under
+    test, how it runs, and what faultlab reads from it."""
+
+    document: ClassVar[str] = "job"
+    """What the document is called in messages (``experiment name``)."""
 
     name: str
-    """Identifier of the experiment: lowercase letters, digits, ``_`` and ``-``."""
+    """Identifier of the document: lowercase letters, digits, ``_`` and ``-``."""
     description: str | None = None
-    """What the experiment shows, in a sentence or two."""
+    """What it shows, in a sentence or two."""
     seed: int = Field(default=0, ge=0, lt=2**63)
-    """Seed of the trainer and of every random choice of faultlab (targets, MTBF draws)."""
+    """Seed of the trainer and of every random choice of faultlab (targets, MTBF draws, a
+    campaign's schedule)."""
     topology: Topology = Topology()
     """Nodes, ranks per node, elasticity and backend of the job."""
     run: RunSpec = RunSpec()
-    """Steps, checkpoint interval and the experiment's timeout."""
+    """Steps, checkpoint interval and the timeout."""
     target: TargetSpec = TargetSpec()
     """The trainer under test (the reference trainer unless a command is given)."""
-    faults: Annotated[tuple[FaultSpec, ...], BeforeValidator(as_tuple)] = ()
-    """The faults to inject, in any order (each has its own trigger)."""
-    expect: Expect = Expect()
-    """SLAs judged after the run."""
     observe: ObserveSpec = ObserveSpec()
     """What faultlab reads from the job's output beside its events (``log_pattern``)."""
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        return slug_name(value, "experiment name")
+        return slug_name(value, f"{cls.document} name")
 
     @field_validator("target")
     @classmethod
@@ -71,6 +71,18 @@ class Experiment(SpecModel):
             if errors:
                 raise located(errors)
         return value
+
+
+class Experiment(JobSpec):
+    """One experiment: run the target with this topology, inject the faults, judge ``expect``.
+    """
+
+    document: ClassVar[str] = "experiment"
+
+    faults: Annotated[tuple[FaultSpec, ...], BeforeValidator(as_tuple)] = ()
+    """The faults to inject, in any order (each has its own trigger)."""
+    expect: Expect = Expect()
+    """SLAs judged after the run."""
 
     @field_validator("faults")
     @classmethod

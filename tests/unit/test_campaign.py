@@ -4,6 +4,7 @@ recorded event timelines (pure functions of records), the campaign SLAs and the 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,54 @@ def test_compiles_to_an_experiment_of_time_triggered_faults(tmp_path: Path) -> N
     assert [f.trigger.at_time_s for f in other.faults] != [p.at_s for p in plan]
 
 
+STEP_DOC = DOC.replace("  mtbf_s: {mtbf_s}\n  duration_s: 200\n  start_after_s: 5\n",
+                       "  mtbf_steps: {mtbf}\n  start_after_step: 5\n")
+
+
+def step_campaign(seed: int = 3, mtbf: float = 12) -> Campaign:
+    doc = parse_document(STEP_DOC.format(seed=seed, mtbf=mtbf), "camp.yaml")
+    assert isinstance(doc, Campaign)
+    return doc
+
+
+def test_the_step_clock_schedules_steps_from_the_seed(tmp_path: Path) -> None:
+    """Arrivals by training progress: the steps are a pure function of the document, and the
+    compiled faults fire at those steps (so where they land does not depend on the load)."""
+    plan = campaign_schedule(step_campaign(3))
+    assert plan == campaign_schedule(step_campaign(3)) and len(plan) > 8
+    assert campaign_schedule(step_campaign(4)) != plan
+    at = [p.at_step for p in plan]
+    assert all(isinstance(n, int) for n in at) and at == sorted(at)
+    assert 5 < at[0] and at[-1] <= 199  # after start_after_step, before the last step
+    assert all(p.at_s is None for p in plan) and plan[0].when == f"step {at[0]}"
+    exp = compile_campaign(step_campaign(3))
+    assert [f.trigger.at_step for f in exp.faults] == at
+    assert all(f.trigger.at_time_s is None for f in exp.faults)
+    many = campaign_schedule(step_campaign(11, mtbf=1.5))  # ~130 arrivals over 194 steps
+    gaps = [b.at_step - a.at_step for a, b in zip(many, many[1:], strict=False)]
+    assert 1.2 < sum(gaps) / len(gaps) < 1.8  # mean mtbf_steps
+    assert 0 in gaps  # two arrivals drawn onto one step strike together
+
+
+def test_the_step_clock_refuses_a_mixed_or_empty_window() -> None:
+    text = STEP_DOC.format(seed=0, mtbf=12)
+    assert problems(text.replace("  mtbf_steps: 12\n", "  mtbf_steps: 12\n  mtbf_s: 4\n")
+                    )[0].startswith("camp.yaml:6 campaign.mtbf_steps: set exactly one of "
+                                    "mtbf_steps (arrivals by training step")
+    assert problems(text.replace("  mtbf_steps: 12\n", "  mtbf_steps: 0.5\n")) == [
+        "camp.yaml:6 campaign.mtbf_steps: 0.5 steps between faults is less than one: no step "
+        "could finish between two faults; make it several checkpoint intervals (e.g. 20)"]
+    assert problems(text.replace("  start_after_step: 5\n", "  duration_s: 50\n")) == [
+        "camp.yaml:7 campaign.duration_s: duration_s is a window in seconds, for the wall clock "
+        "(mtbf_s); with mtbf_steps use start_after_step and until_step"]
+    assert problems(text.replace("  start_after_step: 5\n", "  until_step: 200\n")) == [
+        "camp.yaml:7 campaign.until_step: step 200 is not before the job's last step "
+        "(run.steps = 200); a fault after the last step has nothing left to break"]
+    assert problems(DOC.format(seed=0, mtbf_s=4).replace("  duration_s: 200\n", "")) == [
+        "camp.yaml:5 campaign: the wall clock (mtbf_s) needs duration_s: faults "
+        "arrive before this many seconds after the launch"]
+
+
 # --- bad input: one located line each --------------------------------------------------------
 
 def test_weights_must_be_positive() -> None:
@@ -130,6 +179,36 @@ def test_rate_too_high_for_the_golden_step_time() -> None:
     assert str(problem).startswith("camp.yaml:6 campaign.mtbf_s: 0.2 s between faults is not "
                                    "longer than one training step (0.250 s, estimated as the "
                                    "median step time of the golden run")
+
+
+def test_validate_checks_a_wall_clock_rate_against_a_cached_golden_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``faultlab validate`` runs nothing: it checks ``mtbf_s`` against the step time of the
+    golden run ``faultlab run`` cached for this job, and says when there is none."""
+    import json
+
+    from faultlab.engine.golden import golden_key
+
+    path = tmp_path / "camp.yaml"
+    path.write_text(DOC.format(seed=3, mtbf_s=0.3))
+    cache = tmp_path / "golden"
+    assert main(["validate", str(path), "--golden-cache", str(cache)]) == 0
+    assert "mtbf_s 0.3 s not checked against a step time yet" in capsys.readouterr().out
+    run_dir = cache / "run"
+    (run_dir / "events").mkdir(parents=True)
+    (run_dir / "events" / "rank0.jsonl").write_text("".join(
+        json.dumps({"t": 1.0 + s, "kind": "step", "rank": 0, "step": s, "step_time_s": 0.5})
+        + "\n" for s in range(1, 6)))
+    (cache / f"{golden_key(compile_campaign(campaign(3, mtbf_s=0.3)))}.json").write_text(
+        json.dumps({"run_dir": str(run_dir)}))
+    assert main(["validate", str(path), "--golden-cache", str(cache)]) != 0
+    err = capsys.readouterr().err
+    assert f"{path}:6 campaign.mtbf_s: 0.3 s between faults is not longer than one training " \
+           f"step (0.500 s" in " ".join(err.split())
+    path.write_text(DOC.format(seed=3, mtbf_s=20))  # the same job: the same golden run
+    assert main(["validate", str(path), "--golden-cache", str(cache)]) == 0
+    assert "against the cached golden run's step time 0.500 s" in " ".join(
+        capsys.readouterr().out.split())
 
 
 # --- scoring recorded timelines --------------------------------------------------------------
@@ -193,6 +272,15 @@ def test_a_killed_rank_is_detected_attributed_and_recovered() -> None:
         round(golden_ettr * (1 - (restart_s + interval_s / 2) / 60), 4))
     assert s.ettr is not None and s.ettr_gap == pytest.approx(s.projected_ettr - s.ettr,
                                                               abs=1e-3)
+
+
+def test_a_killed_ranks_restarted_process_does_not_make_it_speak() -> None:
+    """The reference trainer checks the GPU's health at every start, before its start record:
+    the restarted rank 1's record lies in the window, but it is another process."""
+    events = [*kill_timeline(), *[ev(22.0, "gpu_health", r, 200 + r) for r in (0, 1)]]
+    kill = FaultRecord(id="c000-rank_kill", type="rank_kill", injected_t=20.0, target="rank 1")
+    [inj] = score(events, [kill]).injections
+    assert inj.named_ranks == [1, 0] and inj.attributed is True
 
 
 def test_the_wrong_rank_named_is_not_attributed() -> None:
@@ -271,6 +359,43 @@ def test_compound_during_a_recovery_and_during_a_save() -> None:
     assert not by_id["c000-rank_kill"].compound
     assert not by_id["c001-rank_kill"].injected and s.injected == 3 and s.scheduled == 4
     assert s.compound == 2
+
+
+def test_compound_during_a_save_that_failed_or_never_completed() -> None:
+    """A save that never wrote ``checkpoint_saved`` is still a save under way: its failure
+    anomaly gives its start, and a wall-clock kill right after a checkpoint step's record
+    struck rank 0 while it saved. A step-clock fault at that step did not: the step gate held
+    it before the save began."""
+    events = kill_timeline()
+    events += [ev(2.6, "anomaly", 0, 100, what="checkpoint_save_failed", step=4,
+                  seconds=0.3)]  # a save of step 4 that began at 2.3 and failed
+    failed = FaultRecord(id="c000-io_error", type="io_error", injected_t=2.4, target="all")
+    killed = FaultRecord(id="c001-rank_kill", type="rank_kill", injected_t=5.7,
+                         target="rank 1")  # 0.2 s after rank 0's step 10, a checkpoint step
+    by_id = {i.fault_id: i for i in score(events, [failed, killed]).injections}
+    assert by_id["c000-io_error"].compound_reasons == ["during the save of step 4 (it failed)"]
+    assert by_id["c001-rank_kill"].compound_reasons == [
+        "during the save of step 10 (never completed)"]
+
+    @dataclass
+    class Arrival:
+        at_step: int | None
+        at_s: float | None = None
+
+    gated = score_campaign(events, [failed, killed], procs_per_node=1, world_size=2,
+                           mtbf_s=None, mtbf_steps=20, checkpoint_every=5,
+                           golden_events=kill_golden(),
+                           planned={"c000-io_error": Arrival(4), "c001-rank_kill": Arrival(10)})
+    first, second = gated.injections
+    assert (first.at_step, second.at_step) == (4, 10) and second.at_s == pytest.approx(5.7)
+    assert not second.compound  # held by the gate before step 10's save
+    # the step clock's projection: a failure every 20 steps of progress (20 x 0.4 s of
+    # useful time) costs p_down x L on top: golden / (1 + p_down x L / M)
+    inputs = gated.projection_inputs
+    assert inputs["clock"] == "steps" and inputs["mtbf_s"] == pytest.approx(8.0)
+    assert inputs["p_down"] == 1.0  # the kill, isolated, took the job down
+    assert gated.projected_ettr == pytest.approx(round(inputs["golden_ettr"] / (
+        1 + inputs["lost_per_failure_s"] / 8.0), 4))
 
 
 def test_an_unrecovered_failure_makes_the_p95_infinite() -> None:
