@@ -628,11 +628,13 @@ def _run_suite(suite: tuple[Path, PlannedSuite], experiments: list,  # type: ign
     from faultlab.engine.runner import new_run_folder
     from faultlab.report.environment import suite_environment
     from faultlab.report.prelaunch import SuiteRun
+    from faultlab.spec import load_campaign
 
     folder = new_run_folder(args.report_dir, doc.name)
     run = SuiteRun(folder, suite_file=path, suite=doc.suite.model_dump(mode="json"),
                    experiments=[(p, e.name, [f.type for f in e.faults]) for p, e in experiments],
-                   environment=suite_environment())
+                   environment=suite_environment(),
+                   campaigns=[p for p, _e in experiments if load_campaign(p) is not None])
     code = _run(experiments, args, console, report_dir=run.runs_dir,
                 golden_cache=args.golden_cache or args.report_dir / ".golden",
                 on_result=run.ran)

@@ -43,6 +43,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +80,11 @@ class SuiteRun:
 
     def __init__(self, folder: Path, *, suite_file: Path, suite: dict[str, Any],
                  experiments: list[tuple[Path, str, list[str]]],
-                 environment: dict[str, Any]) -> None:
+                 environment: dict[str, Any], campaigns: Collection[Path] = ()) -> None:
         """``suite``: the ``suite`` mapping of a validated ``PlannedSuite``, as JSON data;
-        ``experiments``: ``(file, name, fault types)`` in run order."""
+        ``experiments``: ``(file, name, fault types)`` in run order; ``campaigns``: the files
+        among them that are campaigns (known before they run, so one that never ran is still
+        reported as a campaign)."""
         self.folder = folder
         self.runs_dir = folder / "runs"
         self.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +94,7 @@ class SuiteRun:
             "started_t": time.time(), "ended_t": None, "interrupted": False,
             "environment": environment,
             "experiments": [{"name": name, "file": str(path), "fault_types": list(types),
+                             "kind": "campaign" if path in campaigns else "experiment",
                              "verdict": "not run", "run_folder": None}
                             for path, name, types in experiments],
         }
@@ -241,10 +245,14 @@ def _experiment(folder: Path, entry: dict[str, Any], families_of: dict[str, str]
                 ) -> dict[str, Any]:
     families = list(dict.fromkeys(families_of.get(t, "unknown")
                                   for t in entry.get("fault_types") or []))
-    out: dict[str, Any] = {"name": entry["name"], "kind": "experiment", "file": entry["file"],
+    if entry.get("kind") == "campaign":  # its own section; no family verdict of its own
+        families = []
+    out: dict[str, Any] = {"name": entry["name"], "kind": entry.get("kind", "experiment"),
+                           "file": entry["file"],
                            "description": None,
                            "verdict": entry["verdict"], "run_folder": entry.get("run_folder"),
-                           "family": families[0] if families else "none",
+                           "family": families[0] if families else
+                           "campaign" if entry.get("kind") == "campaign" else "none",
                            "families": families, "wall_s": None, "error": None,
                            "slas": [], "metrics": {}, "faults": [], "timeline": None,
                            "loss": None, "checkpoints": None, "golden": None,
