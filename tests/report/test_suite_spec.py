@@ -71,7 +71,7 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     shipped = (REPO / "Makefile").read_text().split("SHIPPED :=")[1].split("\n\n")[0]
     # rank_hang runs (and must pass) as test_prelaunch_run.py's one-experiment suite instead
     suite_run = (REPO / "tests" / "report" / "test_prelaunch_run.py").read_text()
-    assert 'experiments: [{REPO / "experiments" / "rank_hang.yaml"}]' in suite_run
+    assert 'experiments: [{REPO / "experiments" / "rank_hang.yaml"}, ' in suite_run
     assert "assert rc == 0" in suite_run and 'report["verdict"] == "pass"' in suite_run
     assert all(f"experiments/{name}.yaml" in shipped or name == "rank_hang"
                for name in MUST_PASS)
