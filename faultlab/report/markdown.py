@@ -192,10 +192,10 @@ def _experiment(exp: dict[str, Any]) -> list[str]:
 
         lines += ["A campaign: its injections overlap by design, so they stay out of the "
                   "recovery phases, the checkpoint cost and the projection above; ETTR "
-                  "measured against projected for its own rate is its headline"
-                  + (f" (step against time, every injection marked: "
-                     f"[{exp['report_html']}]({exp['report_html']}) and report.html)."
-                     if exp.get("report_html") else " (its plot: report.html)."), ""]
+                  "measured against projected for its own rate is its headline. Step against "
+                  "time with every injection marked: report.html"
+                  + (f", and its own page [{exp['report_html']}]({exp['report_html']})."
+                     if exp.get("report_html") else "."), ""]
         return [*lines, *campaign_markdown(exp["campaign"]["score"], level=3)]
     if exp.get("faults"):
         lines += _table(["fault", "type", "target", "injected", "detected by", "detection",
