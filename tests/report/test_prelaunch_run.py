@@ -126,6 +126,8 @@ suite:
     assert "most recent call first" in "\n".join(
         p.read_text() for p in (job / "logs").glob("node*.log"))
 
+    check_a_refused_rate_fails_its_entry_only(tmp_path, golden_cache)
+
 
 def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None:  # type: ignore[type-arg]
     """The campaign's row and section carry its real figures, the same in all three files."""
@@ -158,3 +160,31 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
     assert "<svg" in html and "c000-rank_kill" in html.split("</svg>")[0]
     assert f'<a href="runs/{camp_run.name}/report.html">' in html
     assert (camp_run / "report.html").is_file()
+
+
+def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path) -> None:
+    """A campaign whose rate leaves no step room (known only once its golden run measured
+    the step time; here the tiny campaign's, cached, so nothing launches) fails its entry with
+    the located reason; the suite still writes its report instead of stopping."""
+    camp = tmp_path / "too_fast.yaml"
+    camp.write_text(TINY_CAMPAIGN.replace("name: tiny_campaign", "name: too_fast")
+                    .replace("mtbf_s: 6", "mtbf_s: 0.01"))
+    suite = tmp_path / "refused.yaml"
+    suite.write_text("""\
+suite:
+  name: refused
+  experiments: [too_fast.yaml]
+  plan: {num_gpus: 64, gpus_per_node: 8, mtbf_per_node_h: 2000, step_time_s: 2,
+         checkpoint_size_gb: 50, storage_bandwidth_gb_s: 5}
+""")
+    reports = tmp_path / "refused-reports"
+    rc, out = faultlab("run", suite, "--report-dir", reports, "--golden-cache", golden_cache)
+    assert rc == 1, out
+    [folder] = reports.glob("refused-*")
+    assert not any((folder / "runs").iterdir())  # nothing launched
+    report = json.loads((folder / "report.json").read_text())
+    [row] = report["scorecard"]
+    assert (row["kind"], row["verdict"], report["verdict"]) == ("campaign", "fail", "fail")
+    assert row["error"].startswith(f"{camp}:7 campaign.mtbf_s: 0.01 s between faults is not "
+                                   f"longer than one training step")
+    assert "invalid campaign" in out and "pre-launch report: FAIL" in out
