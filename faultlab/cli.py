@@ -240,12 +240,18 @@ def main(argv: list[str] | None = None) -> int:
                     console.print(f"[bold yellow]warning[/] {escape(str(warning))}")
             for path, suite in _planned_suites(args.experiments):
                 plan = suite.suite.plan
+                num_campaigns = sum(load_campaign(path.parent / m) is not None
+                                    for m in suite.suite.experiments)
                 console.print(f"ok  {path}  (pre-launch suite {suite.name}: "
-                              f"{len(suite.suite.experiments)} experiment(s); plan "
-                              f"{plan.num_gpus} GPUs in {plan.num_nodes} node(s))")
+                              f"{len(suite.suite.experiments)} experiment(s)"
+                              + (f", {num_campaigns} of them campaign(s)" if num_campaigns
+                                 else "")
+                              + f"; plan {plan.num_gpus} GPUs in {plan.num_nodes} node(s))")
             return EXIT_PASS
         if args.dry_run:
             return _dry_run(experiments, console)
+        if args.repeat > 1:
+            _refuse_repeated_campaigns(experiments)
         suites = _planned_suites(args.experiments)
         if suites:
             return _run_suite(suites[0], experiments, args, console)
@@ -377,16 +383,37 @@ def _metadata_serve(args: argparse.Namespace, console: Console, err: Console) ->
     return EXIT_PASS
 
 
+def _refuse_repeated_campaigns(experiments: list) -> None:  # type: ignore[type-arg]
+    """``--repeat`` runs each member through the repeat loop, which would run a campaign as a
+    plain experiment: unscored, its campaign SLAs never judged. Refuse before anything runs."""
+    from faultlab.errors import Problem
+    from faultlab.spec import load_campaign
+
+    problems = [Problem(path, None, "campaign", "a campaign cannot run with --repeat N (each "
+                                                "run would go unscored and its campaign SLAs "
+                                                "unjudged); run it without --repeat, or N "
+                                                "times with different --report-dir")
+                for path, _exp in experiments if load_campaign(path) is not None]
+    if problems:
+        raise InvalidExperimentError(problems)
+
+
 def _dry_run(experiments: list, console: Console) -> int:  # type: ignore[type-arg]
-    from faultlab.spec import describe_schedule
+    from faultlab.spec import describe_schedule, load_campaign
 
     for path, exp in experiments:
-        console.print(f"[bold]{exp.name}[/] ({path}): {exp.topology.nodes} node(s) x "
+        campaign = load_campaign(path)
+        console.print(f"[bold]{exp.name}[/] ({path}): "
+                      + ("campaign, " if campaign else "")
+                      + f"{exp.topology.nodes} node(s) x "
                       f"{exp.topology.procs_per_node}, {exp.run.steps} steps, timeout "
-                      f"{exp.run.timeout_s:g} s, seed {exp.seed}")
+                      f"{exp.run.timeout_s:g} s, seed {exp.seed}"
+                      + (f", {len(exp.faults)} arrival(s) scheduled" if campaign else ""))
         for line in describe_schedule(exp):
             console.print(f"  - {line}")
-        for name, bound in exp.expect.items():
+        # A campaign's own SLAs (ettr ...) are judged beside the compiled experiment's.
+        expect = campaign[0].expect if campaign else exp.expect
+        for name, bound in expect.items():
             console.print(f"  expect {name}: {bound!r}")
     console.print("dry run: nothing was launched or injected.")
     return EXIT_PASS
@@ -407,7 +434,7 @@ def _sla_table(result) -> Table:  # type: ignore[no-untyped-def]
 
 def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # type: ignore[type-arg]
          report_dir: Path | None = None, golden_cache: Path | None = None,
-         on_result: Callable[[int, Path, str], None] | None = None) -> int:
+         on_result: Callable[..., None] | None = None) -> int:
     from faultlab.engine import RunView, run_experiment
     from faultlab.spec import load_campaign
 
@@ -428,10 +455,21 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
             if campaign is not None:
                 from faultlab.engine.campaign import run_campaign
 
-                ran = run_campaign(campaign[0], source=path, line=campaign[1],
-                                   report_dir=report_dir or args.report_dir,
-                                   golden_cache=golden_cache or args.golden_cache,
-                                   view=RunView(console))
+                try:
+                    ran = run_campaign(campaign[0], source=path, line=campaign[1],
+                                       report_dir=report_dir or args.report_dir,
+                                       golden_cache=golden_cache or args.golden_cache,
+                                       view=RunView(console))
+                except InvalidExperimentError as e:
+                    if on_result is None:  # alone: nothing ran but its golden run
+                        raise
+                    # In a suite the experiments before it have run: it fails, the suite
+                    # goes on, and its report says why.
+                    for problem in e.problems:
+                        console.print(f"[bold red]invalid campaign[/] {escape(str(problem))}")
+                    on_result(index, None, "fail", "; ".join(map(str, e.problems)))
+                    verdicts.append((exp.name, False))
+                    continue
                 result = ran.result
                 for table in campaign_tables(ran.score.to_dict()):
                     console.print(table)
@@ -614,11 +652,13 @@ def _run_suite(suite: tuple[Path, PlannedSuite], experiments: list,  # type: ign
     from faultlab.engine.runner import new_run_folder
     from faultlab.report.environment import suite_environment
     from faultlab.report.prelaunch import SuiteRun
+    from faultlab.spec import load_campaign
 
     folder = new_run_folder(args.report_dir, doc.name)
     run = SuiteRun(folder, suite_file=path, suite=doc.suite.model_dump(mode="json"),
                    experiments=[(p, e.name, [f.type for f in e.faults]) for p, e in experiments],
-                   environment=suite_environment())
+                   environment=suite_environment(),
+                   campaigns=[p for p, _e in experiments if load_campaign(p) is not None])
     code = _run(experiments, args, console, report_dir=run.runs_dir,
                 golden_cache=args.golden_cache or args.report_dir / ".golden",
                 on_result=run.ran)

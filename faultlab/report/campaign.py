@@ -122,12 +122,15 @@ def short_injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def campaign_markdown(score: dict[str, Any]) -> list[str]:
-    lines = ["## Campaign", "", "| | |", "| --- | --- |"]
+def campaign_markdown(score: dict[str, Any], *, level: int = 2) -> list[str]:
+    """The campaign's section at heading ``level`` (a run's report.md: 2; inside an
+    experiment's section of a pre-launch report.md: 3), its tables one level below."""
+    head = "#" * level
+    lines = [f"{head} Campaign", "", "| | |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in summary_rows(score)]
     for title, cols, rows in (("Per fault type", TYPE_COLUMNS, type_rows(score)),
                               ("Injections", INJECTION_COLUMNS, injection_rows(score))):
-        lines += ["", f"### {title}", "", "| " + " | ".join(cols) + " |",
+        lines += ["", f"{head}# {title}", "", "| " + " | ".join(cols) + " |",
                   "| " + " | ".join("---" for _ in cols) + " |"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     if score.get("false_positive_signals"):

@@ -1,5 +1,9 @@
 """report.html of a pre-launch suite: report.json through a jinja2 template, plots inline.
 
+A campaign's pieces (headline, step-against-time plot, per-type table, false positives,
+injections) are the macros of ``templates/_campaign.html.j2`` over the rows of
+``faultlab.report.campaign``: its own page and its section of the pre-launch report use the same.
+
 The page is self-contained: its CSS is in a ``<style>`` element, its plots are inline SVG
 (``faultlab.report.plots``), it has no script, and it loads nothing — no stylesheet, font,
 image or script from anywhere — so it opens from a file, offline, and can be mailed around.
@@ -45,7 +49,11 @@ def _environment() -> Environment:
                        usd=fmt.usd, size=fmt.size, timestamp=fmt.timestamp,
                        verdict=fmt.verdict)
     env.globals.update(sla_bound=fmt.sla_bound, measured=fmt.measured, sla_summary=sla_summary,
-                       repeat_rows=spread_rows, repeat_headers=(SLA_HEADER, METRIC_HEADER))
+                       repeat_rows=spread_rows, repeat_headers=(SLA_HEADER, METRIC_HEADER),
+                       campaign_summary_rows=summary_rows, campaign_type_rows=type_rows,
+                       campaign_injection_rows=injection_rows,
+                       campaign_type_columns=TYPE_COLUMNS,
+                       campaign_injection_columns=INJECTION_COLUMNS)
     return env
 
 
@@ -58,6 +66,9 @@ def render_html(report: dict[str, Any]) -> str:
         if exp.get("timeline") and exp["timeline"]["series"]:
             plots[f"timeline-{exp['name']}"] = Markup(  # noqa: S704 - our own SVG
                 timeline_svg(exp["timeline"], f"timeline-{exp['name']}"))
+        if exp.get("campaign"):
+            plots[f"campaign-{exp['name']}"] = _campaign_plot(exp["campaign"],
+                                                              f"campaign-{exp['name']}")
         if exp.get("loss") and exp["loss"]["series"]:
             plots[f"loss-{exp['name']}"] = Markup(  # noqa: S704 - our own SVG
                 loss_svg(exp["loss"], f"loss-{exp['name']}"))
@@ -70,12 +81,12 @@ def render_campaign_html(journal: dict[str, Any]) -> str:
     """The HTML page of a campaign run (its journal.json): step against time with every
     injection marked, the per-fault-type table, the false-positive rate, every injection."""
     campaign = journal["campaign"]
-    score = campaign["score"]
-    plot = Markup(campaign_svg(campaign.get("series") or {},  # noqa: S704 - our own SVG
-                               campaign.get("marked") or [], "campaign"))
     template = _environment().get_template(CAMPAIGN_TEMPLATE)
-    return template.render(journal=journal, score=score, plot=plot,
-                           summary=summary_rows(score),
-                           type_columns=TYPE_COLUMNS, types=type_rows(score),
-                           injection_columns=INJECTION_COLUMNS,
-                           injections=injection_rows(score))
+    return template.render(journal=journal, score=campaign["score"],
+                           plot=_campaign_plot(campaign, "campaign"))
+
+
+def _campaign_plot(campaign: dict[str, Any], name: str) -> Markup:
+    """Step against time with every injection marked, from the journal's ``campaign``."""
+    return Markup(campaign_svg(campaign.get("series") or {},  # noqa: S704 - our own SVG
+                               campaign.get("marked") or [], name))

@@ -86,7 +86,7 @@ def render_suite_markdown(report: dict[str, Any]) -> str:
                     [[f["family"], fmt.verdict(f["verdict"]), ", ".join(f["experiments"]) or "—",
                       ", ".join(f["fault_types"]) or "—"] for f in report["families"]])
     lines += _table(["family", "experiment", "verdict", "measured vs SLA"],
-                    [[e["family"], e["experiment"], scorecard_verdict(e),
+                    [[e["family"], _linked(e), scorecard_verdict(e),
                       (repeat_sla_summary(e["repeats"]) if e.get("repeats")
                        else sla_summary(e["slas"])) or e.get("error") or "—"]
                      for e in report["scorecard"]])
@@ -102,6 +102,13 @@ def render_suite_markdown(report: dict[str, Any]) -> str:
                     + [["gpus", ", ".join(f"{g['name']} ({g['memory_gib']} GiB)"
                                           for g in env.get("gpus") or []) or "none"]])
     return "\n".join(lines)
+
+
+def _linked(entry: dict[str, Any]) -> str:
+    """The scorecard's name cell: a campaign links its own report.html."""
+    if entry.get("report_html"):
+        return f"{entry['experiment']} ([report.html]({entry['report_html']}))"
+    return str(entry["experiment"])
 
 
 def _projection(projection: dict[str, Any]) -> list[str]:
@@ -180,6 +187,16 @@ def _experiment(exp: dict[str, Any]) -> list[str]:
                           fmt.measured(s["name"], s["measured"])
                           + (f" ({s['note']})" if s.get("note") else ""),
                           "pass" if s["passed"] else "**FAIL**"] for s in exp["slas"]])
+    if exp.get("campaign"):
+        from faultlab.report.campaign import campaign_markdown
+
+        lines += ["A campaign: its injections overlap by design, so they stay out of the "
+                  "recovery phases, the checkpoint cost and the projection above; ETTR "
+                  "measured against projected for its own rate is its headline. Step against "
+                  "time with every injection marked: report.html"
+                  + (f", and its own page [{exp['report_html']}]({exp['report_html']})."
+                     if exp.get("report_html") else "."), ""]
+        return [*lines, *campaign_markdown(exp["campaign"]["score"], level=3)]
     if exp.get("faults"):
         lines += _table(["fault", "type", "target", "injected", "detected by", "detection",
                          "resume", "recovery", "lost steps"],

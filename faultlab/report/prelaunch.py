@@ -10,6 +10,15 @@ A suite run's folder::
         report.md       renderings of report.json, and of nothing else
         report.html
 
+A member may be a campaign (``faultlab.spec.campaign``, run by ``run_campaign``): its verdict
+counts like an experiment's, its SLAs are the campaign's, and its entry (``kind:
+"campaign"``) carries the journal's ``campaign`` object whole (score, schedule, the step series
+and the marked injections), rendered as a campaign section with the same rows and plot as the
+campaign's own page, which the scorecard links (``report_html``). Its injections overlap by
+design, so they stay out of what the projection is built from (the recovery phases, the
+checkpoint cost) and out of the fault-family verdicts: the campaign measures its own ETTR
+against the projection for its rate.
+
 Run with ``--repeat N``, an experiment's run folder is a repeat set's folder
 (``faultlab.report.repeats``): its verdict is the set's, ``repeats`` holds the set's summary
 (stability, per-SLA and per-metric median and p95), and the run shown in the plots and tables
@@ -21,8 +30,8 @@ is the first that failed, else the first (``repeats.shown_run``).
     schema_version, kind ("faultlab_prelaunch_report"), verdict, generated_t, started_t,
     ended_t, interrupted, suite {name, description, file, plan},
     families [{family, verdict, experiments}], scorecard [{experiment, family, verdict, slas}],
-    experiments [{name, verdict, slas, faults (each with its recovery breakdown), timeline,
-                  loss, checkpoints, repeats}],
+    experiments [{name, kind, verdict, slas, faults (each with its recovery breakdown),
+                  timeline, loss, checkpoints, repeats, campaign, report_html}],
     recovery {phases, rows}, checkpoint_cost, projection {inputs, results, formulas, notes},
     environment
 """
@@ -34,6 +43,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +80,11 @@ class SuiteRun:
 
     def __init__(self, folder: Path, *, suite_file: Path, suite: dict[str, Any],
                  experiments: list[tuple[Path, str, list[str]]],
-                 environment: dict[str, Any]) -> None:
+                 environment: dict[str, Any], campaigns: Collection[Path] = ()) -> None:
         """``suite``: the ``suite`` mapping of a validated ``PlannedSuite``, as JSON data;
-        ``experiments``: ``(file, name, fault types)`` in run order."""
+        ``experiments``: ``(file, name, fault types)`` in run order; ``campaigns``: the files
+        among them that are campaigns (known before they run, so one that never ran is still
+        reported as a campaign)."""
         self.folder = folder
         self.runs_dir = folder / "runs"
         self.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +94,7 @@ class SuiteRun:
             "started_t": time.time(), "ended_t": None, "interrupted": False,
             "environment": environment,
             "experiments": [{"name": name, "file": str(path), "fault_types": list(types),
+                             "kind": "campaign" if path in campaigns else "experiment",
                              "verdict": "not run", "run_folder": None}
                             for path, name, types in experiments],
         }
@@ -90,14 +103,23 @@ class SuiteRun:
     def _save(self) -> None:
         _write_json(self.folder / SUITE_RECORD, self.record)
 
-    def ran(self, index: int, run_folder: Path, verdict: str) -> None:
-        """Experiment ``index`` ran into ``run_folder`` with ``verdict``."""
+    def ran(self, index: int, run_folder: Path | None, verdict: str,
+            error: str | None = None) -> None:
+        """Experiment ``index`` ran into ``run_folder`` with ``verdict``; a member refused
+        before it launched (a campaign's rate, once its golden run measured the step time)
+        has no folder and says why in ``error``."""
         entry = self.record["experiments"][index]
-        try:
-            entry["run_folder"] = str(run_folder.resolve().relative_to(self.folder.resolve()))
-        except ValueError:  # elsewhere: keep it as it is
-            entry["run_folder"] = str(run_folder)
+        if run_folder is None:
+            entry["run_folder"] = None
+        else:
+            try:
+                entry["run_folder"] = str(run_folder.resolve().relative_to(
+                    self.folder.resolve()))
+            except ValueError:  # elsewhere: keep it as it is
+                entry["run_folder"] = str(run_folder)
         entry["verdict"] = verdict
+        if error is not None:
+            entry["error"] = error
         self._save()
 
     def finish(self, *, interrupted: bool = False) -> dict[str, Any]:
@@ -165,9 +187,9 @@ def build_report(folder: Path) -> dict[str, Any]:
              "phases": {p["name"]: p["seconds"] for p in f["breakdown"]["phases"]},
              "recovery_time_s": f["breakdown"]["recovery_time_s"],
              "restart_overhead_s": f["breakdown"]["restart_overhead_s"]}
-            for e in experiments for f in e.get("faults", [])
+            for e in experiments if e["kind"] != "campaign" for f in e.get("faults", [])
             if f.get("breakdown") and f["breakdown"]["went_down"]]
-    checkpoint_cost = _checkpoint_cost(experiments)
+    checkpoint_cost = _checkpoint_cost([e for e in experiments if e["kind"] != "campaign"])
     overheads = [(r["restart_overhead_s"], r) for r in rows if r["restart_overhead_s"] is not None]
     worst = max(overheads, key=lambda x: x[0], default=None)
     plan = record["suite"]["plan"]
@@ -191,10 +213,10 @@ def build_report(folder: Path) -> dict[str, Any]:
         "interrupted": bool(record.get("interrupted")),
         "suite": {k: record["suite"].get(k) for k in ("name", "description", "file", "plan")},
         "families": _families(experiments, families_of),
-        "scorecard": [{"experiment": e["name"], "family": e["family"],
+        "scorecard": [{"experiment": e["name"], "kind": e["kind"], "family": e["family"],
                        "families": e["families"], "verdict": e["verdict"],
                        "file": e["file"], "slas": e.get("slas", []), "error": e.get("error"),
-                       "repeats": e.get("repeats")}
+                       "repeats": e.get("repeats"), "report_html": e["report_html"]}
                       for e in experiments],
         "experiments": experiments,
         "recovery": {"phases": list(PHASES), "rows": rows},
@@ -223,15 +245,21 @@ def _experiment(folder: Path, entry: dict[str, Any], families_of: dict[str, str]
                 ) -> dict[str, Any]:
     families = list(dict.fromkeys(families_of.get(t, "unknown")
                                   for t in entry.get("fault_types") or []))
-    out: dict[str, Any] = {"name": entry["name"], "file": entry["file"], "description": None,
+    if entry.get("kind") == "campaign":  # its own section; no family verdict of its own
+        families = []
+    out: dict[str, Any] = {"name": entry["name"], "kind": entry.get("kind", "experiment"),
+                           "file": entry["file"],
+                           "description": None,
                            "verdict": entry["verdict"], "run_folder": entry.get("run_folder"),
-                           "family": families[0] if families else "none",
+                           "family": families[0] if families else
+                           "campaign" if entry.get("kind") == "campaign" else "none",
                            "families": families, "wall_s": None, "error": None,
                            "slas": [], "metrics": {}, "faults": [], "timeline": None,
                            "loss": None, "checkpoints": None, "golden": None,
-                           "repeats": None}
+                           "repeats": None, "campaign": None, "report_html": None}
     if not entry.get("run_folder"):
-        out["error"] = "not run (the suite was interrupted or stopped before it)"
+        out["error"] = entry.get("error") or ("not run (the suite was interrupted or stopped "
+                                              "before it)")
         return out
     run_folder = folder / entry["run_folder"]
     repeats = None
@@ -302,6 +330,11 @@ def _experiment(folder: Path, entry: dict[str, Any], families_of: dict[str, str]
     })
     if repeats is not None:
         out.update(verdict=repeats["verdict"], repeats=repeats)
+    if journal.get("campaign"):  # scored by run_campaign: its verdict and SLAs are already its
+        page = run_folder / "report.html"
+        out.update(kind="campaign", family="campaign", families=[], timeline=None,
+                   campaign=journal["campaign"],
+                   report_html=f"{entry['run_folder']}/report.html" if page.is_file() else None)
     return out
 
 

@@ -144,7 +144,7 @@ def _expand(path: Path, chain: tuple[tuple[Path, Path], ...], ref: _Ref | None,
     try:
         parsed = _load(path, ref)
     except InvalidExperimentError as e:
-        problems.extend(e.problems)
+        problems.extend(_member_problems(e.problems, ref))
         return
     if isinstance(parsed.doc, Experiment):
         out.append((path, _with_seed(parsed.doc, seed)))
@@ -156,6 +156,18 @@ def _expand(path: Path, chain: tuple[tuple[Path, Path], ...], ref: _Ref | None,
         member_ref = _Ref(path, parsed.yaml.line_of(key), yaml_path, member)
         _expand(path.parent / member, (*chain, (resolved, path)), member_ref, seed, out,
                 problems)
+
+
+def _member_problems(problems: list[Problem], ref: _Ref | None) -> list[Problem]:
+    """A member's own problems (in its file), led by one at the suite entry that lists it, so
+    a suite of many files says which entry to fix or drop."""
+    if ref is None or all((p.file, p.line, p.path) == (ref.file, ref.line, ref.path)
+                          for p in problems):  # unreadable: already located at the entry
+        return problems
+    return [Problem(ref.file, ref.line, ref.path,
+                    f"{ref.text!r} is invalid: {len(problems)} problem(s) in that file, "
+                    f"listed next; fix them, or remove this entry to leave it out of the "
+                    f"suite"), *problems]
 
 
 def _load(path: Path, ref: _Ref | None = None) -> _Parsed:

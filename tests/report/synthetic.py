@@ -213,3 +213,32 @@ def write_suite(folder: Path, members: list[tuple[str, str, bool]], *,
         run.ran(i, run_folder, "pass" if passed else "fail")
     run.finish(interrupted=bool(not_run))
     return run
+
+
+def write_campaign_run(run_folder: Path, name: str, *, passed: bool = True) -> dict[str, Any]:
+    """A campaign's run folder like ``run_campaign`` leaves it: the experiment's folder, its
+    journal with the ``campaign`` object (scored by the real scorer) and its own report.html.
+    One arrival: rank 1 SIGKILLed after step 15."""
+    from faultlab.engine.campaign import _plot_data
+    from faultlab.observe.campaign import score_campaign
+    from faultlab.report.html import render_campaign_html
+
+    journal = write_run(run_folder, name, passed=passed)
+    fault = FaultRecord(id="c000-rank_kill", type="rank_kill",
+                        injected_t=journal["faults"][0]["injected_t"], target="rank 1")
+    events = json_events(Path(journal["run"]["job_dir"]))
+    score = score_campaign(events, [fault], procs_per_node=1, world_size=2, mtbf_s=20,
+                           checkpoint_every=10, golden_events=golden_events(), scheduled=2)
+    journal["faults"] = [{**fault.to_dict(), "error": None}]
+    journal["slas"] = [s for s in journal["slas"] if not s["name"].startswith("fault_")] + [
+        {"name": "ettr", "bound": 0.3, "measured": score.ettr, "passed": passed, "note": ""}]
+    journal["campaign"] = {"score": score.to_dict(), **_plot_data(events, [fault], score)}
+    write_journal(run_folder, journal)
+    (run_folder / "report.html").write_text(render_campaign_html(journal))
+    return journal
+
+
+def json_events(job_dir: Path) -> list[dict[str, Any]]:
+    from faultlab.runtime.events import read_events
+
+    return read_events(job_dir / "events")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from synthetic import PLAN, write_suite
+from synthetic import PLAN, write_campaign_run, write_run, write_suite
 
 from faultlab.cli import EXIT_FAIL, EXIT_PASS, main
 from faultlab.faults import fault_types
@@ -20,7 +20,7 @@ from faultlab.observe.phases import PHASES
 from faultlab.report import environment as env_module
 from faultlab.report.html import render_html
 from faultlab.report.markdown import render_suite_markdown
-from faultlab.report.prelaunch import REPORT_FILES, build_report
+from faultlab.report.prelaunch import REPORT_FILES, SuiteRun, build_report
 from faultlab.report.projection import project
 
 MEMBERS = [("rank_kill", "rank_kill", True), ("ckpt_bitflip", "ckpt_bitflip", True),
@@ -194,6 +194,70 @@ class _NVMLError(Exception):
 
 class _LibraryNotFound(_NVMLError):
     pass
+
+
+def test_a_campaign_member_gets_its_section_and_stays_out_of_the_projection(
+        tmp_path: Path) -> None:
+    from synthetic import ENVIRONMENT
+
+    folder = tmp_path / "prelaunch-20261121-120000"
+    listed = [("rank_kill", ["rank_kill"]), ("camp", ["rank_kill"]),
+              ("refused", ["rank_kill"])]
+    run = SuiteRun(folder, suite_file=Path("experiments/prelaunch.yaml"),
+                   suite={"name": "prelaunch", "description": None,
+                          "experiments": [f"{n}.yaml" for n, _ in listed], "plan": PLAN},
+                   experiments=[(Path(f"experiments/{n}.yaml"), n, t) for n, t in listed],
+                   environment=ENVIRONMENT,
+                   campaigns=[Path("experiments/camp.yaml"), Path("experiments/refused.yaml")])
+    write_run(run.runs_dir / "rank_kill-1", "rank_kill")
+    run.ran(0, run.runs_dir / "rank_kill-1", "pass")
+    journal = write_campaign_run(run.runs_dir / "camp-1", "camp")
+    run.ran(1, run.runs_dir / "camp-1", "pass")
+    run.ran(2, None, "fail", "refused.yaml:6 campaign.mtbf_s: 0.2 s between faults is not "
+                             "longer than one training step")
+    report = run.finish()
+    assert report["verdict"] == "fail"  # the refused campaign counts like a failed experiment
+    rows = {r["experiment"]: r for r in report["scorecard"]}
+    assert (rows["camp"]["kind"], rows["camp"]["family"], rows["camp"]["verdict"]) == (
+        "campaign", "campaign", "pass")
+    assert rows["camp"]["report_html"] == "runs/camp-1/report.html"
+    assert (folder / rows["camp"]["report_html"]).is_file()
+    assert rows["rank_kill"]["report_html"] is None and rows["rank_kill"]["kind"] == "experiment"
+    assert rows["refused"]["error"].startswith("refused.yaml:6 campaign.mtbf_s:")
+    assert (rows["refused"]["kind"], rows["refused"]["verdict"]) == ("campaign", "fail")
+    [camp] = [e for e in report["experiments"] if e["name"] == "camp"]
+    assert camp["campaign"] == journal["campaign"]  # the journal's object, whole
+    # the campaign's injection is not an isolated recovery: the projection's inputs are
+    # rank_kill's alone, and the process family is judged by rank_kill alone
+    assert [r["experiment"] for r in report["recovery"]["rows"]] == ["rank_kill"]
+    assert [c["experiment"] for c in report["checkpoint_cost"]["per_experiment"]] == [
+        "rank_kill"]
+    process = next(f for f in report["families"] if f["family"] == "process")
+    assert process["experiments"] == ["rank_kill"] and process["verdict"] == "pass"
+
+    score = journal["campaign"]["score"]
+    assert score["injected"] == 1 and score["scheduled"] == 2
+    md = (folder / "report.md").read_text()
+    section = md.split("## camp: PASS")[1].split("\n## ")[0]
+    assert "### Campaign" in section and "#### Per fault type" in section
+    assert f"| ETTR measured | {score['ettr']:.3f} |" in section
+    assert "| gap (projected − measured) |" in section
+    assert "| rank_kill | 1 | 1/1 (100%) |" in section
+    assert "camp ([report.html](runs/camp-1/report.html))" in md
+    page = (folder / "report.html").read_text()
+    exp_section = page.split('id="exp-camp"')[1].split("</section>")[0]
+    assert '<a href="runs/camp-1/report.html">' in page
+    assert "<svg" in exp_section and "c000-rank_kill A" in exp_section  # marked, attributed
+    assert f"<th>ETTR measured</th><td>{score['ettr']:.3f}</td>" in exp_section
+    assert "per hour" in exp_section and "<h4>Per fault type</h4>" in exp_section
+    # the campaign's own page and the suite's section render the same pieces
+    own = (folder / "runs/camp-1/report.html").read_text()
+    assert f"<th>ETTR measured</th><td>{score['ettr']:.3f}</td>" in own
+    assert "<h2>Per fault type</h2>" in own
+    # and the folder re-renders from its records
+    assert main(["report", str(folder)]) == EXIT_FAIL
+    assert (folder / "report.md").read_text().split("## Scorecard")[1] == \
+        md.split("## Scorecard")[1]
 
 
 def _fake_pynvml(init_error: type[Exception] | None) -> types.ModuleType:

@@ -1,6 +1,11 @@
-"""`faultlab run` on a suite of one shipped experiment, end to end: one report folder, built
-from the real run's journal and events, and re-rendered by `faultlab report`. The whole
-pre-launch suite runs in `make demo`.
+"""`faultlab run` on a suite of one shipped experiment and one tiny campaign, end to end: one
+report folder, built from the real runs' journals and events, and re-rendered by `faultlab
+report`. The whole pre-launch suite runs in `make demo`.
+
+The campaign is the least a campaign can be: one arrival (a SIGKILL of rank 1 12.8 s after the
+launch). Its seed, steps, checkpoint interval and topology are campaign_reference.yaml's, so
+its golden run is the one that shipped item runs (the session's cache): it costs one faulted
+run of 100 tiny steps.
 
 The experiment is rank_hang (SIGSTOP rank 1; the trainer's watchdog must notice). The same run
 is also where the trainer's watchdog is checked against a real job (its records and stack
@@ -18,31 +23,54 @@ import sys
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 
 from faultlab.observe.phases import PHASES
 from faultlab.report.prelaunch import REPORT_FILES
 from faultlab.runtime.events import read_events
 from faultlab.testing import assert_no_job_processes
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def faultlab(*args: str | Path) -> tuple[int, str]:
     proc = subprocess.run([sys.executable, "-m", "faultlab.cli", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=280,
+                          capture_output=True, text=True, timeout=460,
                           env={**os.environ, "COLUMNS": "200"})
     return proc.returncode, proc.stdout + proc.stderr
+
+
+# seed 36 with campaign_reference's rate and start: its first arrival, 12.8 s after the launch
+# on rank 1, and no other before 15 s.
+TINY_CAMPAIGN = """\
+name: tiny_campaign
+seed: 36
+target: {trainer: reference, preset: tiny}
+topology: {nodes: 2, procs_per_node: 1}
+run: {steps: 100, checkpoint_every: 10, timeout_s: 150}
+campaign:
+  mtbf_s: 6
+  start_after_s: 10
+  duration_s: 15
+  mix:
+    - {type: rank_kill, weight: 1, params: {signal: KILL}}
+expect:
+  completes: true
+  detection_rate: 1
+  ettr: 0.05
+"""
 
 
 def test_a_one_experiment_suite_writes_one_report_folder(tmp_path: Path,
                                                          golden_cache: Path) -> None:
     suite = tmp_path / "suite.yaml"
+    (tmp_path / "tiny_campaign.yaml").write_text(TINY_CAMPAIGN)
     suite.write_text(f"""\
 suite:
   name: smoke
-  experiments: [{REPO / "experiments" / "rank_hang.yaml"}]
+  experiments: [{REPO / "experiments" / "rank_hang.yaml"}, tiny_campaign.yaml]
   plan: {{num_gpus: 64, gpus_per_node: 8, mtbf_per_node_h: 2000, step_time_s: 2,
           checkpoint_size_gb: 50, storage_bandwidth_gb_s: 5}}
 """)
@@ -51,11 +79,12 @@ suite:
     assert rc == 0, out
     [folder] = reports.glob("smoke-*")
     assert "pre-launch report: PASS" in out and str(folder / "report.html") in out
-    [run] = (folder / "runs").iterdir()
-    assert run.name.split("-")[0] == "rank_hang"
+    run, camp_run = sorted((folder / "runs").iterdir())  # rank_hang-..., tiny_campaign-...
+    assert (run.name.split("-")[0], camp_run.name.split("-")[0]) == ("rank_hang",
+                                                                      "tiny_campaign")
     report = json.loads((folder / "report.json").read_text())
     assert report["verdict"] == "pass"
-    [row] = report["recovery"]["rows"]
+    [row] = report["recovery"]["rows"]  # rank_hang's: the campaign's stays out of it
     assert list(row["phases"]) == list(PHASES)
     assert all(v is not None and v >= 0 for v in row["phases"].values())
     assert sum(row["phases"].values()) == pytest.approx(row["recovery_time_s"])
@@ -63,6 +92,7 @@ suite:
     assert cost["num_saves"] >= 4 and cost["size_on_disk_bytes"]["median"] > 1_000_000
     assert report["projection"]["results"]["goodput"] > 0
     assert report["experiments"][0]["loss"]["golden"]  # rank_hang asserts bitwise equality
+    check_campaign_section(folder, report, camp_run)
 
     before = (folder / "report.md").read_text()
     rc, out = faultlab("report", folder)
@@ -95,3 +125,66 @@ suite:
     assert fired[0]["t"] - last_step <= watchdog_s + 2.0
     assert "most recent call first" in "\n".join(
         p.read_text() for p in (job / "logs").glob("node*.log"))
+
+    check_a_refused_rate_fails_its_entry_only(tmp_path, golden_cache)
+
+
+def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None:  # type: ignore[type-arg]
+    """The campaign's row and section carry its real figures, the same in all three files."""
+    from faultlab.report.campaign import summary_rows
+
+    row = next(r for r in report["scorecard"] if r["experiment"] == "tiny_campaign")
+    assert (row["kind"], row["verdict"]) == ("campaign", "pass")
+    assert {s["name"] for s in row["slas"]} >= {"completes", "detection_rate", "ettr"}
+    assert row["report_html"] == f"runs/{camp_run.name}/report.html"
+    [section] = [e for e in report["experiments"] if e["kind"] == "campaign"]
+    journal = json.loads((camp_run / "journal.json").read_text())
+    assert section["campaign"] == journal["campaign"]  # the journal's object, whole
+    score = section["campaign"]["score"]
+    # one arrival, a SIGKILL: injected, detected, and the job came back and finished
+    assert (score["scheduled"], score["injected"], score["detection_rate"]) == (1, 1, 1.0)
+    [inj] = score["injections"]
+    assert inj["fault_id"] == "c000-rank_kill" and inj["recovered"] is True
+    assert 0 < score["ettr"] < 1 and score["false_positives"] == 0
+    [marked] = section["campaign"]["marked"]
+    assert marked["fault_id"] == "c000-rank_kill" and marked["t"] > 0
+    assert section["campaign"]["series"]["steps"][-1][1] == 100  # rank 0 reached the end
+    headline = dict(summary_rows(score))
+    md = (folder / "report.md").read_text().split("## tiny_campaign: PASS")[1]
+    html = (folder / "report.html").read_text().split('id="exp-tiny_campaign"')[1]
+    for label in ("ETTR measured", "ETTR projected", "gap (projected − measured)",
+                  "detection rate", "false positives", "recovery p50 / p95"):
+        assert f"| {label} | {headline[label]} |" in md
+        assert f"<th>{label}</th><td>{escape(headline[label])}</td>" in html
+    assert "#### Per fault type" in md and "| rank_kill | 1 | 1/1 (100%) |" in md
+    assert "<svg" in html and "c000-rank_kill" in html.split("</svg>")[0]
+    assert f'<a href="runs/{camp_run.name}/report.html">' in html
+    assert (camp_run / "report.html").is_file()
+
+
+def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path) -> None:
+    """A campaign whose rate leaves no step room (known only once its golden run measured
+    the step time; here the tiny campaign's, cached, so nothing launches) fails its entry with
+    the located reason; the suite still writes its report instead of stopping."""
+    camp = tmp_path / "too_fast.yaml"
+    camp.write_text(TINY_CAMPAIGN.replace("name: tiny_campaign", "name: too_fast")
+                    .replace("mtbf_s: 6", "mtbf_s: 0.01"))
+    suite = tmp_path / "refused.yaml"
+    suite.write_text("""\
+suite:
+  name: refused
+  experiments: [too_fast.yaml]
+  plan: {num_gpus: 64, gpus_per_node: 8, mtbf_per_node_h: 2000, step_time_s: 2,
+         checkpoint_size_gb: 50, storage_bandwidth_gb_s: 5}
+""")
+    reports = tmp_path / "refused-reports"
+    rc, out = faultlab("run", suite, "--report-dir", reports, "--golden-cache", golden_cache)
+    assert rc == 1, out
+    [folder] = reports.glob("refused-*")
+    assert not any((folder / "runs").iterdir())  # nothing launched
+    report = json.loads((folder / "report.json").read_text())
+    [row] = report["scorecard"]
+    assert (row["kind"], row["verdict"], report["verdict"]) == ("campaign", "fail", "fail")
+    assert row["error"].startswith(f"{camp}:7 campaign.mtbf_s: 0.01 s between faults is not "
+                                   f"longer than one training step")
+    assert "invalid campaign" in out and "pre-launch report: FAIL" in out

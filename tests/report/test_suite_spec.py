@@ -71,7 +71,7 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     shipped = (REPO / "Makefile").read_text().split("SHIPPED :=")[1].split("\n\n")[0]
     # rank_hang runs (and must pass) as test_prelaunch_run.py's one-experiment suite instead
     suite_run = (REPO / "tests" / "report" / "test_prelaunch_run.py").read_text()
-    assert 'experiments: [{REPO / "experiments" / "rank_hang.yaml"}]' in suite_run
+    assert 'experiments: [{REPO / "experiments" / "rank_hang.yaml"}, ' in suite_run
     assert "assert rc == 0" in suite_run and 'report["verdict"] == "pass"' in suite_run
     assert all(f"experiments/{name}.yaml" in shipped or name == "rank_hang"
                for name in MUST_PASS)
@@ -118,12 +118,89 @@ def test_a_missing_experiment_is_located_at_its_line(suite_dir: Path) -> None:
     assert message.endswith("paths in a suite are relative to the suite file")
 
 
-def test_an_invalid_member_experiment_is_reported_in_its_own_file(suite_dir: Path) -> None:
+def test_an_invalid_member_is_located_at_its_entry_and_in_its_own_file(suite_dir: Path
+                                                                        ) -> None:
     write(suite_dir / "b.yaml", EXPERIMENT.format(name="b").replace("at_step: 15",
                                                                      "at_step: ten"))
     suite = write(suite_dir / "s.yaml", SUITE)
-    assert problems(suite) == [(suite_dir / "b.yaml", 5, "faults[0].trigger.at_step",
-                                "expected an integer, got 'ten'")]
+    assert problems(suite) == [
+        (suite, 5, "suite.experiments[1]", "'b.yaml' is invalid: 1 problem(s) in that file, "
+         "listed next; fix them, or remove this entry to leave it out of the suite"),
+        (suite_dir / "b.yaml", 5, "faults[0].trigger.at_step", "expected an integer, got 'ten'")]
+
+
+# --- a campaign as a member of the suite ------------------------------------------------------
+
+CAMPAIGN = """\
+name: camp
+seed: 3
+topology: {nodes: 2, procs_per_node: 1}
+run: {steps: 40, checkpoint_every: 10, timeout_s: 120}
+campaign:
+  mtbf_s: 5
+  duration_s: 30
+  start_after_s: 10
+  mix:
+    - {type: rank_kill, weight: 1}
+expect: {completes: true, ettr: 0.2, detection_rate: 0.5}
+"""
+
+
+@pytest.fixture
+def campaign_suite(suite_dir: Path) -> Path:
+    write(suite_dir / "camp.yaml", CAMPAIGN)
+    return write(suite_dir / "s.yaml", SUITE.replace("- b.yaml", "- camp.yaml"))
+
+
+def test_a_campaign_member_validates_and_compiles_like_an_experiment(
+        campaign_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    [(_, a), (path, camp)] = load_experiments([campaign_suite])
+    assert (a.name, path.name, camp.name) == ("a", "camp.yaml", "camp")
+    assert camp.faults and all(f.type == "rank_kill" and f.trigger.at_time_s is not None
+                               for f in camp.faults)  # the seeded schedule
+    assert main(["validate", str(campaign_suite)]) == EXIT_PASS
+    out = capsys.readouterr().out
+    assert f"ok  {path}  (campaign camp: {len(camp.faults)} arrival(s) from seed 3, 3 SLA(s))" \
+        in out
+    assert "pre-launch suite pre: 2 experiment(s), 1 of them campaign(s); plan 64 GPUs" in out
+
+
+def test_an_invalid_campaign_member_is_located_at_its_entry_and_in_its_own_file(
+        campaign_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    camp = write(campaign_suite.parent / "camp.yaml",
+                 CAMPAIGN.replace("rank_kill, weight: 1", "rank_kill, weight: 0"))
+    assert problems(campaign_suite) == [
+        (campaign_suite, 5, "suite.experiments[1]", "'camp.yaml' is invalid: 1 problem(s) in "
+         "that file, listed next; fix them, or remove this entry to leave it out of the suite"),
+        (camp, 10, "campaign.mix[0].weight", "a weight must be positive (the entry's share of "
+         "the arrivals), got 0.0; remove the entry to leave this fault out")]
+    for command in ("validate", "run"):
+        assert main([command, str(campaign_suite)]) == EXIT_INVALID
+        err = capsys.readouterr().err
+        assert f"{campaign_suite}:5 suite.experiments[1]: 'camp.yaml' is invalid" in err
+        assert f"{camp}:10 campaign.mix[0].weight: a weight must be positive" in err
+
+
+def test_a_dry_run_of_the_suite_shows_the_campaign_its_arrivals_and_its_slas(
+        campaign_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    [_, (path, camp)] = load_experiments([campaign_suite])
+    assert main(["run", "--dry-run", str(campaign_suite)]) == EXIT_PASS
+    out = capsys.readouterr().out
+    assert (f"camp ({path}): campaign, 2 node(s) x 1, 40 steps, timeout 120 s, seed 3, "
+            f"{len(camp.faults)} arrival(s) scheduled") in out
+    assert all(f"{f.id}: rank_kill" in out for f in camp.faults)
+    assert "expect ettr: 0.2" in out and "expect detection_rate: 0.5" in out
+
+
+def test_a_campaign_is_refused_with_repeat_before_anything_runs(
+        campaign_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reports = campaign_suite.parent / "r"
+    assert main(["run", str(campaign_suite), "--repeat", "3", "--report-dir",
+                 str(reports)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"{campaign_suite.parent / 'camp.yaml'} campaign: a campaign cannot run with " \
+           f"--repeat N" in err
+    assert not reports.exists()
 
 
 @pytest.mark.parametrize(("old", "new", "line", "path", "message"), [
