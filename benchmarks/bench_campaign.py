@@ -1,14 +1,14 @@
 """Benchmark: a long failure campaign on the reference trainer, its table for the README.
 
-    python benchmarks/bench_campaign.py                       # 10 min of faults, mtbf 20 s
-    python benchmarks/bench_campaign.py --duration-s 120 --mtbf-s 10 --seed 3
-    python benchmarks/bench_campaign.py --mtbf-steps 40 --steps 2000   # the step clock
+    python benchmarks/bench_campaign.py                       # a fault every 40 of 1000 steps
+    python benchmarks/bench_campaign.py --mtbf-steps 20 --steps 400 --seed 3
+    python benchmarks/bench_campaign.py --mtbf-s 15 --duration-s 300   # the wall clock
 
 It takes ``experiments/campaign_reference.yaml`` (the mix of CI's short campaign: rank_kill,
-grad_nan, collective_error, io_error, gpu_oom on 2 nodes of 1 rank), stretches its window to
-``--duration-s`` at ``--mtbf-s`` and its run to enough steps to outlast the window (from the
-golden run's step time: the first run measures it) — or, with ``--mtbf-steps``, puts it on the
-step clock over ``--steps`` — runs it through the same engine as
+grad_nan, collective_error, io_error, gpu_oom on 2 nodes of 1 rank), stretches it to
+``--steps`` at one fault every ``--mtbf-steps`` on average (the step clock; or, with
+``--mtbf-s``, over a window of ``--duration-s`` seconds on the wall clock, with enough steps to
+outlast it), sizes torchrun's restart budget for the arrivals, runs it through the same engine as
 ``faultlab run`` and prints the campaign's headline and per-fault-type table (the journal and
 report.html in the run folder have every injection).
 """
@@ -35,11 +35,12 @@ restarts add replayed steps, so the run is sized with margin)."""
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--duration-s", type=float, default=600.0)
-    p.add_argument("--mtbf-s", type=float, default=20.0)
-    p.add_argument("--mtbf-steps", type=float, default=None,
-                   help="the step clock instead: one fault every N steps on average")
-    p.add_argument("--steps", type=int, default=2000, help="with --mtbf-steps: the run's steps")
+    p.add_argument("--duration-s", type=float, default=300.0)
+    p.add_argument("--mtbf-steps", type=float, default=40.0,
+                   help="the step clock: one fault every N steps on average (default 40)")
+    p.add_argument("--steps", type=int, default=1000, help="the run's steps (default 1000)")
+    p.add_argument("--mtbf-s", type=float, default=None,
+                   help="the wall clock instead: one fault every S seconds, for --duration-s")
     p.add_argument("--seed", type=int, default=36)
     p.add_argument("--report-dir", type=Path, default=None)
     args = p.parse_args()
@@ -47,7 +48,7 @@ def main() -> int:
     assert loaded is not None
     base, line = loaded
     mix = base.campaign.model_dump(mode="json", exclude_none=True)["mix"]
-    if args.mtbf_steps is not None:
+    if args.mtbf_s is None:
         steps = args.steps
         arrivals = steps / args.mtbf_steps
         campaign = {"mtbf_steps": args.mtbf_steps, "start_after_step": 5,

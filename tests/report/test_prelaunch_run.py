@@ -2,10 +2,10 @@
 report folder, built from the real runs' journals and events, and re-rendered by `faultlab
 report`. The whole pre-launch suite runs in `make demo`.
 
-The campaign is the least a campaign can be: one arrival (a SIGKILL of rank 1 12.8 s after the
-launch). Its seed, steps, checkpoint interval and topology are campaign_reference.yaml's, so
-its golden run is the one that shipped item runs (the session's cache): it costs one faulted
-run of 100 tiny steps.
+The campaign is the least a campaign can be: one arrival (a SIGKILL of rank 1 after step 12, on the
+step clock, so it meets the job at the same point under any load). Its seed, steps, checkpoint
+interval and topology are campaign_reference.yaml's, so its golden run is the one that shipped item
+runs (the session's cache): it costs one faulted run of 100 tiny steps.
 
 The experiment is rank_hang (SIGSTOP rank 1; the trainer's watchdog must notice). The same run
 is also where the trainer's watchdog is checked against a real job (its records and stack
@@ -42,8 +42,8 @@ def faultlab(*args: str | Path) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-# seed 36 with campaign_reference's rate and start: its first arrival, 12.8 s after the launch
-# on rank 1, and no other before 15 s.
+# seed 36 with campaign_reference's rate and start: its first arrival, after step 12 on rank 1,
+# and no other before step 20.
 TINY_CAMPAIGN = """\
 name: tiny_campaign
 seed: 36
@@ -51,9 +51,9 @@ target: {trainer: reference, preset: tiny}
 topology: {nodes: 2, procs_per_node: 1}
 run: {steps: 100, checkpoint_every: 10, timeout_s: 150}
 campaign:
-  mtbf_s: 6
-  start_after_s: 10
-  duration_s: 15
+  mtbf_steps: 14        # seed 36: one arrival, a kill of rank 1 after step 12
+  start_after_step: 5
+  until_step: 20
   mix:
     - {type: rank_kill, weight: 1, params: {signal: KILL}}
 expect:
@@ -145,6 +145,7 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
     assert (score["scheduled"], score["injected"], score["detection_rate"]) == (1, 1, 1.0)
     [inj] = score["injections"]
     assert inj["fault_id"] == "c000-rank_kill" and inj["recovered"] is True
+    assert (inj["at_step"], inj["named_ranks"][0], inj["attributed"]) == (12, 1, True)
     assert 0 < score["ettr"] < 1 and score["false_positives"] == 0
     [marked] = section["campaign"]["marked"]
     assert marked["fault_id"] == "c000-rank_kill" and marked["t"] > 0
@@ -167,8 +168,11 @@ def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path
     the step time; here the tiny campaign's, cached, so nothing launches) fails its entry with
     the located reason; the suite still writes its report instead of stopping."""
     camp = tmp_path / "too_fast.yaml"
-    camp.write_text(TINY_CAMPAIGN.replace("name: tiny_campaign", "name: too_fast")
-                    .replace("mtbf_s: 6", "mtbf_s: 0.01"))
+    camp.write_text(TINY_CAMPAIGN.replace("name: tiny_campaign", "name: too_fast").replace(
+        "  mtbf_steps: 14        # seed 36: one arrival, a kill of rank 1 after step 12\n"
+        "  start_after_step: 5\n  until_step: 20\n",
+        "  mtbf_s: 0.01         # the wall clock: checked against the golden run's step time\n"
+        "  duration_s: 15\n"))
     suite = tmp_path / "refused.yaml"
     suite.write_text("""\
 suite:
