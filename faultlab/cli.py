@@ -157,24 +157,22 @@ def _pass_rate(text: str) -> Fraction:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _steps(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value >= 1 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps >= 1")
-    return value
+def _at_least(minimum: float, unit: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of ``unit`` >= ``minimum``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value >= minimum or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit} "
+                                             f">= {minimum:g}")
+        return value
+    return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
-    return value
+_steps = _at_least(1, "steps")
+_seconds = _at_least(0, "seconds")
 
 
 def main(argv: list[str] | None = None) -> int:
