@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
     p.add_argument("--resume", type=Path, default=None, metavar="FOLDER",
                    help="go on in the folder of an earlier soak: run only its unfinished runs")
+    p.add_argument("--table-only", action="store_true",
+                   help="with --resume: print the table of the runs finished so far, run nothing "
+                        "(while another soak still runs in that folder)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     p.add_argument("--slurm-cluster", action="store_true",
                    help="bring the local Slurm test cluster up for the slurm_*.yaml "
@@ -243,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--runs {args.runs} and --parallel {args.parallel} must both be >= 1")
     if args.resume is not None and args.out is not None:
         p.error("--resume FOLDER already names the folder; leave out --out")
+    if args.table_only and args.resume is None:
+        p.error("--table-only needs --resume FOLDER")
     if args.resume is not None and not (args.resume / "runs").is_dir():
         p.error(f"--resume {args.resume}: not the folder of an earlier soak (it has no runs/)")
     # A fresh folder each time (the table counts every journal under it), or the earlier one.
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.slurm_cluster and os.geteuid() != 0:
         print("bench_soak: the Slurm test cluster needs root; its experiments are not run",
               flush=True)
-    elif args.slurm_cluster:
+    elif args.slurm_cluster and not args.table_only:
         if not _slurm_up():
             return 1
         try:
@@ -285,7 +290,7 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
         key = _key(path)
         launcher = load_experiment(path).topology.launcher
         launchers[key] = launcher
-        why = unavailable(launcher)
+        why = None if args.table_only else unavailable(launcher)  # the folder has its runs
         if why:
             skipped[key] = why
         else:
@@ -293,6 +298,8 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
     jobs = [(key, runnable[key], i) for i, key in itertools.product(range(1, args.runs + 1),
                                                                     runnable)
             if not (args.resume and finished(out, key, i))]
+    if args.table_only:
+        jobs = []
     done_before = len(runnable) * args.runs - len(jobs)
     print(f"soak: {len(runnable)} experiment(s) x {args.runs} run(s), {args.parallel} at a "
           f"time, into {out}" + (f" ({done_before} run(s) finished earlier)" if done_before
@@ -331,20 +338,28 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
         folder = out / "runs" / key.replace("/", "__").removesuffix(".yaml")
         folders.append(folder)
         done, no_journal = finished_journals(out, key, args.runs)
-        summary = summarize([read_journal(j.parent) for j in done])
+        journals = [read_journal(j.parent) for j in done]
+        summary = summarize(journals)
         verdicts = set(summary.verdicts)
+        # An example expected to fail must fail the same way every time, not just fail.
+        failing = {tuple(sorted(s["name"] for s in j.get("slas") or [] if not s["passed"]))
+                   for j in journals}
         resume, detect, wall = (_p(summary, m) for m in
                                 ("resume_time_s", "detection_latency_s", "wall_s"))
         missing = args.runs - summary.num_runs
         rows.append([key, f"{summary.num_passed}/{args.runs}"
                      + (f" ({no_journal} without a journal)" if no_journal else "")
                      + (f" ({missing - no_journal} not run)" if missing > no_journal else ""),
-                     "yes" if len(verdicts) == 1 and not missing else "NO",
+                     "yes" if len(verdicts) == 1 and len(failing) == 1 and not no_journal
+                     else "NO",
                      *resume, *detect, *wall])
-        data.append({"experiment": key, "runs": args.runs, **summary.to_dict()})
+        data.append({"experiment": key, "runs": args.runs, **summary.to_dict(),
+                     "failing_slas": sorted(map(list, failing))})
     problems = collisions(folders)
     notes = [f"{k}: not run: {why}" for k, why in skipped.items()]
     notes += [f"collision: {c}" for c in problems] or ["no collision between concurrent runs"]
+    notes.append("stable: every finished run with the same verdict and the same failing SLAs, "
+                 "and each with a journal")
     notes.append("p95 by nearest rank: the maximum below 20 runs; times in seconds; wall: the "
                  "job's first to last event (no golden run, no start-up of faultlab)")
     print_table(f"soak: {args.runs} runs per experiment, {args.parallel} at a time",
