@@ -398,6 +398,7 @@ def _refuse_repeated_campaigns(experiments: list) -> None:  # type: ignore[type-
 
 def _dry_run(experiments: list, console: Console) -> int:  # type: ignore[type-arg]
     from faultlab.spec import describe_schedule, load_campaign
+    from faultlab.spec.checkpoint_args import checkpoint_warnings
 
     for path, exp in experiments:
         campaign = load_campaign(path)
@@ -407,6 +408,9 @@ def _dry_run(experiments: list, console: Console) -> int:  # type: ignore[type-a
                       f"{exp.topology.procs_per_node}, {exp.run.steps} steps, timeout "
                       f"{exp.run.timeout_s:g} s, seed {exp.seed}"
                       + (f", {len(exp.faults)} arrival(s) scheduled" if campaign else ""))
+        # As validate says it: a run would resume from the golden run's checkpoints.
+        for warning in checkpoint_warnings(exp.target.command, path):
+            console.print(f"  [bold yellow]warning[/] {escape(str(warning))}")
         for line in describe_schedule(exp):
             console.print(f"  - {line}")
         # A campaign's own SLAs (ettr ...) are judged beside the compiled experiment's.

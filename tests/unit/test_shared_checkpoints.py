@@ -97,12 +97,16 @@ def test_a_fixed_argument_is_warned_of_at_its_line_with_the_fix(project: Path) -
         ["dirpath={run_dir}/run1"]
 
 
-def test_validate_warns_and_still_passes(project: Path,
+def test_validate_and_dry_run_warn_and_still_pass(project: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["validate", "my_job.yaml"]) == 0
     out = capsys.readouterr().out
     assert "ok  my_job.yaml" in out
     assert "warning my_job.yaml:5 target.command[7]: --ckpt-dir ckpt is a fixed" in out
+    assert cli_main(["run", "--dry-run", "my_job.yaml"]) == 0  # and before anything runs
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning my_job.yaml:5 target.command[7]: --ckpt-dir ckpt is a fixed" in out
+    assert "dry run: nothing was launched or injected." in out
 
 
 def test_no_shipped_experiment_shares_checkpoints() -> None:
