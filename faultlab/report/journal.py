@@ -82,6 +82,15 @@ def read_journal(run_folder: Path) -> dict[str, Any]:
     return journal
 
 
+def _landed(fault: dict[str, Any]) -> str:
+    """Where a step-triggered fault met the job: after the step its trigger named, or later."""
+    after = fault.get("landed_after_step")
+    if after is None:
+        return "—"
+    at = fault.get("at_step")
+    return f"after step {after}" + ("" if after == at else f" (at_step {at})")
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "not measured"
@@ -114,12 +123,13 @@ def render_markdown(journal: dict[str, Any]) -> str:
         note = f" ({s['note']})" if s.get("note") else ""
         lines.append(f"| {s['name']} | {_fmt(s['bound'])} | {_fmt(s['measured'])}{note} | "
                      f"{'pass' if s['passed'] else '**FAIL**'} |")
-    lines += ["", "## Faults", "", "| id | type | target | injected | undone | details |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "## Faults", "",
+              "| id | type | target | injected | landed | undone | details |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for f in journal["faults"]:
         details = f["error"] if f.get("error") else json.dumps(f.get("details", {}))
         lines.append(f"| {f['id']} | {f['type']} | {f['target']} | {_ts(f['injected_t'])} | "
-                     f"{_ts(f.get('undone_t'))} | {details} |")
+                     f"{_landed(f)} | {_ts(f.get('undone_t'))} | {details} |")
     m = journal["metrics"]
     lines += ["", "## Metrics", "", "| metric | value |", "| --- | --- |"]
     for name, value in m.items():

@@ -228,7 +228,10 @@ def test_journal_round_trips_and_renders(tmp_path: Path) -> None:
                "metrics": {"completes": True, "goodput": 0.5},
                "faults": [{"id": "k", "type": "rank_kill", "target": "rank 1",
                            "injected_t": 1.0, "undone_t": None, "details": {"pid": 3},
-                           "error": None}],
+                           "error": None, "at_step": 12, "landed_after_step": 12},
+                          {"id": "late", "type": "node_kill", "target": "node 1",
+                           "injected_t": 2.0, "undone_t": None, "details": {},
+                           "error": None, "at_step": 12, "landed_after_step": 13}],
                "experiment": {"name": "t", "description": "d", "file": "x.yaml", "seed": 0},
                "golden": None,
                "run": {"wall_s": 12.0, "job_dir": "/j", "timed_out": False},
@@ -240,6 +243,9 @@ def test_journal_round_trips_and_renders(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     assert md == render_markdown(back)
     assert "# t: FAIL" in md and "| resume_time_s | 1.000 | 2.500 | **FAIL** |" in md
+    # where each step-triggered fault met the job: at its step, or (a gate run past) later
+    assert "| k | rank_kill | rank 1 |" in md and "| after step 12 | — |" in md
+    assert "| after step 13 (at_step 12) |" in md
     (tmp_path / "report.md").unlink()
     assert cli_main(["report", str(tmp_path)]) == 1  # re-rendered; verdict fail → exit 1
     assert (tmp_path / "report.md").read_text() == md
