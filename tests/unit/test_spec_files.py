@@ -79,9 +79,12 @@ def test_problems_in_member_files_are_located_in_those_files(tmp_path: Path) -> 
                   "name: s\nsuite:\n  - good.yaml\n  - sub/bad.yaml\n  - missing.yaml\n")
     with pytest.raises(InvalidExperimentError) as info:
         load_experiments([suite, worse, good])
-    assert where(info) == [(bad, 3, "run.steps"), (suite, 5, "suite[2]"), (worse, 2, "seed")]
-    assert str(info.value.problems[0]) == f"{bad}:3 run.steps: expected an integer, got 'ten'"
-    missing = info.value.problems[1].message
+    # the suite's entry first (which member is invalid, and where the suite lists it), then
+    # the member's own problem, located in the member
+    assert where(info) == [(suite, 4, "suite[1]"), (bad, 3, "run.steps"), (suite, 5, "suite[2]"),
+                           (worse, 2, "seed")]
+    assert str(info.value.problems[1]) == f"{bad}:3 run.steps: expected an integer, got 'ten'"
+    missing = info.value.problems[2].message
     assert missing.startswith("cannot read 'missing.yaml' (looked for ")
     assert missing.endswith("No such file or directory; paths in a suite are relative to the "
                             "suite file")
