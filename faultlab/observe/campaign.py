@@ -17,11 +17,13 @@ attributed
     ``(T, end)``, ``end`` = the job's came-back record (the restart) or ``T_next``, whichever
     is first:
 
-    1. *silent ranks* (level 0 sees no more than this): ranks whose process recorded a step
-       in the 30 s before ``T`` and no record at all in the window (a record of the rank's
-       next process, a restart's, does not count), while another rank recorded an unclean exit
-       there. A rank that died without a word is the first to fail (a SIGKILLed rank
-       writes nothing; its peers exit with "Connection closed by peer").
+    1. *silent ranks* (level 0 sees no more than this): ranks whose process at ``T`` (the
+       one of the rank's last step in the 30 s before ``T``) wrote no record in the window
+       (a record of the rank's next process, a restart's, does not count, nor a late record
+       of a step the job had reached at ``T``), while another rank recorded an unclean exit
+       there. A rank that died without a word is the
+       first to fail (a SIGKILLed rank writes nothing; its peers exit with "Connection closed
+       by peer").
     2. ranks the trainer's records name: ``straggler_rank`` of a straggler anomaly, the
        ``ranks`` list of an exit or anomaly (the reference trainer's lost GPU);
     3. the first rank to fail: the rank of each unclean exit record in time order (not one
@@ -367,9 +369,21 @@ def _named(records: Sequence[Record], start_t: float, end_t: float) -> list[int]
     window = [r for r in records if start_t < r["t"] < end_t]
     # A rank is silent if the process it trained in wrote nothing more: its next incarnation
     # (a restart's health check or start record, inside the window) is another process.
-    alive = {(_int(r.get("rank")), _key(r.get("pid"))) for r in records
-             if start_t - SILENT_LOOKBACK_S <= r["t"] <= start_t and _step(r) is not None}
-    spoke = {(_int(r.get("rank")), _key(r.get("pid"))) for r in window}
+    # Each rank's process at ``start_t``: the one of its last step (an earlier incarnation's
+    # steps in the look-back are a dead process's, not a silent one's).
+    last: dict[Any, Any] = {}
+    for r in records:
+        if start_t - SILENT_LOOKBACK_S <= r["t"] <= start_t and _step(r) is not None:
+            last[_int(r.get("rank"))] = _key(r.get("pid"))
+    alive = set(last.items())
+    # The step the job had reached at ``start_t``: a rank that was a moment behind reports
+    # that step just after (the fault struck any rank once one reported it); the record is
+    # of work done before the fault, not a sign of having noticed it.
+    reached = max((n for r in records if r["t"] <= start_t
+                   and r.get("kind") == "step" and (n := _step(r)) is not None), default=None)
+    spoke = {(_int(r.get("rank")), _key(r.get("pid"))) for r in window
+             if not (r.get("kind") == "step" and reached is not None
+                     and (_step(r) or 0) <= reached)}
     failed = [r for r in window if r.get("kind") == "exit"
               and _key(r.get("reason")) not in CLEAN_EXITS]
     out: list[int] = []

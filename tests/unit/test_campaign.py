@@ -281,6 +281,18 @@ def test_a_killed_ranks_restarted_process_does_not_make_it_speak() -> None:
     kill = FaultRecord(id="c000-rank_kill", type="rank_kill", injected_t=20.0, target="rank 1")
     [inj] = score(events, [kill]).injections
     assert inj.named_ranks == [1, 0] and inj.attributed is True
+    # and an earlier incarnation's steps within the look-back are a dead process's: its ranks
+    # are not "silent" now (a campaign restarts often)
+    earlier = steps(1, 4, -8.0, (90, 91))
+    [inj] = score(earlier + events, [kill]).injections
+    assert inj.named_ranks == [1, 0] and inj.attributed is True
+    # nor is a rank a moment behind, whose record of the step the fault fired on (once rank 0
+    # reported it) is written just after the fault: work done before it, not a word about it
+    late = [{**e, "t": {0: 19.99, 1: 20.004}[e["rank"]]}
+            if e["kind"] == "step" and e["step"] == 10 and e["pid"] in (100, 101) else e
+            for e in events]
+    [inj] = score(sorted(late, key=lambda e: e["t"]), [kill]).injections
+    assert inj.named_ranks == [1, 0] and inj.attributed is True
 
 
 def test_the_wrong_rank_named_is_not_attributed() -> None:
