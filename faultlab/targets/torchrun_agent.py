@@ -91,8 +91,9 @@ def run_agent(main: Callable[[], object]) -> None:
     finally:
         left = stop_timers()
         if left:
-            print(f"faultlab torchrun_agent: {', '.join(left)} still inside a store call after "
-                  f"{EXIT_JOIN_S:g} s (FAULTLAB_AGENT_EXIT_JOIN_S); exiting anyway",
+            print(f"faultlab torchrun_agent: {', '.join(left)} still running after "
+                  f"{EXIT_JOIN_S:g} s (FAULTLAB_AGENT_EXIT_JOIN_S), probably inside a store "
+                  f"call; exiting anyway (the process may abort at exit)",
                   file=sys.stderr, flush=True)
 
 
