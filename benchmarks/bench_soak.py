@@ -325,8 +325,7 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
     jobs = [(key, runnable[key], i) for i, key in itertools.product(range(1, args.runs + 1),
                                                                     runnable)
             if not (args.resume and finished(out, key, i))]
-    done_before = sum(finished(out, key, i) for key in runnable
-                      for i in range(1, args.runs + 1)) if args.resume else 0
+    done_before = len(runnable) * args.runs - len(jobs)  # what --resume found finished
     if args.table_only:
         jobs = []
     print(f"soak: {len(runnable)} experiment(s) x {args.runs} run(s), {args.parallel} at a "
