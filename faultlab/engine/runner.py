@@ -46,6 +46,7 @@ from faultlab.faults.gpu import GpuFault, gpu_node_env
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
+from faultlab.observe.metrics import withhold_unfinished
 from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import Experiment, resolve_selector
@@ -336,6 +337,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         view.note("reading every checkpoint back")
         scan = scan_checkpoints(job_dir / "checkpoints")
         metrics.checkpoints_all_finite = scan.all_finite
+        withhold_unfinished(metrics)  # a True from a run that stopped early shows nothing
     # Stopped before the launch: no SLA was measured, and a table of "not measured" would
     # only bury the reason (the error).
     slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,

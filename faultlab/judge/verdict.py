@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from faultlab.judge.slas import CAMPAIGN_SLAS, SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
+from faultlab.observe.metrics import UNFINISHED_RUN
 from faultlab.observe.final_state import FinalState, first_difference
 from faultlab.observe.save_failures import sign_note, struck
 from faultlab.spec import Experiment, arrival_times_s
@@ -70,8 +71,10 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
                              "" if fid in fired else _not_fired(exp, i, faults, metrics,
                                                                 events, job_s)))
     values = metrics.to_dict()
-    if golden is not None and metrics.final_digest is not None and golden.digest is not None:
+    if golden is not None and metrics.final_digest is not None and golden.digest is not None \
+            and metrics.completes:  # an unfinished run's last checkpoint is not its final state
         values["bitwise_equal_to_golden"] = metrics.final_digest == golden.digest
+    unfinished = _unfinished(metrics, timed_out)
     for name, bound in exp.expect.items():
         sla = SLAS[name]
         measured = values.get(sla.metric)
@@ -98,7 +101,7 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
                     + ("was restarted" if restarted else "stopped") + " after it")
         if name in ("save_failure_detected", "training_continued_through_save_failure",
                     "save_hang_detected_within_s", "failed_save_never_loaded") and \
-                measured is None and not note:
+                measured is None and not note and not any(struck(f) for f in faults):
             note = ("not measured: no io_error, disk_full or io_hang fault hit an operation, "
                     "and the job reported no failed save")
         if name == "detection_latency_s" and measured is None and fired and \
@@ -112,11 +115,28 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             if lasting:
                 note = note or (f"the job never ran without {', '.join(lasting)} (its GPU "
                                 f"stayed failed); {metrics.restarts} restart(s) used")
+        if name == "max_restarts" and timed_out and measured is not None and \
+                sla.holds(measured, bound):
+            # faultlab stopped the job: the restarts it would still have spent are unknown
+            measured, note = None, f"{metrics.restarts} restart(s) before {unfinished}"
+        if measured is None and unfinished and (sla.metric in UNFINISHED_RUN
+                                                or name == "bitwise_equal_to_golden"):
+            why = UNFINISHED_RUN.get(sla.metric, "its last checkpoint is not a final state")
+            note = note or f"not measured: {unfinished}; {why}"
         if measured is None:
             note = note or "not measured: the run ended without the events it needs"
         passed = measured is not None and sla.holds(measured, bound)
         out.append(SLAResult(name, bound, measured, passed, note))
     return out
+
+
+def _unfinished(metrics: Metrics, timed_out: bool) -> str:
+    """How the run fell short of finishing ('' if it completed)."""
+    if metrics.completes:
+        return ""
+    if timed_out:
+        return f"faultlab stopped the job at step {metrics.max_step} (timeout)"
+    return f"the run did not complete (it stopped at step {metrics.max_step})"
 
 
 def _not_fired(exp: Experiment, index: int, faults: list[FaultRecord], metrics: Metrics,

@@ -28,7 +28,8 @@ committed trajectory
     out). ``steps_committed`` is its length (skipped steps included).
 goodput
     Sum of ``step_time_s`` over the committed trajectory (a skipped step, or one without
-    ``step_time_s``, counts 0) ÷ ``wall_s``; None if ``wall_s`` is 0.
+    ``step_time_s``, counts 0) ÷ ``wall_s``; None if ``wall_s`` is 0, or if the run did not
+    complete (the share of a run that never finished says nothing of the job's goodput).
 wall_s
     ``t`` of the last record − ``t`` of the first record; 0.0 for fewer than two records.
 samples_exactly_once
@@ -39,13 +40,18 @@ samples_exactly_once
     rank of that step with world size ``W``, the ``local_samples`` slices present lie inside
     the step's range and are pairwise disjoint, and when ranks ``0..W-1`` all have one their
     union is the whole range. (A rank without a record or without ``local_samples`` is not
-    held against the step: a SIGKILL can lose a rank's last line.)
+    held against the step: a SIGKILL can lose a rank's last line.) True needs the run to
+    complete: the samples of steps it never reached were trained on zero times (None then;
+    False, a sample seen twice, stands).
 corrupt_checkpoint_never_loaded
     None unless some fault's details list the checkpoint directories it damaged
     (``details["checkpoints"]``: the storage faults). Otherwise False iff a ``checkpoint_loaded``
     record names one of those paths after the fault struck and before the job wrote a fresh
     checkpoint to the same path (a ``checkpoint_saved`` with that path) — a replayed run may
-    legitimately save and later load a new checkpoint under the old name.
+    legitimately save and later load a new checkpoint under the old name. True needs evidence
+    that the job would have loaded one: it completed, or after the last damage some process
+    started or loaded a checkpoint (its resume path ran); a job that died after the damage and never started again
+    loaded nothing because it loaded nothing at all (None).
 world_sizes
     The world sizes of the ``start`` records in time order, consecutive repeats collapsed
     (e.g. ``[3, 2]`` after a node loss); from all records if there are no start records.
@@ -58,14 +64,27 @@ straggler_detected_within_s (run level)
 save_failure_detected, save_hang_detected_within_s, training_continued_through_save_failure,
 failed_save_never_loaded
     Saves that fail or hang under a storage fault (``io_error``, ``disk_full``, ``io_hang``):
-    defined in :mod:`faultlab.observe.save_failures`.
+    defined in :mod:`faultlab.observe.save_failures`. ``failed_save_never_loaded`` True needs
+    the same evidence as ``corrupt_checkpoint_never_loaded`` (completed, or a start or a load
+    after the last failure or strike).
 faulty_node_excluded, restarts_until_excluded (run level)
     Defined in :mod:`faultlab.observe.exclusion` (a GPU that stays failed: did the job go on
     without its node, after how many restarts).
 detection_latency_s, resume_time_s, recovery_time_s, lost_steps
-    The worst (max) over the faults. For resume, recovery and lost steps the result is None
-    if any fault went down and its value is None (unmeasurable); faults that did not go down
-    are left out. With no measured value: None for the times, 0 for lost_steps.
+    The worst (max) over the faults. For resume and recovery the result is None if any fault
+    went down and its value is None (unmeasurable); faults that did not go down are left out.
+    For lost steps it is None if any fault's value is None (one that went down and never came
+    back, or one after which the job never made progress: timeline module); with no fault, 0.
+    With no measured time: None.
+
+A run that did not complete
+    Its evidence stops where it stopped. The metrics that describe the whole run say "not
+    measured" rather than judge what never ran: goodput, samples_exactly_once (True),
+    corrupt_checkpoint_never_loaded and failed_save_never_loaded (True without a start or a
+    load after the damage), checkpoints_all_finite (True: set by the engine through
+    :func:`withhold_unfinished`). The bitwise verdict needs a completed run too (the judge).
+    Times of what did happen (detection, resume, recovery, emergency checkpoint, straggler
+    named, requeue) stand.
 """
 
 from __future__ import annotations
@@ -87,10 +106,24 @@ from faultlab.observe.records import (
     _range,
     _step,
 )
-from faultlab.observe.save_failures import save_failure_metrics
+from faultlab.observe.save_failures import SAVE_FAILING_FAULTS, save_failure_metrics
 from faultlab.observe.timeline import SLOWING_FAULTS, FaultMetrics, _Timeline
 
-__all__ = ["FaultMetrics", "FaultRecord", "Metrics", "compute_metrics"]
+__all__ = ["FaultMetrics", "FaultRecord", "Metrics", "UNFINISHED_RUN", "compute_metrics",
+           "withhold_unfinished"]
+
+UNFINISHED_RUN = {
+    "goodput": "goodput is a whole run's",
+    "samples_exactly_once": "the samples of the steps it never reached were trained on zero "
+                            "times",
+    "corrupt_checkpoint_never_loaded": "no process started or loaded a checkpoint after the "
+                                       "damage: the job never tried to load one",
+    "failed_save_never_loaded": "no process started or loaded a checkpoint after the failed "
+                                "save: the job never tried to load one",
+    "checkpoints_all_finite": "the checkpoints after the one it stopped at were never written",
+}
+"""Metric → why a run that did not complete cannot show it (``withhold_unfinished`` says which
+values are then withheld)."""
 
 
 @dataclass(slots=True)
@@ -231,6 +264,30 @@ def _completes(records: list[Record]) -> bool:
             and all(_is_clean_exit(r) for r in final if r.get("kind") == "exit"))
 
 
+def withhold_unfinished(metrics: Metrics, records: list[Record] | None = None,
+                        bad_since_t: float | None = None) -> None:
+    """Withhold what a run that did not complete cannot show (module docstring, "A run that
+    did not complete"): goodput always; a True of samples_exactly_once and
+    checkpoints_all_finite; a True of the two never-loaded checks unless a process started, or
+    a checkpoint was loaded, after ``bad_since_t`` (the last damage or failure) in
+    ``records``: the job's resume path ran. False stays: a sample
+    trained twice or a damaged checkpoint loaded is a finding however the run ended."""
+    if metrics.completes:
+        return
+    metrics.goodput = None
+    for name in ("samples_exactly_once", "checkpoints_all_finite"):
+        if getattr(metrics, name) is True:
+            setattr(metrics, name, None)
+    if records is None:
+        return  # the engine's second call, for checkpoints_all_finite alone
+    resumed = bad_since_t is not None and any(
+        r.get("kind") in ("start", "checkpoint_loaded") and r["t"] > bad_since_t
+        for r in records)
+    for name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded"):
+        if getattr(metrics, name) is True and not resumed:
+            setattr(metrics, name, None)
+
+
 def _worst(values: list[Any], unmeasurable: bool) -> Any:
     if unmeasurable:
         return None
@@ -258,14 +315,15 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         unmeasurable = any(getattr(f, name) is None for f in down)
         return _worst([getattr(f, name) for f in down], unmeasurable)
 
-    lost = worst("lost_steps")
+    lost_values = [f.lost_steps for f in per_fault]
+    lost = _worst(lost_values, None in lost_values)
     with_deadline = [f for f in per_fault if f.emergency_checkpoint_before_deadline is not None]
     slowing = [f.straggler_detected_s for f in per_fault if f.type in SLOWING_FAULTS]
     slowdowns = [f.slowdown for f in per_fault if f.type in SLOWING_FAULTS]
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
     completes = _completes(records)
     saves = save_failure_metrics(records, faults, _damaged(faults))
-    return Metrics(
+    metrics = Metrics(
         completes=completes,
         final_digest=digest if isinstance(digest, str) else None,
         restarts=max(0, rank0_starts - 1),
@@ -279,7 +337,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         detection_latency_s=_worst([f.detection_latency_s for f in per_fault], False),
         resume_time_s=worst("resume_time_s"),
         recovery_time_s=worst("recovery_time_s"),
-        lost_steps=0 if lost is None and not any(f.went_down for f in per_fault) else lost,
+        lost_steps=0 if not per_fault else lost,
         emergency_checkpoint_s=_worst(emergency_s, None in emergency_s),
         emergency_checkpoint_before_deadline=(
             all(f.emergency_checkpoint_before_deadline for f in with_deadline)
@@ -294,3 +352,15 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         restarts_until_excluded=restarts_until_excluded(records, faults),
         faults=per_fault,
     )
+    withhold_unfinished(metrics, records, _last_bad_t(records, faults))
+    return metrics
+
+
+def _last_bad_t(records: list[Record], faults: list[FaultRecord]) -> float | None:
+    """When the last checkpoint went bad: a storage fault struck (damage at rest, or a save
+    made to fail) or the job reported a failed save; None if none did."""
+    times = [f.injected_t for f in faults
+             if f.details.get("checkpoints") or f.type in SAVE_FAILING_FAULTS]
+    times += [float(r["t"]) for r in records if r.get("kind") == "anomaly"
+              and r.get("what") in ("checkpoint_save_failed", "checkpoint_save_hung")]
+    return max(times, default=None)

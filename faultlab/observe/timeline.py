@@ -15,16 +15,30 @@ Process classification (relative to ``T``)
     A pid is *seen* if it has a record with ``t <= T``. A process is *new* (started after the
     fault) unless its pid is seen or its ``start`` record's ``t_main`` (wall clock when its
     ``main`` began) is ``<= T``: a process already running at ``T`` but still starting up is not
-    a reaction. (``t_process_created`` is not used: psutil derives it from the boot time in
-    whole seconds, and it was seen ~1 s off the ``time.time()`` clock of ``t``.) A process was
-    *training* at ``T`` if its ``start`` record has ``t <= T`` (if it has no start record at
-    all: if its pid is seen).
+    a reaction. A process was *training* at ``T`` if its ``start`` record has ``t <= T`` (if it
+    has no start record at all: if its pid is seen).
 
 Reaction records (``t > T``)
     ``exit`` with ``reason`` not in {completed, stopped}; any ``anomaly``; any
     ``preemption_notice``; ``start`` of a new
     process; ``checkpoint_loaded`` of a new process or of a process training at ``T`` (an
     in-process rollback).
+
+The launcher's respawn (a reaction at a time no record carries)
+    A new process's ``start`` record is written only once it has imported torch and set up
+    (seconds after the launcher started it), yet the launcher reacted when it *created* the
+    process: its ``t_process_created`` (the kernel's start time of the process, read by the
+    process itself from ``/proc/self/stat`` against ``CLOCK_BOOTTIME``: 10 ms resolution, the
+    same wall clock as ``t``). A new process whose ``t_process_created`` is ``> T`` is a
+    reaction at that time. With no survivor (one rank, or a whole node's ranks killed) it is
+    the first sign there is; it needs nothing of the launcher, whichever launcher it is.
+
+detection_source
+    What the first reaction was, whatever wrote it: ``error_exit`` (a rank left with an error:
+    a survivor's failed collective, or a restarted rank failing again), ``anomaly`` (the trainer's own detector), ``preemption_notice``, ``launcher_respawn``
+    (a new process created, above), ``restart_record`` (a new process's ``start`` or
+    ``checkpoint_loaded``, without a creation time), ``rollback`` (a ``checkpoint_loaded`` of
+    a process training at ``T``).
 
 came-back records (``t > T``)
     ``start`` of a new process and ``checkpoint_loaded`` counted as a reaction. (The reference
@@ -56,8 +70,10 @@ recovery_time_s
     under the same conditions as resume_time_s.
 
 lost_steps
-    ``max(0, H − resumed_from_step)`` if the job came back; 0 if it did not go down; None if it
-    went down and never came back, or the came-back records carry no step.
+    ``max(0, H − resumed_from_step)`` if the job came back; 0 if it did not go down and made
+    progress after ``T`` (a step record, or a clean ``exit``); None if it went down and never
+    came back, the came-back records carry no step, or nothing progressed after the fault (a
+    job hung until faultlab stopped it: what the fault cost it is unknown, not 0).
 
 emergency_checkpoint_s, emergency_checkpoint_before_deadline
     Only for a fault whose details carry a ``deadline_t`` (a preemption notice): ``t`` of the
@@ -121,6 +137,8 @@ class FaultMetrics:
     detection_t: float | None = None
     detected_by: str | None = None
     """The first reaction: ``kind`` or ``kind:reason`` / ``kind:what``, and the rank."""
+    detection_source: str | None = None
+    """Where the first reaction was seen (module docstring: ``detection_source``)."""
     came_back_t: float | None = None
     resumed_from_step: int | None = None
     detection_latency_s: float | None = None
@@ -146,6 +164,7 @@ class _Timeline:
         self.ts = [float(r["t"]) for r in records]
         self.start_t: dict[Any, float] = {}  # pid -> t of its first start record
         self.main_t: dict[Any, float] = {}  # pid -> t_main: the process existed by then
+        self.created: dict[Any, tuple[float, Record]] = {}  # pid -> (t_process_created, start)
         for r in records:
             pid = _key(r.get("pid"))
             if r.get("kind") == "start" and pid is not None:
@@ -153,6 +172,9 @@ class _Timeline:
                 t_main = _float(r.get("t_main"))
                 if t_main is not None:
                     self.main_t.setdefault(pid, t_main)
+                created = _float(r.get("t_process_created"))
+                if created is not None:
+                    self.created.setdefault(pid, (created, r))
 
     def analyse(self, fault: FaultRecord) -> FaultMetrics:
         T = float(fault.injected_t)
@@ -200,12 +222,23 @@ class _Timeline:
             m.slowdown = _slowdown(before, after, fault.undone_t,
                                    _window((fault.details or {}).get("window_steps")))
         detect_i = next((i for i, r in enumerate(after) if reacted(r)), None)
-        if detect_i is None:
-            return m  # nobody noticed: not down, nothing lost
-        detection = after[detect_i]
-        m.detection_t = float(detection["t"])
+        spawned = min(((t, r) for pid, (t, r) in self.created.items()
+                       if t > T and is_new(pid)), key=lambda tr: tr[0], default=None)
+        if spawned is not None and (detect_i is None or spawned[0] < after[detect_i]["t"]):
+            t_spawn, record = spawned
+            m.detection_t, m.detection_source = t_spawn, "launcher_respawn"
+            m.detected_by = f"process_spawned ({_whose(record)})"
+            detect_i = bisect.bisect_right(self.ts, t_spawn) - split  # the records after it
+        elif detect_i is None:  # nobody noticed: not down; nothing lost if it trained on
+            progressed = any(_step(r) is not None or _is_clean_exit(r) for r in after)
+            m.lost_steps = 0 if progressed else None
+            return m
+        else:
+            detection = after[detect_i]
+            m.detection_t = float(detection["t"])
+            m.detected_by = _describe(detection)
+            m.detection_source = _source(detection, is_new(_key(detection.get("pid"))))
         m.detection_latency_s = m.detection_t - T
-        m.detected_by = _describe(detection)
 
         back_i = next((i for i in range(detect_i, len(after)) if came_back(after[i])), None)
         if back_i is None:
@@ -255,6 +288,25 @@ def _describe(record: Record) -> str:
     text = f"{kind}:{detail}" if detail is not None else kind
     rank = record.get("rank")
     return f"{text} (rank {rank})" if rank is not None else text
+
+
+def _whose(record: Record) -> str:
+    """``rank R, pid P``: the process a start record belongs to."""
+    parts = [f"rank {record['rank']}" if record.get("rank") is not None else None,
+             f"pid {record['pid']}" if record.get("pid") is not None else None]
+    return ", ".join(p for p in parts if p) or "a new process"
+
+
+def _source(record: Record, new_process: bool) -> str:
+    """``detection_source`` of a reaction record (module docstring)."""
+    kind = record.get("kind")
+    if kind == "exit":
+        return "error_exit"
+    if kind in ("anomaly", "preemption_notice"):
+        return str(kind)
+    if kind == "checkpoint_loaded" and not new_process:
+        return "rollback"
+    return "restart_record"
 
 
 def _step_times(records: list[Record]) -> list[float]:

@@ -236,6 +236,7 @@ def kill_timeline() -> list[dict[str, object]]:
     events += [ev(24.0, "checkpoint_loaded", r, 200 + r, step=5) for r in (0, 1)]
     events += [ev(24.1, "start", r, 200 + r, resumed_from_step=5) for r in (0, 1)]
     events += steps(6, 12, 24.5, (200, 201))  # back at step 10 at t = 26.5
+    events += [ev(28.9, "final_digest", 0, 200, digest="d" * 64)]
     events += [ev(29.0, "exit", r, 200 + r, reason="completed", step=12) for r in (0, 1)]
     return events
 
@@ -247,7 +248,7 @@ def score(events, faults, golden=None):  # type: ignore[no-untyped-def]
 
 def kill_golden() -> list[dict[str, object]]:
     events = [ev(0.0, "start", r, 10 + r, resumed_from_step=0) for r in (0, 1)]
-    events += steps(1, 12, 1.0, (10, 11))
+    events += steps(1, 12, 1.0, (10, 11)) + [ev(6.9, "final_digest", 0, 10, digest="d" * 64)]
     return events + [ev(7.0, "exit", r, 10 + r, reason="completed", step=12) for r in (0, 1)]
 
 

@@ -45,7 +45,8 @@ def test_the_reference_trainer_reports_quarantines_and_trains_on() -> None:
               ev(T + 0.5, "anomaly", what="checkpoint_save_failed", step=20,
                  path=f"{CKPT}/.tmp-step_00000020-abc", action="retry_next_interval"),
               *steps(13, 40, T + 1), ev(T + 8, "checkpoint_saved", step=30,
-                                        path=f"{CKPT}/step_00000030")]
+                                        path=f"{CKPT}/step_00000030"),
+              ev(T + 9, "final_digest", digest="d" * 64), ev(T + 9.1, "exit", reason="completed")]
     m = compute_metrics(events, [fault()])
     assert m.save_failure_detected is True
     assert m.training_continued_through_save_failure is True

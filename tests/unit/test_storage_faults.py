@@ -226,6 +226,10 @@ def test_corrupt_checkpoint_never_loaded_is_measured_from_the_loads() -> None:
     rewritten = [_ev("checkpoint_saved", 11.0, path=bad), _ev("checkpoint_loaded", 12.0,
                                                               path=bad)]
     assert compute_metrics(rewritten, [flip]).corrupt_checkpoint_never_loaded is True
-    assert compute_metrics([_ev("checkpoint_loaded", 9.0, path=bad)],
+    assert compute_metrics([_ev("checkpoint_loaded", 9.0, path=bad), *good_load],
                            [flip]).corrupt_checkpoint_never_loaded is True
     assert compute_metrics(good_load, []).corrupt_checkpoint_never_loaded is None
+    # loaded only before the damage, and the job never loaded (or started) again, nor
+    # finished: nothing shows it would not have loaded the damaged one
+    assert compute_metrics([_ev("checkpoint_loaded", 9.0, path=bad)],
+                           [flip]).corrupt_checkpoint_never_loaded is None
