@@ -4,10 +4,11 @@ A run with a fault whose class sets ``mounts_storage`` (``io_error``, ``io_laten
 ``io_hang``, ``disk_full``) serves the job's checkpoint directory through the FUSE passthrough
 (``faultlab.storage``) from before the launch to after the job stopped; every other run is
 unchanged. The directory is the reference trainer's ``{run_dir}/checkpoints``, or for a user's
-command the first checkpoint-like argument under ``{run_dir}`` (``--ckpt-dir
-{run_dir}/ckpt``; a file argument, ``--save-path {run_dir}/model.pt``, serves its directory),
-else ``{run_dir}/checkpoints``. A fixed checkpoint path (no ``{run_dir}``) is refused: faultlab
-never mounts over a team's own checkpoints.
+command ``target.checkpoint_dir``, else its first checkpoint-like argument under ``{run_dir}``
+(``--ckpt-dir {run_dir}/ckpt``; a file argument, ``--save-path {run_dir}/model.pt``, serves its
+directory): ``faultlab.spec.checkpoint_args.checkpoint_dir_of``. Without either, or with a
+fixed checkpoint path, the experiment does not load: faultlab never mounts over a directory
+the trainer does not use, nor over a team's own checkpoints.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from faultlab.errors import FaultlabError
 from faultlab.spec import Experiment
-from faultlab.spec.checkpoint_args import RUN_DIR, checkpoint_args
+from faultlab.spec.checkpoint_args import RUN_DIR, checkpoint_dir_of
 
 __all__ = ["needs_storage_mount", "storage_dir"]
 
@@ -30,12 +31,10 @@ def storage_dir(exp: Experiment, job_dir: Path, source: Path | None = None) -> P
     root = job_dir.resolve()
     if not exp.target.command:
         return root / "checkpoints"
-    for arg in checkpoint_args(exp.target.command):
-        if arg.fixed:
-            raise FaultlabError(
-                f"{source or exp.name}: target.command: the storage faults would mount over "
-                f"{arg.shown()!r}, a fixed checkpoint path shared by every run; write "
-                f"{arg.shown(arg.in_run_dir())!r} so each run's checkpoints are its own")
-        path = Path(arg.value.replace(RUN_DIR, str(root)))
-        return path.parent if path.suffix and not path.is_dir() else path
-    return root / "checkpoints"
+    template, why = checkpoint_dir_of(exp.target.command, exp.target.checkpoint_dir)
+    if template is None:  # the spec refuses it first; an experiment built around it lands here
+        raise FaultlabError(f"{source or exp.name}: target: the storage faults: {why}")
+    path = Path(template.replace(RUN_DIR, str(root)))
+    if exp.target.checkpoint_dir is not None:
+        return path
+    return path.parent if path.suffix and not path.is_dir() else path

@@ -114,6 +114,14 @@ class _IoFault(Fault):
                         f"themselves: run storage faults on local or docker nodes there")
         return None
 
+    @classmethod
+    def refuses_target(cls, target: Any) -> str | None:
+        if target.command is None:
+            return None  # the reference trainer: {run_dir}/checkpoints
+        from faultlab.spec.checkpoint_args import checkpoint_dir_of
+
+        return checkpoint_dir_of(target.command, target.checkpoint_dir)[1]
+
     def rule(self) -> dict[str, Any]:
         """The passthrough rule this fault sets (``faultlab.storage.rules.Rule``'s fields)."""
         raise NotImplementedError

@@ -67,9 +67,11 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
     fired = {f.id.split("#")[0] for f in faults if not f.details.get("error")}
     for i, spec in enumerate(exp.faults):
         fid = spec.id
-        out.append(SLAResult(f"fault_injected[{fid}]", True, fid in fired, fid in fired,
-                             "" if fid in fired else _not_fired(exp, i, faults, metrics,
-                                                                events, job_s)))
+        idle = _struck_nothing(spec, [f for f in faults if f.id.split("#")[0] == fid])
+        hit = fid in fired and not idle
+        out.append(SLAResult(f"fault_injected[{fid}]", True, hit, hit,
+                             idle if fid in fired else _not_fired(exp, i, faults, metrics,
+                                                                  events, job_s)))
     values = metrics.to_dict()
     if golden is not None and metrics.final_digest is not None and golden.digest is not None \
             and metrics.completes:  # an unfinished run's last checkpoint is not its final state
@@ -123,11 +125,31 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
                                                 or name == "bitwise_equal_to_golden"):
             why = UNFINISHED_RUN.get(sla.metric, "its last checkpoint is not a final state")
             note = note or f"not measured: {unfinished}; {why}"
+        if name == "detection_latency_s" and measured is not None:
+            first = max((f for f in metrics.faults if f.detection_latency_s is not None),
+                        key=lambda f: f.detection_latency_s or 0.0)
+            note = f"{first.fault_id}: {first.detected_by} [{first.detection_source}]"
         if measured is None:
             note = note or "not measured: the run ended without the events it needs"
         passed = measured is not None and sla.holds(measured, bound)
         out.append(SLAResult(name, bound, measured, passed, note))
     return out
+
+
+def _struck_nothing(spec: Any, records: list[FaultRecord]) -> str:
+    """Why a storage fault that was set proved nothing: its rule was in force for the whole
+    run and hit no operation of the job ('' if it hit one, or if the count is unknown)."""
+    if not getattr(spec.fault_class, "mounts_storage", False) or not records:
+        return ""
+    counts = [f.details.get("undo", {}).get("num_ops_hit") if isinstance(
+        f.details.get("undo"), dict) else None for f in records]
+    if any(not isinstance(c, int) or c > 0 for c in counts):
+        return ""
+    where = records[0].details.get("storage") or "the checkpoint directory"
+    ops = ", ".join(getattr(spec.params, "ops", ()) or ("write",))
+    return (f"set on {where}, but it struck no operation in the whole run: the job did no "
+            f"matching {ops} there while it was in force; if its checkpoints go elsewhere, "
+            f"name that directory as target.checkpoint_dir")
 
 
 def _unfinished(metrics: Metrics, timed_out: bool) -> str:

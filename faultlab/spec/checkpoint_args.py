@@ -38,8 +38,8 @@ from pathlib import Path
 
 from faultlab.errors import Problem
 
-__all__ = ["RUN_DIR", "CheckpointArg", "checkpoint_args", "checkpoint_warnings",
-           "command_line_of", "is_checkpoint_name"]
+__all__ = ["RUN_DIR", "CheckpointArg", "checkpoint_args", "checkpoint_dir_of",
+           "checkpoint_warnings", "command_line_of", "is_checkpoint_name"]
 
 RUN_DIR = "{run_dir}"
 """The placeholder for each launch's own run directory (``faultlab.targets.local``)."""
@@ -161,3 +161,36 @@ def checkpoint_warnings(command: tuple[str, ...] | list[str] | None,
     return [Problem(file, command_line_of(file, a.index), f"target.command[{a.index}]",
                     fixed_arg_message(a))
             for a in checkpoint_args(command) if a.fixed]
+
+
+def checkpoint_dir_of(command: tuple[str, ...] | list[str] | None,
+                      checkpoint_dir: str | None) -> tuple[str | None, str | None]:
+    """Where a user's trainer checkpoints, as a ``{run_dir}`` template, or why faultlab cannot
+    know: ``(template, None)`` or ``(None, reason with the fix)``.
+
+    ``target.checkpoint_dir`` when given; else the first checkpoint-like argument of
+    ``command`` (a fixed one is refused: every run shares it, and faultlab never acts on a
+    team's own checkpoints); else unknown. An argument naming a file (``--save-path
+    {run_dir}/model.pt``) stands for its directory: the caller resolves that once the path
+    exists."""
+    if checkpoint_dir is not None:
+        return checkpoint_dir, None
+    for arg in checkpoint_args(command):
+        if arg.fixed:
+            return None, (f"{arg.shown()} is a fixed checkpoint path shared by every run, and "
+                          f"faultlab never acts on a team's own checkpoints; write "
+                          f"{arg.shown(arg.in_run_dir())} so each run's checkpoints are its "
+                          f"own")
+        return arg.value, None
+    args = list(command or ())
+    under = [i for i in range(1, len(args)) if RUN_DIR in args[i]]
+    shown = [f"{args[i - 1]} {args[i]}" if args[i - 1].startswith("-") else args[i]
+             for i in under]
+    seen = (f" (the command's own {RUN_DIR} argument{'s' if len(under) > 1 else ''}: "
+            f"{', '.join(shown[:3])})") if under else ""
+    example = next((args[i].partition("=")[2] if "=" in args[i].split(RUN_DIR)[0]
+                    else args[i] for i in under), f"{RUN_DIR}/checkpoints")
+    return None, (f"faultlab cannot tell which directory the trainer checkpoints to: no "
+                  f"argument of target.command names one by a name it knows (--ckpt-dir, "
+                  f"--checkpoint-dir, --save-dir, --output-dir, dirpath= ...){seen}; name it: "
+                  f"target.checkpoint_dir: {example!r}, and pass the same path to the trainer")

@@ -44,6 +44,13 @@ class TargetSpec(SpecModel):
     {run_dir}/checkpoints``), so the golden run and the experiment never share checkpoints; a
     bare ``python`` is the interpreter (and virtual environment) faultlab itself runs on."""
 
+    checkpoint_dir: str | None = None
+    """Where your trainer (``command``) writes its checkpoints, under ``{run_dir}``
+    (``{run_dir}/hf``): the directory the storage faults act on. Needed only when no argument
+    of ``command`` names it by a name faultlab knows (``--ckpt-dir``, ``--output-dir`` ...:
+    ``faultlab.spec.checkpoint_args``); when set, it wins over them. The reference trainer's
+    is ``{run_dir}/checkpoints``."""
+
     @model_validator(mode="before")
     @classmethod
     def _reference_by_default(cls, data: Any) -> Any:
@@ -118,9 +125,26 @@ class TargetSpec(SpecModel):
                              f"directory faultlab runs in, {show(str(Path.cwd()))})")
         return value
 
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _checkpoint_dir(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        rest = value[len("{run_dir}"):] if value.startswith("{run_dir}") else None
+        if rest is None or (rest and not rest.startswith("/")) or ".." in rest.split("/"):
+            raise ValueError(f"{show(value)} is not inside each run's own directory: start it "
+                             f"with {{run_dir}} (e.g. '{{run_dir}}/checkpoints'), as the "
+                             f"trainer's argument does, so the golden run and every run keep "
+                             f"their own checkpoints")
+        return value.rstrip("/") or value
+
     @model_validator(mode="after")
     def _one_kind(self) -> TargetSpec:
         if self.command is None:
+            if self.checkpoint_dir is not None:
+                raise located([spec_error(("checkpoint_dir",), "checkpoint_dir is for your own "
+                                          "trainer (command); the reference trainer's is "
+                                          "{run_dir}/checkpoints", self.checkpoint_dir)])
             return self
         errors = []
         if self.trainer is not None:

@@ -8,6 +8,7 @@ that loads what it failed to save, and a save hung until the watchdog notices.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from typing import Any
@@ -156,3 +157,29 @@ def test_faultlab_list_slas_describes_every_sla() -> None:
                          capture_output=True, text=True, check=True).stdout
     for key, sla in SLAS.items():
         assert key in out and sla.description[:40] in out.replace("\n    ", " ")
+
+
+def test_a_storage_fault_that_struck_no_operation_was_not_injected() -> None:
+    """Its rule was in force, yet the job never touched the served directory (a trainer that
+    checkpoints elsewhere): the experiment proved nothing, and fault_injected says why."""
+    exp = experiment_from_dict({
+        "name": "x", "target": {"trainer": "reference"},
+        "faults": [{"id": "full", "type": "disk_full", "target": "all",
+                    "trigger": {"at_step": 12}, "duration_s": 5}],
+        "expect": {"completes": True}})
+    events = [*started(), *steps(1, 40, T - 2)]
+
+    def injected(flt: FaultRecord) -> Any:
+        flt = dataclasses.replace(flt, id="full#1",
+                                  details={**flt.details, "storage": "/run/checkpoints"})
+        return judge(exp, compute_metrics(events, [flt]), None, timed_out=False, faults=[flt],
+                     events=events)[0]
+
+    idle = injected(fault("disk_full", hits=0))
+    assert idle.name == "fault_injected[full]" and idle.measured is False and not idle.passed
+    assert idle.note == ("set on /run/checkpoints, but it struck no operation in the whole "
+                         "run: the job did no matching write there while it was in force; if "
+                         "its checkpoints go elsewhere, name that directory as "
+                         "target.checkpoint_dir")
+    assert injected(fault("disk_full", hits=3)).passed
+    assert injected(fault("disk_full", hits=None)).passed  # no count: not held against it

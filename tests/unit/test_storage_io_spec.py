@@ -105,32 +105,68 @@ def test_propagation_is_read_from_the_mount_that_holds_the_path() -> None:
     assert not propagates(Path("/tmp/runs"), mountinfo)
 
 
-@pytest.mark.parametrize(("command", "served"), [
+@pytest.mark.parametrize(("target", "served"), [
     (None, "checkpoints"),  # the reference trainer
-    ("[python, examples/fsdp2_dcp/train.py, --ckpt-dir, '{run_dir}/ckpt']", "ckpt"),
+    ("{command: [python, examples/fsdp2_dcp/train.py, --ckpt-dir, '{run_dir}/ckpt']}", "ckpt"),
     # a file argument: its directory
-    ("[python, examples/fsdp2_dcp/train.py, '--save-path={run_dir}/out/model.pt']", "out"),
-    ("[python, examples/fsdp2_dcp/train.py, --steps, '3']", "checkpoints"),
+    ("{command: [python, examples/fsdp2_dcp/train.py, '--save-path={run_dir}/out/model.pt']}",
+     "out"),
+    # an argument name faultlab does not know, named by target.checkpoint_dir
+    ("{command: [python, examples/fsdp2_dcp/train.py, --out, '{run_dir}/hf'], "
+     "checkpoint_dir: '{run_dir}/hf'}", "hf"),
+    # checkpoint_dir wins over a recognised argument
+    ("{command: [python, examples/fsdp2_dcp/train.py, --ckpt-dir, '{run_dir}/ckpt'], "
+     "checkpoint_dir: '{run_dir}/ckpt/rank0'}", "ckpt/rank0"),
 ])
 def test_the_served_directory_is_the_jobs_checkpoint_directory(
-        tmp_path: Path, command: str | None, served: str) -> None:
+        tmp_path: Path, target: str | None, served: str) -> None:
     from faultlab.engine.storage import storage_dir
 
-    target = {"target": f"target: {{command: {command}}}"} if command else {}
-    exp = parse_experiment(doc(fault("type: disk_full"), **target))
+    sections = {"target": f"target: {target}"} if target else {}
+    exp = parse_experiment(doc(fault("type: disk_full"), **sections))
     assert storage_dir(exp, tmp_path) == tmp_path.resolve() / served
 
 
-def test_a_fixed_checkpoint_path_is_never_mounted_over(tmp_path: Path) -> None:
-    from faultlab.engine.storage import storage_dir
-    from faultlab.errors import FaultlabError
+def test_a_storage_fault_on_a_directory_faultlab_cannot_know_is_refused_with_the_fix() -> None:
+    """A Hugging Face-style --out {run_dir}/hf: faultlab used to mount {run_dir}/checkpoints,
+    which the trainer never touched, and the fault struck nothing."""
+    line, where, message = one_problem(doc(fault("type: disk_full"), target=(
+        "target: {command: [python, examples/fsdp2_dcp/train.py, --out, '{run_dir}/hf']}")))
+    assert where == "faults[0].type"
+    assert message == (
+        "disk_full: faultlab cannot tell which directory the trainer checkpoints to: no "
+        "argument of target.command names one by a name it knows (--ckpt-dir, "
+        "--checkpoint-dir, --save-dir, --output-dir, dirpath= ...) (the command's own "
+        "{run_dir} argument: --out {run_dir}/hf); name it: target.checkpoint_dir: "
+        "'{run_dir}/hf', and pass the same path to the trainer")
+    # no {run_dir} argument at all: the example is the usual place
+    assert one_problem(doc(fault("type: io_hang"), target=(
+        "target: {command: [python, examples/fsdp2_dcp/train.py, --steps, '3']}")))[2].endswith(
+        "name it: target.checkpoint_dir: '{run_dir}/checkpoints', and pass the same path to "
+        "the trainer")
 
-    exp = parse_experiment(doc(fault("type: disk_full"),
-                               target=("target: {command: [python, examples/fsdp2_dcp/train.py, "
-                                       "--ckpt-dir, ckpt]}")))
-    with pytest.raises(FaultlabError) as e:
-        storage_dir(exp, tmp_path, Path("x.yaml"))
-    assert str(e.value) == (
-        "x.yaml: target.command: the storage faults would mount over '--ckpt-dir ckpt', a fixed "
-        "checkpoint path shared by every run; write '--ckpt-dir {run_dir}/ckpt' so each run's "
-        "checkpoints are its own")
+
+def test_a_fixed_checkpoint_path_is_never_mounted_over() -> None:
+    assert one_problem(doc(fault("type: disk_full"), target=(
+        "target: {command: [python, examples/fsdp2_dcp/train.py, --ckpt-dir, ckpt]}")))[1:] == (
+        "faults[0].type", "disk_full: --ckpt-dir ckpt is a fixed checkpoint path shared by "
+                          "every run, and faultlab never acts on a team's own checkpoints; write "
+                          "--ckpt-dir {run_dir}/ckpt so each run's checkpoints are its own")
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("hf", "'hf' is not inside each run's own directory"),
+    ("/data/ckpt", "'/data/ckpt' is not inside each run's own directory"),
+    ("{run_dir}x", "'{run_dir}x' is not inside each run's own directory"),
+    ("{run_dir}/../elsewhere", "'{run_dir}/../elsewhere' is not inside each run's own"),
+])
+def test_checkpoint_dir_must_lie_in_the_run_directory(value: str, why: str) -> None:
+    line, where, message = one_problem(doc(target=(
+        f"target: {{command: [python, examples/fsdp2_dcp/train.py], checkpoint_dir: '{value}'}}")))
+    assert where == "target.checkpoint_dir" and message.startswith(why), message
+
+
+def test_checkpoint_dir_is_for_a_command_only() -> None:
+    assert one_problem(doc(target="target: {checkpoint_dir: '{run_dir}/x'}"))[1:] == (
+        "target.checkpoint_dir", "checkpoint_dir is for your own trainer (command); the "
+                                 "reference trainer's is {run_dir}/checkpoints")
