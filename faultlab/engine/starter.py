@@ -133,6 +133,9 @@ class Measured:
     final_checkpoint: bool
     loss_pattern: str | None
     step_source: str | None
+    final_readable: bool = False
+    """The final checkpoint was read back and hashed (the ``final_digest`` record faultlab
+    appends for a job that writes none, or the job's own): the bitwise check can be judged."""
 
     @property
     def checkpoint_dir(self) -> str | None:
@@ -172,7 +175,9 @@ def measure(events: list[dict[str, Any]], logs: list[Path], ok: bool,
         final_checkpoint=bool(ckpt_steps) and ckpt_steps[-1] >= last_step > 0,
         loss_pattern=f"(?i){_LOSS_GUESS}" if found else None,
         step_source=next((str(e["step_source"]) for e in steps if e.get("step_source")),
-                         None))
+                         None),
+        final_readable=any(e.get("kind") == "final_digest" and isinstance(e.get("digest"), str)
+                           for e in events))
 
 
 def _with_run_dir(command: list[str], ckpt_dir: str | None) -> tuple[list[str], bool]:
@@ -235,9 +240,7 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
     if m.steps < 2:
         raise InitError(f"the fault-free run reached step {m.steps}: faultlab saw no optimizer "
                         f"steps (does the trainer step a torch.optim optimizer?)")
-    command, replaced = _with_run_dir(tr.command, m.checkpoint_dir)
-    # An argument init pointed into the run directory before the run (own_checkpoint_dirs).
-    replaced = replaced or any(not a.fixed for a in checkpoint_args(command))
+    command, _ = _with_run_dir(tr.command, m.checkpoint_dir)
     step_s = m.step_time_s or 1.0
     startup_s = m.startup_s or 10.0
     every = m.checkpoint_every or max(1, m.steps // 4)
@@ -264,7 +267,9 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
     }
     if tr.min_nodes is not None:
         doc["topology"]["min_nodes"] = tr.min_nodes
-    if m.final_checkpoint and replaced:
+    # Whenever the golden run's final checkpoint reads back: init has already refused a run
+    # whose checkpoints lie outside its run directory, so every run's are its own.
+    if m.final_readable:
         doc["expect"]["bitwise_equal_to_golden"] = True
     if m.loss_pattern:
         doc["observe"] = {"log_pattern": m.loss_pattern}
@@ -288,7 +293,18 @@ def render(doc: dict[str, Any], tr: TorchrunArgs, m: Measured, argv: list[str]) 
         lines.append(f"# NOTE: the trainer wrote checkpoints to {m.checkpoint_dir}, which no "
                      f"argument names: every run would share them. Give the trainer a flag for "
                      f"it and pass {{run_dir}}/checkpoints.")
+    if "bitwise_equal_to_golden" not in doc["expect"]:
+        lines.append(f"# No bitwise_equal_to_golden: the final checkpoint "
+                     f"{'could not be read back' if m.final_checkpoint else 'was not found'}.")
     return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=100)
+
+
+def _final(m: Measured) -> str:
+    if m.final_readable:
+        return "yes, read back (the experiment checks bitwise equality with the golden run)"
+    if m.final_checkpoint:
+        return "yes, but it could not be read back: no bitwise check"
+    return "no (no bitwise check: save at the end of training to get one)"
 
 
 def _s(value: float | None) -> str:
@@ -351,7 +367,7 @@ def main(argv: list[str], console: Any) -> int:
                          ("checkpoints at steps", measured.checkpoint_steps or "none"),
                          ("checkpoint directory", measured.checkpoint_dir or "n/a"),
                          ("slowest checkpoint save", _s(measured.checkpoint_s)),
-                         ("final checkpoint", "yes" if measured.final_checkpoint else "no"),
+                         ("final checkpoint", _final(measured)),
                          ("loss in the log", measured.loss_pattern or "not found")):
         console.print(f"  {label}: {escape(str(value))}")
     shared = shared_checkpoints(events, job_dir)

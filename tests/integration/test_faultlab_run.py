@@ -106,7 +106,7 @@ VIOLATED = """\
 name: violated_sla
 seed: 0
 target: {trainer: reference, preset: tiny}
-topology: {nodes: 2, procs_per_node: 1}
+topology: {nodes: 1, procs_per_node: 1}
 run: {steps: 20, checkpoint_every: 5, timeout_s: 240}
 faults:
   - type: rank_kill
@@ -114,11 +114,15 @@ faults:
     trigger: {at_step: 7}
 expect:
   completes: true
+  detection_latency_s: 2
   resume_time_s: 0.001
 """
 
 
 def test_violated_sla_exits_1_naming_sla_bound_and_measurement(tmp_path: Path) -> None:
+    """The only rank killed: one SLA that cannot hold, and the detection of a job with no
+    survivor, measured from the launcher creating the new worker (it was the restarted rank's
+    first record, 5.2 s here and 8.5 s on an H100, before)."""
     exp = tmp_path / "violated.yaml"
     exp.write_text(VIOLATED)
     rc, out = run("run", exp, "--report-dir", tmp_path / "reports")
@@ -128,6 +132,12 @@ def test_violated_sla_exits_1_naming_sla_bound_and_measurement(tmp_path: Path) -
     assert measured is not None and measured > 0.001
     assert f"FAIL resume_time_s: measured {measured!r}, required <= 0.001" in out
     assert sla(j, "completes")["passed"] is True
+    detection = sla(j, "detection_latency_s")
+    assert detection["passed"], detection
+    [per_fault] = j["metrics"]["faults"]
+    assert per_fault["detection_source"] == "launcher_respawn", per_fault
+    assert detection["note"].endswith("[launcher_respawn]") and "process_spawned (rank 0" in \
+        detection["note"]
     [fault] = j["faults"]
     assert (fault["at_step"], fault["landed_after_step"]) == (7, 7)  # the step gate held
 

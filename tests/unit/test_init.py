@@ -45,6 +45,9 @@ def _events(ckpt_dir: Path) -> list[dict[str, object]]:
         if s % 4 == 0:
             ev.append({"t": 104.5 + s, "kind": "checkpoint_saved", "rank": 0, "step": s,
                        "seconds": 0.25, "path": str(ckpt_dir / f"step_{s}")})
+    # what faultlab appends once it has read the final checkpoint back (engine.foreign)
+    ev.append({"t": 120.0, "kind": "final_digest", "rank": 0, "digest": "d" * 64,
+               "source": "final_checkpoint", "path": str(ckpt_dir / "step_12"), "step": 12})
     return ev
 
 
@@ -70,6 +73,27 @@ def test_a_starter_experiment_from_measured_values(tmp_path: Path,
     assert text.startswith("# mine: a starter chaos experiment")
     loaded = yaml.safe_load(text)
     assert experiment_from_dict(loaded).observe.log_pattern is not None
+
+
+def test_the_bitwise_check_whenever_the_final_checkpoint_reads_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Trainer-style --out '{run_dir}/hfout' (a name init does not know, already in the run
+    directory) gets the check as much as a --ckpt-dir init rewrote; without a final
+    checkpoint read back, the file says why it has none."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    run_dir = tmp_path / "reports" / "probe" / "job"
+    tr = parse_torchrun(["torchrun", "train.py", "--out", "{run_dir}/hfout"])
+    m = measure(_events(run_dir / "hfout"), [], ok=True, wall_s=20.0)
+    doc = starter_document("hf", tr, m)
+    assert doc["target"]["command"] == ["python", "train.py", "--out", "{run_dir}/hfout"]
+    assert doc["expect"]["bitwise_equal_to_golden"] is True
+    unread = measure([e for e in _events(run_dir / "hfout") if e["kind"] != "final_digest"],
+                     [], ok=True, wall_s=20.0)
+    doc = starter_document("hf", tr, unread)
+    assert "bitwise_equal_to_golden" not in doc["expect"]
+    assert "# No bitwise_equal_to_golden: the final checkpoint could not be read back." in \
+        render(doc, tr, unread, ["torchrun", "train.py"])
 
 
 def test_a_run_without_steps_is_refused_with_the_reason(tmp_path: Path) -> None:
