@@ -186,6 +186,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     golden: GoldenRun | None = None
     started_t = time.time()
     target: LocalTarget | None = None
+    launch: dict[str, Any] | None = None
     reaper: subprocess.Popen[bytes] | None = None
     # Faults that set something up before the launch (a metadata endpoint per node) are built
     # once; every firing of such a fault uses the same instance.
@@ -237,6 +238,9 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                                    getattr(target, "guard_path", None), gpu_dir,
                                    storage.guard_path if storage else None)
             target.start()
+            launch = target.launch_summary() if hasattr(target, "launch_summary") else None
+            if launch:
+                view.note(launch["note"])
             t0 = time.monotonic()
             states = [TriggerState(exp, i) for i in range(len(exp.faults))]
             last_pids_write = 0.0
@@ -367,6 +371,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "interrupted": interrupted, "error": error, "job_dir": str(job_dir),
                 "exit_codes": target.result().returncodes if target else {},
                 "command": target.describe() if target else None,
+                "launch": ({k: v for k, v in launch.items() if k != "note"}
+                           if launch else None),
                 "checkpoint_scan": scan.to_dict() if scan else None,
                 "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
                                       if k != "tensors"} if final_state else None),

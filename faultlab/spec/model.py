@@ -23,6 +23,7 @@ from faultlab.spec._base import SpecModel, as_tuple, located, slug_name, spec_er
 from faultlab.spec._trainer import check_train_config
 from faultlab.spec.expect import Expect
 from faultlab.spec.faults import FaultSpec, Selector, Trigger
+from faultlab.spec.launch import addressing_problem
 from faultlab.spec.observation import ObserveSpec
 from faultlab.spec.target import RunSpec, TargetSpec, Topology
 from faultlab.spec.trainers import get_trainer
@@ -57,6 +58,27 @@ class JobSpec(SpecModel):
     @classmethod
     def _name(cls, value: str) -> str:
         return slug_name(value, f"{cls.document} name")
+
+    @field_validator("target")
+    @classmethod
+    def _launch_fits(cls, value: TargetSpec, info: ValidationInfo) -> TargetSpec:
+        topology: Topology | None = info.data.get("topology")
+        if topology is None or value.launch is None:
+            return value
+        why = None
+        if topology.launcher == "slurm":
+            why = ("on Slurm the batch script starts the nodes: faultlab's, or your own "
+                   "(topology.slurm.script), submitted unchanged; leave launch unset")
+        elif topology.launcher == "docker" and value.launch != "faultlab":
+            why = ("docker nodes run faultlab's launcher for now (launch: faultlab); your own "
+                   "launch line runs on local nodes (topology.launcher: local)")
+        else:
+            line = value.launch_line(topology.launcher)
+            why = None if line is None else addressing_problem(line, topology.nodes)
+        if why is not None:
+            raise located([spec_error(("launch",), why, value.launch if isinstance(
+                value.launch, str) else list(value.launch))])
+        return value
 
     @field_validator("target")
     @classmethod

@@ -17,6 +17,15 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from faultlab.spec._base import SpecModel, as_tuple, located, show, spec_error, unknown
 from faultlab.spec._trainer import check_overrides
+from faultlab.spec.launch import (
+    LAUNCHERS,
+    PLACEHOLDERS,
+    TORCHRUN_DEFAULT,
+    fixed_port,
+    program,
+    split_line,
+    unknown_placeholders,
+)
 from faultlab.spec.trainers import get_trainer, trainers
 
 __all__ = ["PYTHON_NAMES", "RunSpec", "SlurmSpec", "TargetSpec", "Topology"]
@@ -44,6 +53,13 @@ class TargetSpec(SpecModel):
     {run_dir}/checkpoints``), so the golden run and the experiment never share checkpoints; a
     bare ``python`` is the interpreter (and virtual environment) faultlab itself runs on."""
 
+    launch: str | tuple[str, ...] | None = None
+    """How each node is started (``faultlab.spec.launch``): ``torchrun`` (plain torchrun,
+    torchrun's own defaults; the default for ``command``), ``faultlab`` (faultlab's tuned
+    launcher; the reference trainer's default), or your own launch line, a list or a string,
+    with placeholders faultlab fills per node and per launch: ``{node_rank}``, ``{nnodes}``,
+    ``{rdzv_endpoint}``, ``{master_addr}``, ``{master_port}``, ``{run_dir}`` ... The command
+    follows the line on each node."""
     checkpoint_dir: str | None = None
     """Where your trainer (``command``) writes its checkpoints, under ``{run_dir}``
     (``{run_dir}/hf``): the directory the storage faults act on. Needed only when no argument
@@ -125,6 +141,48 @@ class TargetSpec(SpecModel):
                              f"directory faultlab runs in, {show(str(Path.cwd()))})")
         return value
 
+    @field_validator("launch", mode="before")
+    @classmethod
+    def _launch_split(cls, value: Any) -> Any:
+        try:
+            value = split_line(value)
+        except ValueError as e:
+            raise ValueError(f"cannot split {show(value)} into arguments: {e}; write it as a "
+                             f"list instead") from None
+        return as_tuple(value) if isinstance(value, list) else value
+
+    @field_validator("launch")
+    @classmethod
+    def _launch(cls, value: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        if value is None:
+            return value
+        if isinstance(value, str):
+            if value not in LAUNCHERS:  # a one-word line: a launcher that takes no flags
+                value = (value,)
+            else:
+                return value
+        if not value:
+            raise ValueError(f"an empty launch line; give {' or '.join(map(repr, LAUNCHERS))} "
+                             f"or your launcher and its flags")
+        errors = [spec_error((i,), f"{{{name}}} is not a placeholder faultlab fills; it fills "
+                             f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}", value[i])
+                  for i, name in unknown_placeholders(value)]
+        fixed = fixed_port(value)
+        if fixed is not None:
+            i, literal = fixed
+            errors.append(spec_error((i,), f"{literal!r} is a fixed port: the golden run, every "
+                                     f"run and runs in parallel would all bind it; write "
+                                     f"{'{rdzv_endpoint}' if ':' in literal else '{master_port}'}"
+                                     f" and faultlab gives each launch a free one", literal))
+        exe = value[0]
+        if program(exe) is None:
+            errors.append(spec_error((0,), f"{exe!r} is not found: not on PATH, and no executable "
+                                     f"file of that name (install it as its users do, e.g. "
+                                     f"pip install ...)", exe))
+        if errors:
+            raise located(errors)
+        return value
+
     @field_validator("checkpoint_dir")
     @classmethod
     def _checkpoint_dir(cls, value: str | None) -> str | None:
@@ -163,6 +221,26 @@ class TargetSpec(SpecModel):
     @property
     def is_reference(self) -> bool:
         return self.command is None
+
+    def launch_line(self, launcher: str = "local") -> tuple[str, ...] | None:
+        """The line that starts each node on ``topology.launcher``: None for faultlab's tuned
+        launcher (``launch: faultlab``, the reference trainer's default, and for now every
+        docker node; on Slurm the batch script starts the nodes), else the line with its
+        placeholders (``launch: torchrun`` is ``TORCHRUN_DEFAULT``, with ``--no-python`` for a
+        command that is not a Python script)."""
+        launch = self.launch
+        if launch is None:
+            launch = "faultlab" if self.is_reference or launcher != "local" else "torchrun"
+        if launch == "faultlab":
+            return None
+        if launch == "torchrun":
+            line = TORCHRUN_DEFAULT
+            program = (self.command or ("python",))[0]
+            if program not in PYTHON_NAMES and not Path(program).name.startswith("python"):
+                line = (*line, "--no-python")  # torchrun would run it with python otherwise
+            return line
+        assert isinstance(launch, tuple)
+        return launch
 
 
 # -------------------------------------------------------------------------- topology, run

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from faultlab.spec.launch import TORCHRUN_DEFAULT, fill, placeholders_in, program, trainer_argv
 from faultlab.targets.procs import (
     die_with_parent,
     process_tree,
@@ -87,7 +88,15 @@ class LocalJob:
     last_call_timeout_s: int = 1
     """How long the rendezvous waits for more nodes once ``min_nodes`` have joined."""
     torchrun_defaults: bool = False
-    """Plain torchrun as documented: agent-hosted store, default timeouts (benchmark baseline)."""
+    """Plain torchrun as documented: agent-hosted store, default timeouts (benchmark baseline);
+    the same as ``launch_line=TORCHRUN_DEFAULT``."""
+    launch_line: tuple[str, ...] | None = None
+    """The team's own launch line for every node (``faultlab.spec.launch``: placeholders
+    filled per node and per launch, the command after it); None: faultlab's tuned agents and
+    store. With a line, faultlab starts nothing of its own: the line's launcher runs the
+    rendezvous (with c10d, the agent that binds the endpoint hosts the store: node 0, which is
+    started first and listening before the others start, as on a cluster whose endpoint is
+    node 0's address)."""
     env: dict[str, str] = field(default_factory=dict)
     node_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Extra environment of one node's agent and workers, by node name (``node0`` ...): e.g.
@@ -100,6 +109,9 @@ class LocalJob:
     _conf: str = field(default="", init=False)
     _rdzv_id: str = field(default_factory=lambda: f"faultlab-{uuid.uuid4().hex[:12]}",
                           init=False)
+    _master_port: int = field(default=0, init=False)
+    filled: dict[str, str] = field(default_factory=dict, init=False)
+    """Placeholder → what faultlab put there for this launch (``{node_rank}`` per node aside)."""
 
     def __post_init__(self) -> None:
         self.command = [str(a) for a in (self.command or [])]
@@ -119,6 +131,12 @@ class LocalJob:
             raise LaunchError(f"--max-restarts: {self.max_restarts!r} must be >= 0")
         if self.last_call_timeout_s < 0:
             raise LaunchError(f"--rdzv-last-call-s: {self.last_call_timeout_s!r} must be >= 0")
+        if self.torchrun_defaults and self.launch_line is None:
+            self.launch_line = TORCHRUN_DEFAULT
+        if self.launch_line is not None:
+            self.launch_line = tuple(str(a) for a in self.launch_line)
+            if not self.launch_line:
+                raise LaunchError("launch line: empty; give the launcher and its flags")
 
     @property
     def world_size(self) -> int:
@@ -193,12 +211,9 @@ class LocalJob:
         return {"node": n.name, "agent_pid": n.popen.pid, "log": str(n.log_path)}
 
     def _start_rendezvous(self, host: str = "127.0.0.1") -> tuple[str, str]:
-        if self.torchrun_defaults:
-            import socket
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            return f"127.0.0.1:{port}", ""
+        if self.launch_line is not None:  # the team's launcher runs its own rendezvous
+            self._master_port = _free_port(host)
+            return f"{host}:{_free_port(host)}", ""
         port_file = self.run_dir / "logs" / f"rdzv-store-{uuid.uuid4().hex[:8]}.port"
         self._store = subprocess.Popen(
             [sys.executable, "-m", "faultlab.targets.rdzv_store", "--host", host,
@@ -233,13 +248,58 @@ class LocalJob:
     def _start_node(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
         name = f"node{index}"
         env = {**os.environ, **self.node_environment(name)}
-        cmd = [sys.executable, *self.agent_argv(endpoint, conf, "127.0.0.1")]
+        cmd = [sys.executable, *self.agent_argv(endpoint, conf, "127.0.0.1")] \
+            if self.launch_line is None else self.node_line(index, endpoint)
         log_path = logs / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=die_with_parent)
-        return _Node(name, popen, log_path, cmd)
+        node = _Node(name, popen, log_path, cmd)
+        if index == 0 and self.launch_line is not None and self.nodes > 1:
+            self._await_first_listener(node, endpoint)
+        return node
+
+    def line_values(self, endpoint: str) -> dict[str, str]:
+        """What faultlab puts in each placeholder of the launch line for this launch."""
+        host = endpoint.rpartition(":")[0]
+        nnodes = str(self.nodes) if self.min_nodes == self.nodes else \
+            f"{self.min_nodes}:{self.nodes}"
+        return {"run_dir": str(self.run_dir.resolve()), "nnodes": nnodes,
+                "num_nodes": str(self.nodes), "min_nodes": str(self.min_nodes),
+                "nproc_per_node": str(self.procs_per_node),
+                "max_restarts": str(self.max_restarts), "rdzv_endpoint": endpoint,
+                "rdzv_id": self._rdzv_id, "master_addr": host,
+                "master_port": str(self._master_port)}
+
+    def node_line(self, index: int, endpoint: str) -> list[str]:
+        """Node ``index``'s command: the launch line filled in, then the trainer's command."""
+        assert self.launch_line is not None
+        values = {**self.line_values(endpoint), "node_rank": str(index)}
+        used = placeholders_in(self.launch_line)
+        self.filled = {k: v for k, v in values.items() if k in used and k != "node_rank"}
+        line = fill(self.launch_line, values)
+        line[0] = program(line[0]) or line[0]
+        return [*line, *trainer_argv(self.launch_line, self.command, (sys.executable,))]
+
+    def _await_first_listener(self, node: _Node, endpoint: str, timeout_s: float = 60) -> None:
+        """Wait until node 0's launcher listens on the rendezvous port (it hosts the store),
+        so that node 0 is the host on every launch, as on a cluster whose endpoint is node
+        0's address; with every agent on this host, any of them could bind it first. A line
+        whose rendezvous needs no listener (etcd ...) is not waited on past ``timeout_s``."""
+        ports = {int(endpoint.rpartition(":")[2]), self._master_port}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and node.popen.poll() is None:
+            tree = {p.pid for p in process_tree(node.popen.pid)}
+            try:
+                listening = any(c.pid in tree and c.laddr and c.laddr.port in ports
+                                and c.status == psutil.CONN_LISTEN
+                                for c in psutil.net_connections(kind="tcp"))
+            except psutil.Error:
+                listening = False
+            if listening:
+                return
+            time.sleep(0.05)
 
     def node_environment(self, name: str) -> dict[str, str]:
         """What a node's agent (and so its workers) gets on top of the launcher's environment."""
@@ -248,7 +308,7 @@ class LocalJob:
                "FAULTLAB_NODE": name, "FAULTLAB_RUN_DIR": str(self.run_dir),
                "PYTHONUNBUFFERED": "1",
                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
-        if not self.torchrun_defaults:
+        if self.launch_line is None:
             # torch 2.13: when the node holding group rank 0 dies, survivors disagree on
             # MASTER_PORT if the rendezvous store is shared with the workers, and hang.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -256,9 +316,7 @@ class LocalJob:
 
     def agent_argv(self, endpoint: str, conf: str, local_addr: str) -> list[str]:
         """A node's agent command line after the interpreter (``-m ...``)."""
-        agent = "torch.distributed.run" if self.torchrun_defaults else \
-            "faultlab.targets.torchrun_agent"
-        cmd = ["-m", agent,
+        cmd = ["-m", "faultlab.targets.torchrun_agent",
                "--nnodes", f"{self.min_nodes}:{self.nodes}",
                "--nproc-per-node", str(self.procs_per_node),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
@@ -277,6 +335,8 @@ class LocalJob:
             "procs_per_node": self.procs_per_node, "min_nodes": self.min_nodes,
             "max_restarts": self.max_restarts, "launcher_pid": os.getpid(),
             "started_t": time.time(),
+            "launch": "faultlab" if self.launch_line is None else list(self.launch_line),
+            "filled": self.filled,
         }
 
     def _write_launch_json(self, endpoint: str) -> None:
@@ -377,6 +437,14 @@ class LocalJob:
             if n.name == name:
                 return n
         raise KeyError(f"no node {name!r}; nodes are {', '.join(self.node_names())}")
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 _SPAWNER: ThreadPoolExecutor | None = None

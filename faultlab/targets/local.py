@@ -10,6 +10,7 @@ tree is ever signalled.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,8 @@ class LocalTarget(JobContext):
                 command=job_command(exp, run_dir), run_dir=run_dir, nodes=topo.nodes,
                 procs_per_node=topo.procs_per_node, min_nodes=topo.min_nodes,
                 max_restarts=topo.max_restarts, node_env=node_env or {},
-                env=bootstrap_env() if exp.target.command else {})  # level 0
+                env=bootstrap_env() if exp.target.command else {},  # level 0
+                launch_line=exp.target.launch_line(topo.launcher))
         except LaunchError as e:
             raise TargetError(str(e)) from None
         self.stream = EventStream(run_dir / "events")
@@ -112,6 +114,21 @@ class LocalTarget(JobContext):
 
     def log_tail(self, num_lines: int = 50) -> str:
         return self.job.log_tail(num_lines)
+
+    def launch_summary(self) -> dict[str, Any]:
+        """Which launch line started the nodes and what faultlab filled in (the journal's
+        ``run.launch``; ``note`` is the line the run prints)."""
+        line = self.job.launch_line
+        if line is None:
+            return {"launch": "faultlab", "filled": {},
+                    "note": "launch: faultlab's tuned launcher (its own store process, 0.1 s "
+                            "polls, keep-alive 1 s x 3, last call 1 s)"}
+        filled = dict(self.job.filled)
+        shown = ", ".join(f"{{{k}}}={v}" for k, v in filled.items() if k != "run_dir")
+        return {"launch": list(line), "filled": filled,
+                "note": f"launch on every node: {shlex.join(line)}"
+                        + (f" (faultlab filled {shown}; {{node_rank}} per node)" if shown
+                           else "")}
 
     # -- FaultContext (the rest is JobContext's) ----------------------------------------------
 

@@ -248,7 +248,8 @@ def test_init_points_a_fixed_checkpoint_argument_into_its_run_dir(project: Path)
     job = project / "reports" / "my_job-1" / "job"
     events = [_ev(104.0 + s, "step", step=s, step_time_s=1.0) for s in range(1, 13)] + \
         [_ev(105.0 + s, "checkpoint_saved", step=s, seconds=0.2,
-             path=str(job / "ckpt" / f"step_{s}")) for s in (4, 8, 12)]
+             path=str(job / "ckpt" / f"step_{s}")) for s in (4, 8, 12)] + \
+        [_ev(118.0, "final_digest", digest="d" * 64, source="final_checkpoint")]  # read back
     assert shared_checkpoints(events, job) is None
     doc = starter_document("my_job", tr, measure(events, [], ok=True, wall_s=20.0))
     assert doc["target"]["command"] == tr.command

@@ -77,8 +77,9 @@ class DockerJob(LocalJob):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.torchrun_defaults:
-            raise LaunchError("torchrun_defaults: not supported by the docker launcher")
+        if self.launch_line is not None:
+            raise LaunchError("a team's launch line: not supported by the docker launcher yet "
+                              "(its nodes run faultlab's agents)")
         self.run_dir = self.run_dir.resolve()  # the ranks find it at the same path inside
 
     # -- LocalJob's hooks --------------------------------------------------------------------

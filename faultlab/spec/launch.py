@@ -1,0 +1,196 @@
+"""``target.launch``: which launch line starts each node, and the placeholders faultlab fills.
+
+What recovers in an experiment is whatever starts the nodes: its rendezvous, where its store
+lives, its timeouts, its monitor interval and its restart budget. So an experiment runs the
+team's own launch line on every node, and faultlab fills in only what must differ per node and
+per run. Three forms::
+
+    launch: torchrun     # plain torchrun, torchrun's own defaults: the launch line most teams
+                         # have; the default for a user's command
+    launch: faultlab     # faultlab's tuned launcher (store in a process of its own, 0.1 s
+                         # polls, keep-alive 1 s x 3, last call 1 s): the reference trainer's
+                         # default, and the bar a team's stack is measured against
+    launch: [torchrun, --nnodes, "1:2", --nproc-per-node, "1", --rdzv-backend, c10d,
+             --rdzv-endpoint, "{rdzv_endpoint}", --max-restarts, "2"]
+                         # the team's own line (a list, or a string split like a shell would)
+
+A line is the launcher and its flags; the trainer's ``target.command`` follows it on each node
+(a torchrun-like launcher supplies the interpreter itself, so the command's leading ``python``
+is dropped unless the line says ``--no-python``). A bare program name is looked up beside the
+interpreter faultlab runs on first (its virtual environment's ``torchrun``, ``ft_launcher``,
+``torchft_lighthouse``), then on ``PATH``; a bare ``python`` is that interpreter.
+``launch: torchrun`` is this line, every flag filled by faultlab from ``topology``::
+
+    torchrun --nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d
+             --rdzv-endpoint {rdzv_endpoint} --rdzv-id {rdzv_id} --max-restarts {max_restarts}
+
+Every agent is given the same endpoint; with c10d, the agent that binds it (node 0, started
+first) hosts the rendezvous store, as on a real cluster whose endpoint is node 0's address.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LAUNCHERS", "PLACEHOLDERS", "TORCHRUN_DEFAULT", "addressing_problem",
+           "fill", "fixed_port", "is_torchrun_like", "placeholders_in", "program",
+           "trainer_argv", "unknown_placeholders"]
+
+LAUNCHERS = ("torchrun", "faultlab")
+"""The named launch lines (a list is a team's own)."""
+
+PLACEHOLDERS: dict[str, str] = {
+    "run_dir": "this launch's run directory (the golden run's and each run's differ)",
+    "node_rank": "the node's index, 0 ... nodes - 1 (torchrun's --node-rank)",
+    "nnodes": "torchrun's --nnodes: 'nodes', or 'min_nodes:nodes' for an elastic job",
+    "num_nodes": "topology.nodes",
+    "min_nodes": "topology.min_nodes (nodes when unset)",
+    "nproc_per_node": "topology.procs_per_node",
+    "max_restarts": "topology.max_restarts",
+    "rdzv_endpoint": "a free HOST:PORT for the rendezvous (the agent that binds it hosts a "
+                     "c10d store), new for every launch",
+    "rdzv_id": "a rendezvous id of this launch's own",
+    "master_addr": "the host of rdzv_endpoint (a static rendezvous: --master-addr)",
+    "master_port": "a free port for a static rendezvous (--master-port), new for every launch",
+}
+"""Every placeholder a launch line may hold, and what faultlab puts there."""
+
+TORCHRUN_DEFAULT: tuple[str, ...] = (
+    "torchrun", "--nnodes", "{nnodes}", "--nproc-per-node", "{nproc_per_node}",
+    "--rdzv-backend", "c10d", "--rdzv-endpoint", "{rdzv_endpoint}", "--rdzv-id", "{rdzv_id}",
+    "--max-restarts", "{max_restarts}")
+"""``launch: torchrun``: plain torchrun, torchrun's defaults for everything else."""
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_TORCHRUN_NAMES = ("torchrun", "ft_launcher")
+_ADDRESSING = {"rdzv_endpoint", "master_addr", "master_port"}
+_ENDPOINT_FLAGS = ("--rdzv-endpoint", "--rdzv_endpoint")
+_PORT_FLAGS = ("--master-port", "--master_port")
+_ADDR_FLAGS = ("--master-addr", "--master_addr")
+
+
+def placeholders_in(line: Sequence[str]) -> set[str]:
+    return {m for arg in line for m in _PLACEHOLDER.findall(arg)}
+
+
+def unknown_placeholders(line: Sequence[str]) -> list[tuple[int, str]]:
+    """``(index, name)`` of every ``{name}`` in ``line`` that faultlab does not fill."""
+    return [(i, m) for i, arg in enumerate(line) for m in _PLACEHOLDER.findall(arg)
+            if m not in PLACEHOLDERS]
+
+
+def _launcher(line: Sequence[str]) -> list[str]:
+    """The line from its launcher on: an ``env VAR=value ...`` prefix left out."""
+    rest = list(line)
+    if rest and rest[0].rsplit("/", 1)[-1] == "env":
+        rest = rest[1:]
+        while rest and "=" in rest[0] and not rest[0].startswith("-"):
+            rest = rest[1:]
+    return rest
+
+
+def is_torchrun_like(line: Sequence[str]) -> bool:
+    """torchrun, ``python -m torch.distributed.run`` or NVRx's ft_launcher (torchrun's flags),
+    also behind an ``env VAR=value`` prefix."""
+    line = _launcher(line)
+    if not line:
+        return False
+    exe = line[0].rsplit("/", 1)[-1]
+    if exe in _TORCHRUN_NAMES:
+        return True
+    return exe.startswith("python") and list(line[1:3]) in (
+        ["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])
+
+
+def _flag_value(line: Sequence[str], flags: tuple[str, ...]) -> tuple[int, str] | None:
+    """``(index of the value, value)`` of the first of ``flags`` in ``line`` (``--f v`` or
+    ``--f=v``)."""
+    for i, arg in enumerate(line):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            if eq:
+                return i, value
+            if i + 1 < len(line):
+                return i + 1, line[i + 1]
+    return None
+
+
+def fixed_port(line: Sequence[str]) -> tuple[int, str] | None:
+    """``(index, value)`` of a literal port: ``--rdzv-endpoint host:29400``, ``--master-port
+    29500``. Every launch of the experiment (the golden run, each run, parallel runs) would
+    bind the same one."""
+    endpoint = _flag_value(line, _ENDPOINT_FLAGS)
+    if endpoint is not None and not _PLACEHOLDER.search(endpoint[1]):
+        return endpoint
+    port = _flag_value(line, _PORT_FLAGS)
+    if port is not None and not _PLACEHOLDER.search(port[1]):
+        return port
+    return None
+
+
+def addressing_problem(line: Sequence[str], nodes: int) -> str | None:
+    """Why the nodes of this line could not find each other (None: they can)."""
+    if nodes < 2:
+        return None
+    if placeholders_in(line) & _ADDRESSING:
+        return None
+    if is_torchrun_like(line) and (_flag_value(line, _ENDPOINT_FLAGS + _PORT_FLAGS + _ADDR_FLAGS)
+                                   is not None):
+        return None
+    return (f"{nodes} nodes, but nothing in the line tells them where to meet: give the "
+            f"rendezvous ({_ENDPOINT_FLAGS[0]} {{rdzv_endpoint}}, with --rdzv-backend c10d) "
+            f"or a static master (--master-addr {{master_addr}} --master-port {{master_port}} "
+            f"--node-rank {{node_rank}}); faultlab fills each with a free address per launch")
+
+
+def fill(line: Sequence[str], values: Mapping[str, Any]) -> list[str]:
+    """``line`` with every ``{name}`` of ``values`` replaced (unknown names are left: the spec
+    refused them)."""
+    def one(arg: str) -> str:
+        return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values
+                                else m.group(0), arg)
+    return [one(arg) for arg in line]
+
+
+def trainer_argv(line: Sequence[str], command: Sequence[str],
+                 python_names: Sequence[str]) -> list[str]:
+    """What follows the launch line on a node: the trainer's command, without its leading
+    interpreter when a torchrun-like launcher supplies one (no ``--no-python`` in the line);
+    ``python -m pkg`` becomes torchrun's own ``-m pkg``."""
+    command = list(command)
+    no_python = any(a in ("--no-python", "--no_python") for a in line)
+    if not is_torchrun_like(line) or no_python or not command:
+        return command
+    exe = command[0].rsplit("/", 1)[-1]
+    if command[0] in python_names or exe.startswith("python"):
+        rest = command[1:]
+        while rest and rest[0] in ("-u", "-O", "-B"):  # torchrun runs python -u itself
+            rest = rest[1:]
+        return rest
+    return command
+
+
+def split_line(value: Any) -> Any:
+    """A launch line given as one string: split like a shell would (a named launcher stays)."""
+    if isinstance(value, str) and value not in LAUNCHERS:
+        return tuple(shlex.split(value))
+    return value
+
+
+def program(name: str) -> str | None:
+    """Where a launch line's program is: ``python`` is faultlab's interpreter; a bare name is
+    looked up in that interpreter's own ``bin`` first (a virtual environment's console
+    scripts are there even when it is not on ``PATH``), then on ``PATH``; None: not found."""
+    if name in ("python", "python3"):
+        return sys.executable
+    if "/" not in name:
+        beside = Path(sys.executable).parent / name
+        if beside.is_file():
+            return str(beside)
+    return shutil.which(name)

@@ -1,0 +1,107 @@
+"""``target.launch``: the team's own launch line, its placeholders, and the located errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from faultlab.spec import experiment_from_dict
+from faultlab.spec.launch import TORCHRUN_DEFAULT, addressing_problem, fixed_port, trainer_argv
+from faultlab.targets.launcher import LocalJob
+from tests.unit.test_spec import doc, one_problem
+
+TRAIN = "[python, examples/fsdp2_dcp/train.py, --steps, '4']"
+
+
+def launch(line: str, topology: str = "topology: {nodes: 2, procs_per_node: 1}") -> str:
+    return doc(target=f"target: {{command: {TRAIN}, launch: {line}}}", topology=topology)
+
+
+def test_a_command_runs_under_plain_torchrun_and_the_reference_trainer_under_faultlabs() -> None:
+    own = experiment_from_dict({"name": "a", "target": {"command": ["sleep", "1"]}})
+    assert own.target.launch_line() == (*TORCHRUN_DEFAULT, "--no-python")  # not a script
+    script = experiment_from_dict({"name": "a", "target": {
+        "command": ["python", "examples/fsdp2_dcp/train.py"]}})
+    assert script.target.launch_line() == TORCHRUN_DEFAULT
+    assert experiment_from_dict({"name": "a"}).target.launch_line() is None  # tuned
+    tuned = experiment_from_dict({"name": "a", "target": {
+        "command": ["python", "examples/fsdp2_dcp/train.py"], "launch": "faultlab"}})
+    assert tuned.target.launch_line() is None
+    # docker nodes run faultlab's agents (for now): the default there is the tuned launcher
+    assert script.target.launch_line("docker") is None
+
+
+def test_the_teams_line_as_a_string_or_a_list() -> None:
+    exp = experiment_from_dict({"name": "a", "target": {
+        "command": ["python", "examples/fsdp2_dcp/train.py"],
+        "launch": "torchrun --nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d "
+                  "--rdzv-endpoint {rdzv_endpoint} --max-restarts 2"}})
+    assert exp.target.launch_line()[:3] == ("torchrun", "--nnodes", "1:2")
+
+
+@pytest.mark.parametrize(("line", "where", "message"), [
+    ("[torchrun, --nnodes, '2', --rdzv-endpoint, '{rdzv_endpoint}', --foo, '{bar}']",
+     "target.launch[6]", "{bar} is not a placeholder faultlab fills; it fills {run_dir}, "),
+    ("[torchrun, --nnodes, '2', --rdzv-endpoint, 'localhost:29400']", "target.launch[4]",
+     "'localhost:29400' is a fixed port: the golden run, every run and runs in parallel would "
+     "all bind it; write {rdzv_endpoint}"),
+    ("[torchrun, --nnodes, '2', --master-addr, '{master_addr}', --master-port, '29500']",
+     "target.launch[6]", "'29500' is a fixed port"),
+    ("[torchrun, --nnodes, '2', --nproc-per-node, '1']", "target.launch",
+     "2 nodes, but nothing in the line tells them where to meet: give the rendezvous "
+     "(--rdzv-endpoint {rdzv_endpoint}, with --rdzv-backend c10d) or a static master"),
+    ("[no_such_launcher_here, -x]", "target.launch[0]",
+     "'no_such_launcher_here' is not found: not on PATH"),
+    ("faultlab", None, None),
+])
+def test_a_bad_launch_line_is_one_located_error(line: str, where: str | None,
+                                                message: str | None) -> None:
+    if where is None:
+        experiment_from_dict({"name": "a", "target": {"command": ["sleep", "1"],
+                                                      "launch": line}})
+        return
+    _line, at, text = one_problem(launch(line))
+    assert at == where and text.startswith(message), text
+
+
+def test_launch_is_refused_where_the_nodes_are_started_otherwise() -> None:
+    _line, at, text = one_problem(launch("torchrun", "topology: {nodes: 2, launcher: docker}"))
+    assert (at, text) == ("target.launch", "docker nodes run faultlab's launcher for now "
+                          "(launch: faultlab); your own launch line runs on local nodes "
+                          "(topology.launcher: local)")
+
+
+def test_one_node_needs_no_address_and_a_static_master_is_an_address() -> None:
+    assert addressing_problem(["torchrun", "--nproc-per-node", "2"], 1) is None
+    assert addressing_problem(["torchrun", "--master-addr", "{master_addr}"], 2) is None
+    assert addressing_problem(["env", "A=1", "torchrun", "--rdzv-endpoint", "h:{master_port}"],
+                              2) is None
+    assert fixed_port(["torchrun", "--rdzv-endpoint=node0:29400"]) == (1, "node0:29400")
+
+
+def test_the_trainer_follows_the_line_without_the_interpreter_torchrun_supplies() -> None:
+    py = sys.executable
+    assert trainer_argv(["torchrun"], [py, "train.py", "--x"], (py,)) == ["train.py", "--x"]
+    assert trainer_argv(["torchrun"], [py, "-m", "pkg.train"], (py,)) == ["-m", "pkg.train"]
+    assert trainer_argv(["torchrun", "--no-python"], [py, "t.py"], (py,)) == [py, "t.py"]
+    assert trainer_argv(["env", "X=1", "torchrun"], [py, "t.py"], (py,)) == ["t.py"]
+    assert trainer_argv(["srun"], [py, "t.py"], (py,)) == [py, "t.py"]  # not torchrun's
+
+
+def test_each_node_gets_the_line_filled_in(tmp_path: Path) -> None:
+    job = LocalJob(command=[sys.executable, "train.py"], run_dir=tmp_path, nodes=2, min_nodes=1,
+                   max_restarts=2, launch_line=(
+                       "torchrun", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
+                       "--rdzv-backend", "c10d", "--rdzv-endpoint", "{rdzv_endpoint}",
+                       "--max-restarts", "{max_restarts}", "--log-dir", "{run_dir}/tl"))
+    line = job.node_line(1, "127.0.0.1:4242")
+    assert line[0] == str(Path(sys.executable).parent / "torchrun")  # the venv's torchrun
+    assert line[1:] == ["--nnodes", "1:2", "--node-rank", "1", "--rdzv-backend", "c10d",
+                        "--rdzv-endpoint", "127.0.0.1:4242", "--max-restarts", "2",
+                        "--log-dir", f"{tmp_path.resolve()}/tl", "train.py"]
+    assert job.filled == {"nnodes": "1:2", "rdzv_endpoint": "127.0.0.1:4242",
+                          "max_restarts": "2", "run_dir": str(tmp_path.resolve())}
+    # the team's line runs the team's rendezvous: no store of faultlab's, no env of its agents
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in job.node_environment("node0")
