@@ -46,6 +46,7 @@ from faultlab.faults.gpu import GpuFault, gpu_node_env
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
+from faultlab.observe.launch_findings import launch_findings
 from faultlab.observe.metrics import withhold_unfinished
 from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.report.journal import environment, write_journal
@@ -344,9 +345,12 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         withhold_unfinished(metrics)  # a True from a run that stopped early shows nothing
     # Stopped before the launch: no SLA was measured, and a table of "not measured" would
     # only bury the reason (the error).
+    findings = launch_findings(launch, records, {
+        p.stem: p.read_text(errors="replace") for p in sorted((job_dir / "logs").glob(
+            "node*.log"))}) if launch else []
     slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,
                                     faults=records, events=events, final_state=final_state,
-                                    job_s=job_s)
+                                    job_s=job_s, findings=findings)
     slas += on_time if slas else []
     own = own_checkpoints_check(exp, source, events, job_dir) if events else None
     if own is not None:  # first: every other line of the verdict is vacuous beside it
@@ -373,6 +377,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "command": target.describe() if target else None,
                 "launch": ({k: v for k, v in launch.items() if k != "note"}
                            if launch else None),
+                "launch_findings": [f.to_dict() for f in findings],
                 "checkpoint_scan": scan.to_dict() if scan else None,
                 "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
                                       if k != "tensors"} if final_state else None),

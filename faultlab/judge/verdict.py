@@ -14,6 +14,7 @@ from faultlab.judge.slas import CAMPAIGN_SLAS, SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.metrics import UNFINISHED_RUN
 from faultlab.observe.final_state import FinalState, first_difference
+from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.observe.save_failures import sign_note, struck
 from faultlab.spec import Experiment, arrival_times_s
 
@@ -55,14 +56,17 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
           timed_out: bool, faults: list[FaultRecord],
           events: Sequence[Mapping[str, Any]] = (),
           final_state: FinalState | None = None,
-          job_s: float | None = None) -> list[SLAResult]:
+          job_s: float | None = None,
+          findings: Sequence[LaunchFinding] = ()) -> list[SLAResult]:
     """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
     fault was injected at least once (an experiment whose fault never fired proved nothing).
 
     ``events`` and ``final_state`` (a job judged by its final checkpoint) only sharpen the
     notes: which tensor differs first from the golden run, which damaged checkpoint was loaded
     at which step, why the bitwise verdict could not be measured; ``job_s`` (how long the job
-    ran, on the clock the triggers read) says which time trigger the run never reached."""
+    ran, on the clock the triggers read) says which time trigger the run never reached;
+    ``findings`` (the team's launch line at work: ``faultlab.observe.launch_findings``) are
+    added to the note of every SLA they explain that failed."""
     out = []
     fired = {f.id.split("#")[0] for f in faults if not f.details.get("error")}
     for i, spec in enumerate(exp.faults):
@@ -132,6 +136,9 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
         if measured is None:
             note = note or "not measured: the run ended without the events it needs"
         passed = measured is not None and sla.holds(measured, bound)
+        if not passed:
+            why = [f"{f.text}; to change it: {f.change}" for f in findings if name in f.affects]
+            note = "; ".join(filter(None, [note, *why]))
         out.append(SLAResult(name, bound, measured, passed, note))
     return out
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["LAUNCHERS", "PLACEHOLDERS", "TORCHRUN_DEFAULT", "addressing_problem",
-           "fill", "fixed_port", "is_torchrun_like", "placeholders_in", "program",
+           "fill", "fixed_port", "is_torchrun_like", "launcher_index", "placeholders_in", "program",
            "trainer_argv", "unknown_placeholders"]
 
 LAUNCHERS = ("torchrun", "faultlab")
@@ -85,14 +85,19 @@ def unknown_placeholders(line: Sequence[str]) -> list[tuple[int, str]]:
             if m not in PLACEHOLDERS]
 
 
+def launcher_index(line: Sequence[str]) -> int:
+    """Where the launcher is in ``line``: after an ``env VAR=value ...`` prefix, if any."""
+    i = 0
+    if line and line[0].rsplit("/", 1)[-1] == "env":
+        i = 1
+        while i < len(line) and "=" in line[i] and not line[i].startswith("-"):
+            i += 1
+    return i
+
+
 def _launcher(line: Sequence[str]) -> list[str]:
     """The line from its launcher on: an ``env VAR=value ...`` prefix left out."""
-    rest = list(line)
-    if rest and rest[0].rsplit("/", 1)[-1] == "env":
-        rest = rest[1:]
-        while rest and "=" in rest[0] and not rest[0].startswith("-"):
-            rest = rest[1:]
-    return rest
+    return list(line)[launcher_index(line):]
 
 
 def is_torchrun_like(line: Sequence[str]) -> bool:

@@ -22,6 +22,7 @@ from faultlab.spec.launch import (
     PLACEHOLDERS,
     TORCHRUN_DEFAULT,
     fixed_port,
+    launcher_index,
     program,
     split_line,
     unknown_placeholders,
@@ -174,9 +175,10 @@ class TargetSpec(SpecModel):
                                      f"run and runs in parallel would all bind it; write "
                                      f"{'{rdzv_endpoint}' if ':' in literal else '{master_port}'}"
                                      f" and faultlab gives each launch a free one", literal))
-        exe = value[0]
+        at = launcher_index(value)
+        exe = value[at] if at < len(value) else value[0]
         if program(exe) is None:
-            errors.append(spec_error((0,), f"{exe!r} is not found: not on PATH, and no executable "
+            errors.append(spec_error((at,), f"{exe!r} is not found: not on PATH, and no executable "
                                      f"file of that name (install it as its users do, e.g. "
                                      f"pip install ...)", exe))
         if errors:
@@ -235,9 +237,11 @@ class TargetSpec(SpecModel):
             return None
         if launch == "torchrun":
             line = TORCHRUN_DEFAULT
-            program = (self.command or ("python",))[0]
-            if program not in PYTHON_NAMES and not Path(program).name.startswith("python"):
-                line = (*line, "--no-python")  # torchrun would run it with python otherwise
+            command = self.command or ("python", "train.py")
+            script = Path(command[0]).name.startswith("python") and len(command) > 1 and \
+                command[1] != "-c"
+            if not script:  # torchrun runs a script or a module with python, nothing else
+                line = (*line, "--no-python")
             return line
         assert isinstance(launch, tuple)
         return launch

@@ -30,7 +30,14 @@ from pathlib import Path
 
 import psutil
 
-from faultlab.spec.launch import TORCHRUN_DEFAULT, fill, placeholders_in, program, trainer_argv
+from faultlab.spec.launch import (
+    TORCHRUN_DEFAULT,
+    fill,
+    launcher_index,
+    placeholders_in,
+    program,
+    trainer_argv,
+)
 from faultlab.targets.procs import (
     die_with_parent,
     process_tree,
@@ -280,6 +287,9 @@ class LocalJob:
         self.filled = {k: v for k, v in values.items() if k in used and k != "node_rank"}
         line = fill(self.launch_line, values)
         line[0] = program(line[0]) or line[0]
+        at = launcher_index(line)  # behind an env VAR=value prefix: the launcher itself
+        if 0 < at < len(line):
+            line[at] = program(line[at]) or line[at]
         return [*line, *trainer_argv(self.launch_line, self.command, (sys.executable,))]
 
     def _await_first_listener(self, node: _Node, endpoint: str, timeout_s: float = 60) -> None:

@@ -1,0 +1,130 @@
+"""What in the team's launch line made a recovery fail or slow: the cause and the setting that
+changes it, read from the line itself, the faults and what the nodes logged.
+
+Each finding names a mechanism of torchrun (torch 2.13) that was seen at work in this run, not a
+guess from the line alone:
+
+store_lost
+    With ``--rdzv-backend c10d`` the agent that binds ``--rdzv-endpoint`` hosts the rendezvous
+    store (node 0: faultlab starts it first). A fault took that node down, and a survivor's
+    agent logged ``RendezvousConnectionError`` (the store is gone, and every agent with it).
+    No torchrun flag moves the store out of the agent: ``--rdzv-conf is_host=false`` on every
+    node makes the agents clients of a store that something else runs at the endpoint (what
+    faultlab's launcher does), or an etcd rendezvous keeps it outside the job.
+slow_rendezvous
+    A node left the job (killed, or its agent gone) and the line leaves torchrun's rendezvous
+    settings at their defaults: the survivors wait ``last_call_timeout`` (30 s) for more nodes
+    once fewer than ``--nnodes``' maximum are back, and a dead node stays a participant until it
+    misses ``keep_alive_max_attempt`` heartbeats of ``keep_alive_interval`` (3 x 5 s).
+    ``--rdzv-conf last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3`` is what
+    faultlab's launcher runs with.
+stale_worker_store
+    After a restart, a new worker failed to build its process group against an address of the
+    group before (``Gloo connectFullMesh failed`` / ``Connection refused``): torchrun lets the
+    workers share the agent's rendezvous store (``TORCHELASTIC_USE_AGENT_STORE``), and the
+    restart cost one more attempt. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in the launch
+    environment (``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ...``) gives the workers a
+    store of their own per round (measured on examples/fsdp2_dcp's rank kill: 2 restarts
+    without it, 1 with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from faultlab.observe.records import FaultRecord
+from faultlab.spec.launch import is_torchrun_like
+
+__all__ = ["LaunchFinding", "launch_findings"]
+
+RECOMMENDED_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+"""The rendezvous settings of faultlab's tuned launcher, as a torchrun flag value."""
+
+_NODE_FAULTS = frozenset({"node_kill", "spot_preemption", "node_pause", "network_partition",
+                          "slurm_machine_loss", "slurm_node_down"})
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFinding:
+    """One mechanism of the team's launcher seen at work in this run."""
+
+    cause: str
+    """``store_lost``, ``slow_rendezvous`` or ``stale_worker_store``."""
+    text: str
+    """What happened and why, in a sentence."""
+    change: str
+    """The setting that changes it."""
+    affects: tuple[str, ...]
+    """The SLAs whose verdict it explains."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _flag(line: Sequence[str], *names: str) -> str | None:
+    for i, arg in enumerate(line):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            return value if eq else (line[i + 1] if i + 1 < len(line) else "")
+    return None
+
+
+def _node_of(fault: FaultRecord) -> str | None:
+    kind, _, value = fault.target.partition(" ")
+    if kind == "node" and value.isdigit():
+        return f"node{value}"
+    node = (fault.details or {}).get("node")
+    return str(node) if isinstance(node, str) else None
+
+
+def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
+                    logs: Mapping[str, str]) -> list[LaunchFinding]:
+    """The findings of one run (module docstring). ``launch`` is the run's ``run.launch``
+    (the line and what faultlab filled), ``logs`` each node's log text by node name."""
+    line = (launch or {}).get("launch")
+    if not isinstance(line, list | tuple) or not is_torchrun_like(line):
+        return []  # faultlab's own launcher, or a launcher whose mechanisms these are not
+    line = [str(a) for a in line]
+    conf = _flag(line, "--rdzv-conf", "--rdzv_conf") or ""
+    c10d = (_flag(line, "--rdzv-backend", "--rdzv_backend") or "static") == "c10d"
+    env_fixed = any(a.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") for a in line)
+    lost_nodes = [n for f in faults if f.type in _NODE_FAULTS and not f.details.get("error")
+                  for n in [_node_of(f)] if n]
+    text = "\n".join(logs.values())
+    out: list[LaunchFinding] = []
+    if c10d and "is_host=false" not in conf.replace(" ", "").lower() and "node0" in lost_nodes \
+            and "RendezvousConnectionError" in text:
+        out.append(LaunchFinding(
+            "store_lost",
+            "the c10d rendezvous store lived in node0's torchrun agent (the agent that binds "
+            "--rdzv-endpoint hosts it); node0's loss took the store, and the survivors' agents "
+            "failed with RendezvousConnectionError: the job was lost with one node",
+            "run the store outside the nodes: --rdzv-conf is_host=false on every node and a "
+            "store of your own at the endpoint (faultlab's launcher, launch: faultlab, does "
+            "this), or an etcd rendezvous; no torchrun flag alone moves it out of the agent",
+            ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
+    survivors = [n for n in logs if n not in lost_nodes]
+    nnodes = (_flag(line, "--nnodes") or "").replace("{nnodes}",
+                                                      str((launch or {}).get("filled", {})
+                                                          .get("nnodes", "")))
+    if lost_nodes and survivors and ":" in nnodes and "last_call_timeout" not in conf and not (
+            out and out[0].cause == "store_lost"):
+        out.append(LaunchFinding(
+            "slow_rendezvous",
+            f"after {', '.join(lost_nodes)} left, the survivors' re-rendezvous ran on "
+            f"torchrun's defaults: a last call of 30 s for the missing node, and a dead node "
+            f"kept as a participant until 3 missed heartbeats of 5 s",
+            f"--rdzv-conf {RECOMMENDED_RDZV_CONF} (faultlab's launcher's settings)",
+            ("resume_time_s", "recovery_time_s")))
+    if not env_fixed and "connectFullMesh failed" in text:
+        out.append(LaunchFinding(
+            "stale_worker_store",
+            "after a restart a new worker failed to connect its process group to an address "
+            "of the group before (Gloo connectFullMesh failed): the workers share torchrun's "
+            "rendezvous store across restarts, and the restart cost one more attempt",
+            "env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of the "
+            "workers' own per round)",
+            ("max_restarts", "resume_time_s", "recovery_time_s")))
+    return out

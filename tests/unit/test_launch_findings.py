@@ -1,0 +1,65 @@
+"""The team's launch line at work: the cause and the setting that changes it, from the line, the
+faults and what the nodes logged (faultlab.observe.launch_findings)."""
+
+from __future__ import annotations
+
+from faultlab.judge.verdict import judge
+from faultlab.observe import FaultRecord, compute_metrics
+from faultlab.observe.launch_findings import launch_findings
+from faultlab.spec import experiment_from_dict
+from faultlab.spec.launch import TORCHRUN_DEFAULT
+
+ELASTIC = {"launch": list(TORCHRUN_DEFAULT), "filled": {"nnodes": "1:2"}}
+NODE0 = FaultRecord(id="lose-0", type="node_kill", injected_t=10.0, target="node 0")
+NODE1 = FaultRecord(id="lose-1", type="node_kill", injected_t=10.0, target="node 1")
+STORE_GONE = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The "
+              "connection to the C10d store has failed. See inner exception for details.")
+
+
+def causes(launch: object, faults: list[FaultRecord], logs: dict[str, str]) -> list[str]:
+    return [f.cause for f in launch_findings(launch, faults, logs)]  # type: ignore[arg-type]
+
+
+def test_losing_the_node_whose_agent_held_the_store_is_named() -> None:
+    logs = {"node0": "", "node1": STORE_GONE}
+    assert causes(ELASTIC, [NODE0], logs) == ["store_lost"]
+    # a store outside the agents (is_host=false) is not this
+    outside = {**ELASTIC, "launch": [*TORCHRUN_DEFAULT, "--rdzv-conf", "is_host=false"]}
+    assert "store_lost" not in causes(outside, [NODE0], logs)
+    # faultlab's own launcher: none of torchrun's defaults are in play
+    assert causes({"launch": "faultlab", "filled": {}}, [NODE0], logs) == []
+
+
+def test_losing_another_node_on_the_defaults_is_the_slow_rendezvous() -> None:
+    logs = {"node0": "", "node1": ""}
+    assert causes(ELASTIC, [NODE1], logs) == ["slow_rendezvous"]
+    tuned = {**ELASTIC, "launch": [*TORCHRUN_DEFAULT, "--rdzv-conf",
+                                   "last_call_timeout=1,keep_alive_interval=1"]}
+    assert causes(tuned, [NODE1], logs) == []
+    fixed = {**ELASTIC, "filled": {"nnodes": "2"}}  # not elastic: no last call to wait out
+    assert causes(fixed, [NODE1], logs) == []
+
+
+def test_a_restart_that_failed_on_a_stale_address_is_the_shared_store() -> None:
+    logs = {"node0": "RuntimeError: Gloo connectFullMesh failed with ... Connection refused"}
+    assert causes(ELASTIC, [], logs) == ["stale_worker_store"]
+    fixed = {**ELASTIC, "launch": ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                                   *TORCHRUN_DEFAULT]}
+    assert causes(fixed, [], logs) == []
+
+
+def test_the_verdict_names_the_cause_on_the_sla_it_explains() -> None:
+    exp = experiment_from_dict({"name": "x", "target": {"trainer": "reference"},
+                                "faults": [{"id": "lose-0", "type": "node_kill",
+                                            "target": {"node": 0},
+                                            "trigger": {"at_step": 9}}],
+                                "expect": {"completes": True}})
+    events = [{"t": 1.0, "kind": "start", "rank": 0, "pid": 1, "world_size": 2},
+              {"t": 9.0, "kind": "step", "rank": 0, "pid": 1, "step": 9, "world_size": 2}]
+    findings = launch_findings(ELASTIC, [NODE0], {"node0": "", "node1": STORE_GONE})
+    results = judge(exp, compute_metrics(events, [NODE0]), None, timed_out=False,
+                    faults=[NODE0], events=events, findings=findings)
+    completes = next(r for r in results if r.name == "completes")
+    assert not completes.passed
+    assert "the c10d rendezvous store lived in node0's torchrun agent" in completes.note
+    assert "to change it: run the store outside the nodes" in completes.note
