@@ -18,6 +18,7 @@ SIGINT or SIGTERM and then exits 0.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -64,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--min-pass-rate", type=_pass_rate, default=None, metavar="RATE",
                      help="with --repeat: the fraction of runs that must pass, in (0, 1] "
                           "(0.95 or 95%%; default: every run)")
+    run.add_argument("--bar", action="store_true",
+                     help="also run each experiment under faultlab's tuned launcher (launch: "
+                          "faultlab) and show both side by side; the verdict stays the team's")
     sub.add_parser("init", add_help=False,
                    help="write a starter experiment for your trainer from one fault-free run: "
                         "faultlab init --name NAME -- torchrun ... train.py ...")
@@ -494,12 +498,72 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
         for s in result.failures():
             console.print(f"[bold red]FAIL[/] {escape(s.describe())}")
         console.print(f"journal: {result.journal_path}")
+        if getattr(args, "bar", False) and campaign is None and \
+                exp.target.launch_line(exp.topology.launcher) is not None:
+            try:
+                _run_bar(exp, path, result, args, console, report_dir=report_dir,
+                         golden_cache=golden_cache)
+            except KeyboardInterrupt as e:
+                return _interrupted(e, "run_folder", "journal in", index, None, console)
         verdicts.append((exp.name, result.passed))
     if len(verdicts) > 1:
         passed = sum(ok for _n, ok in verdicts)
         console.print(f"[bold]overall: {'PASS' if passed == len(verdicts) else 'FAIL'}[/] "
                       f"({passed}/{len(verdicts)} experiments passed)")
     return EXIT_PASS if all(ok for _n, ok in verdicts) else EXIT_FAIL
+
+
+BAR_METRICS = ("completes", "restarts", "detection_latency_s", "resume_time_s",
+               "recovery_time_s", "lost_steps")
+"""What ``--bar`` sets side by side, beside every SLA's result."""
+
+
+def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+             console: Console, *, report_dir: Path | None, golden_cache: Path | None) -> None:
+    """Run ``exp`` again under faultlab's tuned launcher, the bar, and set the two runs side by
+    side: printed, and as ``bar.md`` in the team's run folder."""
+    from faultlab.engine import RunView, run_experiment
+
+    tuned = exp.model_copy(update={"target": exp.target.model_copy(
+        update={"launch": "faultlab"})})
+    console.print(f"[bold]{escape(exp.name)}[/]: the same experiment under faultlab's tuned "
+                  f"launcher (the bar)")
+    bar = run_experiment(tuned, source=path, report_dir=report_dir or args.report_dir,
+                         golden_cache=golden_cache or args.golden_cache, view=RunView(console))
+    rows = bar_rows(team, bar)
+    table = Table(title=f"{exp.name}: the team's launch line against faultlab's launcher")
+    for col in ("", "team's launch line", "faultlab's launcher (the bar)"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*map(escape, row))
+    console.print(table)
+    lines = [f"# {exp.name}: the team's launch line against faultlab's launcher", "",
+             "| | team's launch line | faultlab's launcher (the bar) |", "| --- | --- | --- |",
+             *(f"| {a} | {b} | {c} |" for a, b, c in rows), "",
+             f"- team's run: `{team.run_folder}`", f"- the bar's run: `{bar.run_folder}`"]
+    findings = json.loads(team.journal_path.read_text())["run"].get("launch_findings") or []
+    lines += [f"- {f['cause']}: {f['text']}; to change it: {f['change']}" for f in findings]
+    (team.run_folder / "bar.md").write_text("\n".join(lines) + "\n")
+    console.print(f"side by side: {team.run_folder / 'bar.md'}")
+
+
+def bar_rows(team, bar) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
+    """The rows of ``--bar``'s table: verdict, the recovery metrics, then every SLA."""
+    def metric(result, name: str) -> str:  # type: ignore[no-untyped-def]
+        value = getattr(result.metrics, name, None)
+        if value is None:
+            return "not measured"
+        return f"{value:.2f} s" if name.endswith("_s") else str(value)
+
+    def sla(result, name: str) -> str:  # type: ignore[no-untyped-def]
+        found = next((s for s in result.slas if s.name == name), None)
+        return "—" if found is None else ("pass" if found.passed else "FAIL")
+
+    rows = [("verdict", team.verdict.upper(), bar.verdict.upper())]
+    rows += [(name, metric(team, name), metric(bar, name)) for name in BAR_METRICS]
+    names = list(dict.fromkeys([s.name for s in team.slas] + [s.name for s in bar.slas]))
+    rows += [(f"SLA {name}", sla(team, name), sla(bar, name)) for name in names]
+    return rows
 
 
 def campaign_tables(score: dict[str, Any]) -> list[Table]:

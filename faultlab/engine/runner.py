@@ -46,9 +46,9 @@ from faultlab.faults.gpu import GpuFault, gpu_node_env
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
+from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.observe.launch_findings import launch_findings
 from faultlab.observe.metrics import withhold_unfinished
-from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import Experiment, resolve_selector
 from faultlab.storage import StorageMount

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 from faultlab.judge.slas import CAMPAIGN_SLAS, SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
-from faultlab.observe.metrics import UNFINISHED_RUN
 from faultlab.observe.final_state import FinalState, first_difference
 from faultlab.observe.launch_findings import LaunchFinding
+from faultlab.observe.metrics import UNFINISHED_RUN
 from faultlab.observe.save_failures import sign_note, struck
 from faultlab.spec import Experiment, arrival_times_s
 

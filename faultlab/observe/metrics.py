@@ -50,8 +50,8 @@ corrupt_checkpoint_never_loaded
     checkpoint to the same path (a ``checkpoint_saved`` with that path) — a replayed run may
     legitimately save and later load a new checkpoint under the old name. True needs evidence
     that the job would have loaded one: it completed, or after the last damage some process
-    started or loaded a checkpoint (its resume path ran); a job that died after the damage and never started again
-    loaded nothing because it loaded nothing at all (None).
+    started or loaded a checkpoint (its resume path ran); a job that died after the damage
+    and never started again loaded nothing because it loaded nothing at all (None).
 world_sizes
     The world sizes of the ``start`` records in time order, consecutive repeats collapsed
     (e.g. ``[3, 2]`` after a node loss); from all records if there are no start records.

@@ -34,11 +34,12 @@ The launcher's respawn (a reaction at a time no record carries)
     the first sign there is; it needs nothing of the launcher, whichever launcher it is.
 
 detection_source
-    What the first reaction was, whatever wrote it: ``error_exit`` (a rank left with an error:
-    a survivor's failed collective, or a restarted rank failing again), ``anomaly`` (the trainer's own detector), ``preemption_notice``, ``launcher_respawn``
-    (a new process created, above), ``restart_record`` (a new process's ``start`` or
-    ``checkpoint_loaded``, without a creation time), ``rollback`` (a ``checkpoint_loaded`` of
-    a process training at ``T``).
+    What the first reaction was, whatever wrote it: ``error_exit`` (a rank left with an
+    error: a survivor's failed collective, or a restarted rank failing again), ``anomaly``
+    (the trainer's own detector), ``preemption_notice``, ``launcher_respawn`` (a new process
+    created, above), ``restart_record`` (a new process's ``start`` or ``checkpoint_loaded``,
+    without a creation time), ``rollback`` (a ``checkpoint_loaded`` of a process training at
+    ``T``).
 
 came-back records (``t > T``)
     ``start`` of a new process and ``checkpoint_loaded`` counted as a reaction. (The reference
