@@ -2,12 +2,19 @@
 
     faultlab init --name my_job -- torchrun --nnodes 2 --nproc-per-node 1 train.py --steps 40
 
-It reads the torchrun flags (nodes, ranks per node, restarts), runs the command once without
-faults under faultlab (level 0: the trainer is not changed), and writes a starter experiment
-from what it measured: the topology, the checkpoint directory the trainer used (an argument
-naming it becomes ``{run_dir}/...``, so that runs never share checkpoints), a ``rank_kill``
-after the first checkpoint, and SLAs set from the measured start-up, step and checkpoint times
-plus headroom. It prints what it measured and where the experiment is.
+It keeps the whole torchrun line as the experiment's ``target.launch``, every flag as given,
+so that what recovers in the experiment is the user's own launcher (its rendezvous, timeouts
+and restart budget); it reads the topology (nodes, ranks per node, restarts) from the flags,
+and only the flags that must differ per node or per launch become placeholders: a literal
+rendezvous endpoint, master address or port, node rank or rendezvous id (the golden run, the
+experiment and runs in parallel must never collide on a port), and it says so. A command that
+is not a torchrun line runs under plain torchrun (``launch: torchrun``). It runs that line
+once without faults under faultlab (level 0: the trainer is not changed), and writes a
+starter experiment from what it measured: the topology, the checkpoint directory the trainer
+used (an argument naming it becomes ``{run_dir}/...``, so that runs never share
+checkpoints), a ``rank_kill`` after the first checkpoint, and SLAs set from the measured
+start-up, step and checkpoint times plus headroom. It prints what it measured and where the
+experiment is.
 
 It never touches the user's checkpoints: a checkpoint-like argument with a fixed path
 (``--ckpt-dir ckpt``, ``faultlab.spec.checkpoint_args``) is pointed into the run's own
@@ -35,8 +42,10 @@ from faultlab.errors import FaultlabError, InvalidExperimentError
 from faultlab.observe.checkpoint_origin import checkpoint_roots, foreign_resumes, outside_saves
 from faultlab.spec import experiment_from_dict
 from faultlab.spec.checkpoint_args import CheckpointArg, checkpoint_args
+from faultlab.spec.launch import trainer_argv
 
-__all__ = ["InitError", "Measured", "TorchrunArgs", "parse_torchrun", "starter_document"]
+__all__ = ["InitError", "LineChange", "Measured", "TorchrunArgs", "parse_torchrun",
+           "starter_document"]
 
 # A loss line as most trainers print it: "step 12 loss 2.3", "step=12, loss=2.3", "[12] loss:".
 _LOSS_GUESS = (r"step[\s:=#]*(?P<step>\d+)\b.*?\bloss[\s:=]*"
@@ -48,6 +57,25 @@ class InitError(FaultlabError):
 
 
 @dataclass
+class LineChange:
+    """A flag of the user's torchrun line that the experiment runs otherwise, and why."""
+
+    given: str
+    """The flag as the user wrote it (``--rdzv-endpoint localhost:29400``); empty: added."""
+    became: str
+    """What ``target.launch`` holds instead (``--rdzv-endpoint {rdzv_endpoint}``)."""
+    meaning: str
+    """What faultlab puts in the placeholder."""
+    reason: str
+    """Why the literal cannot stay."""
+
+    def shown(self) -> str:
+        if self.given:
+            return f"{self.given} runs as {self.became} ({self.meaning}): {self.reason}"
+        return f"{self.became} added ({self.meaning}): {self.reason}"
+
+
+@dataclass
 class TorchrunArgs:
     """What ``faultlab init`` takes from a torchrun command line."""
 
@@ -55,9 +83,40 @@ class TorchrunArgs:
     min_nodes: int | None = None
     procs_per_node: int = 1
     max_restarts: int = 3
+    """From ``--max-restarts``; torchrun's default (0) for a torchrun line without it, and
+    faultlab's (3) for a command that is not one (faultlab's plain torchrun line fills it)."""
     command: list[str] = field(default_factory=list)
     """The rank's command as faultlab's launcher runs it; ``python`` is the interpreter
     faultlab runs on, as torchrun would use its own."""
+    launch: list[str] | None = None
+    """The user's own launch line (``target.launch``): the launcher and every flag as given,
+    in order, except those that must differ per node or per launch, which are placeholders
+    (``changes``); None: the command was not a torchrun line."""
+    changes: list[LineChange] = field(default_factory=list)
+    """Every flag of the line that became a placeholder, or was added, and why."""
+
+
+# Flags that take no value (torchrun 2.13's parser); every other flag takes one.
+_NO_VALUE = ("--standalone", "--no-python", "--run-path", "-m", "--module",
+             "--virtual-local-rank", "-h", "--help")
+
+_NO_COLLISION = ("the golden run, the experiment's runs and runs in parallel must never "
+                 "collide on a port")
+# Flag -> (placeholder, what faultlab puts there, why a literal cannot stay). A literal address
+# or port would be bound by every launch of the experiment at once; a literal node rank would
+# give every node of the line the same one; a literal id lets parallel runs meet.
+_PER_LAUNCH: dict[str, tuple[str, str, str]] = {
+    "--rdzv-endpoint": ("rdzv_endpoint", "a free HOST:PORT faultlab picks for every launch",
+                        _NO_COLLISION),
+    "--master-port": ("master_port", "a free port faultlab picks for every launch",
+                      _NO_COLLISION),
+    "--master-addr": ("master_addr", "the host of faultlab's free port, where its nodes meet",
+                      "every node of the experiment runs on this machine"),
+    "--node-rank": ("node_rank", "each node's own index, 0 ... nodes - 1",
+                    "one literal would give every node of the line the same rank"),
+    "--rdzv-id": ("rdzv_id", "an id of each launch's own",
+                  "with a fixed id, runs in parallel could join each other's rendezvous"),
+}
 
 
 def _int_flag(name: str, value: str) -> int:
@@ -67,31 +126,53 @@ def _int_flag(name: str, value: str) -> int:
         raise InitError(f"{name}: expected an integer, got {value!r}") from None
 
 
+def _launcher(argv: list[str]) -> tuple[list[str], list[str]] | None:
+    """``(the launcher's own words, the rest)`` of a torchrun-like line; None: not one. The
+    launcher is named as faultlab runs it: ``torchrun`` beside faultlab's interpreter first,
+    ``python`` that interpreter, as for the command (its workers must import what faultlab's
+    do)."""
+    exe = Path(argv[0]).name
+    if exe.startswith("python") and argv[1:3] == ["-m", "torch.distributed.run"]:
+        return ["python", "-m", "torch.distributed.run"], argv[3:]
+    if exe == "torchrun":
+        return ["torchrun"], argv[1:]
+    if argv[0].startswith("-"):  # torchrun's flags without its name
+        return ["torchrun"], argv
+    return None
+
+
 def parse_torchrun(argv: list[str]) -> TorchrunArgs:
     """``[torchrun | python -m torch.distributed.run] [flags] script.py|-m module [args]``, or
-    a plain ``python train.py ...``; unknown torchrun flags (rendezvous, logs) are dropped: the
-    launcher sets its own."""
+    a plain ``python train.py ...``. A torchrun line is kept whole as ``launch``: the topology
+    is read from its flags, and only the flags that must differ per node or per launch become
+    placeholders (``changes`` says which and why)."""
     args = list(argv)
     if not args:
         raise InitError("give the training command after --, e.g. -- torchrun "
                         "--nproc-per-node 2 train.py")
     out = TorchrunArgs()
-    if Path(args[0]).name.startswith("python") and args[1:3] == ["-m", "torch.distributed.run"]:
-        args = args[3:]
-    elif Path(args[0]).name == "torchrun":
-        args = args[1:]
-    elif Path(args[0]).name.startswith("python") or not args[0].startswith("-"):
+    found = _launcher(args)
+    if found is None:
         out.command = ["python" if Path(args[0]).name.startswith("python") else args[0],
                        *args[1:]]
         return out
+    line, args = found
+    out.max_restarts = 0  # torchrun's default: the line runs as the user runs it
+    seen: dict[str, str] = {}
     no_python, module = False, False
     while args and args[0].startswith("-"):
         flag = args.pop(0)
         name, eq, inline = flag.partition("=")
         norm = name.replace("_", "-")
-        takes_value = norm not in ("--standalone", "--no-python", "--run-path", "-m",
-                                   "--module")
-        value = inline if eq else (args.pop(0) if takes_value and args else "")
+        short_inline = not eq and not name.startswith("--") and len(name) > 2  # -r3, -t3
+        takes_value = norm not in _NO_VALUE and not short_inline
+        if eq or not takes_value:
+            value = inline
+        elif args:
+            value = args.pop(0)
+        else:
+            break  # a flag without its value: no script follows, reported below
+        seen[norm] = value
         if norm == "--nnodes":
             low, _, high = value.partition(":")
             out.nodes = _int_flag("--nnodes", high or low)
@@ -107,8 +188,19 @@ def parse_torchrun(argv: list[str]) -> TorchrunArgs:
             no_python = True
         elif norm in ("-m", "--module"):
             module = True
+            continue  # the command says -m (``python -m pkg`` follows the line as ``-m pkg``)
+        per_launch = _PER_LAUNCH.get(norm)
+        if per_launch is not None and value != f"{{{per_launch[0]}}}":
+            placeholder, meaning, reason = per_launch
+            became = f"{name}={{{placeholder}}}" if eq else f"{name} {{{placeholder}}}"
+            out.changes.append(LineChange(flag if eq else f"{flag} {value}", became, meaning,
+                                          f"{reason}, and the experiment keeps "
+                                          f"{{{placeholder}}}"))
+            value = f"{{{placeholder}}}"
+        line += [f"{name}={value}"] if eq else [flag, value] if takes_value else [flag]
     if not args:
         raise InitError("no training script after the torchrun flags")
+    out.launch = line + _meeting_place(out, seen)
     if no_python:
         out.command = args
     elif module:
@@ -116,6 +208,27 @@ def parse_torchrun(argv: list[str]) -> TorchrunArgs:
     else:
         out.command = ["python", *args]
     return out
+
+
+def _meeting_place(out: TorchrunArgs, seen: dict[str, str]) -> list[str]:
+    """The flags a line of several nodes lacks to tell them where to meet (on a cluster the
+    scheduler's environment gives them: ``PET_MASTER_ADDR`` ...), in the line's own rendezvous:
+    torchrun's default, static, needs a master and each node's rank; c10d an endpoint."""
+    if out.nodes < 2 or "--standalone" in seen:
+        return []
+    if seen.get("--rdzv-backend", "static") == "static":
+        missing = ["--node-rank"] if "--rdzv-endpoint" in seen else \
+            ["--master-addr", "--master-port", "--node-rank"]
+    else:
+        missing = ["--rdzv-endpoint"]
+    added: list[str] = []
+    for flag in (f for f in missing if f not in seen):
+        placeholder, meaning, reason = _PER_LAUNCH[flag]
+        added += [flag, f"{{{placeholder}}}"]
+        out.changes.append(LineChange("", f"{flag} {{{placeholder}}}", meaning,
+                                      f"your line gives {out.nodes} nodes no {flag} (a "
+                                      f"cluster's environment does); {reason}"))
+    return added
 
 
 @dataclass
@@ -253,11 +366,10 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
         "name": name,
         "description": f"{name}: a rank killed after the first checkpoint must restart, "
                        f"resume from that checkpoint and finish (written by faultlab init)",
-        "topology": {"nodes": tr.nodes, "procs_per_node": tr.procs_per_node,
-                     "max_restarts": max(1, tr.max_restarts)},
+        "topology": _topology(tr),
         "run": {"steps": m.steps, "checkpoint_every": every,
                 "timeout_s": math.ceil(3 * m.wall_s + 60)},
-        "target": {"command": command},
+        "target": _target(tr, command),
         "faults": [{"id": "kill", "type": "rank_kill",
                     "target": {"rank": tr.nodes * tr.procs_per_node - 1},
                     "trigger": {"at_step": kill_at}}],
@@ -265,8 +377,6 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
                    "resume_time_s": resume_s, "recovery_time_s": recovery_s,
                    "lost_steps": every},
     }
-    if tr.min_nodes is not None:
-        doc["topology"]["min_nodes"] = tr.min_nodes
     # Whenever the golden run's final checkpoint reads back: init has already refused a run
     # whose checkpoints lie outside its run directory, so every run's are its own.
     if m.final_readable:
@@ -280,6 +390,36 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
     return doc
 
 
+def _topology(tr: TorchrunArgs) -> dict[str, Any]:
+    """The shape the flags give. A line of the user's keeps its own restart budget, 0 included
+    (faultlab's value would only mislead: the line's literal is what runs); faultlab's plain
+    torchrun line gets at least 1, so that the starter's rank_kill can be recovered from."""
+    topology: dict[str, Any] = {"nodes": tr.nodes, "procs_per_node": tr.procs_per_node,
+                                "max_restarts": tr.max_restarts if tr.launch is not None
+                                else max(1, tr.max_restarts)}
+    if tr.min_nodes is not None:
+        topology["min_nodes"] = tr.min_nodes
+    return topology
+
+
+def _target(tr: TorchrunArgs, command: list[str]) -> dict[str, Any]:
+    target: dict[str, Any] = {"command": list(command)}
+    if tr.launch is not None:
+        target["launch"] = list(tr.launch)
+    return target
+
+
+def _no_restarts(tr: TorchrunArgs) -> str | None:
+    """Why the user's line cannot recover from a killed rank on its own (None: it can)."""
+    if tr.launch is None or tr.max_restarts > 0:
+        return None
+    given = any(a.partition("=")[0].replace("_", "-") == "--max-restarts" for a in tr.launch)
+    why = "--max-restarts 0" if given else "no --max-restarts: torchrun defaults to 0"
+    return (f"your line restarts nothing ({why}): the experiment's rank_kill ends the whole "
+            f"job, as it would on your cluster; add --max-restarts N to target.launch for the "
+            f"job to recover by itself")
+
+
 def render(doc: dict[str, Any], tr: TorchrunArgs, m: Measured, argv: list[str]) -> str:
     """The YAML file, headed by what it is for and the exact command that wrote it."""
     lines = [f"# {doc['name']}: a starter chaos experiment for your trainer, written by",
@@ -289,6 +429,17 @@ def render(doc: dict[str, Any], tr: TorchrunArgs, m: Measured, argv: list[str]) 
              f"{m.checkpoint_steps or 'none'} ({_s(m.checkpoint_s)} each).",
              "# SLAs are those values plus headroom: tighten them to what you need.",
              f"# Run it: faultlab run {doc['name']}.yaml"]
+    if tr.launch is not None:
+        lines.append("# It runs your own launch line (target.launch) on every node, your flags "
+                     "as you gave them; faultlab fills only the {placeholders}, per node and "
+                     "per launch. Change topology and the line together.")
+    else:
+        lines.append("# No target.launch: the command was not a torchrun line, so it runs under "
+                     "plain torchrun (launch: torchrun); set target.launch to your own line to "
+                     "test your launcher.")
+    restarts = _no_restarts(tr)
+    if restarts:
+        lines.append(f"# NOTE: {restarts}.")
     if m.checkpoint_dir and "{run_dir}" not in " ".join(doc["target"]["command"]):
         lines.append(f"# NOTE: the trainer wrote checkpoints to {m.checkpoint_dir}, which no "
                      f"argument names: every run would share them. Give the trainer a flag for "
@@ -335,13 +486,26 @@ def main(argv: list[str], console: Any) -> int:
     tr = parse_torchrun(command)
     out = args.out or Path(f"{args.name}.yaml")
     tr.command, moved = own_checkpoint_dirs(tr.command)
+    # The fault-free run runs the very line the experiment will: same launcher, same flags.
     probe = experiment_from_dict({
-        "name": args.name, "target": {"command": tr.command},
-        "topology": {"nodes": tr.nodes, "procs_per_node": tr.procs_per_node,
-                     "max_restarts": tr.max_restarts},
+        "name": args.name, "target": _target(tr, tr.command), "topology": _topology(tr),
         "run": {"timeout_s": args.timeout_s}, "expect": {"completes": True}})
-    console.print(f"fault-free run of: {shlex.join(tr.command)} "
+    shown = [*tr.launch, *trainer_argv(tr.launch, tr.command, ("python",))] \
+        if tr.launch is not None else tr.command
+    console.print(f"fault-free run of: {escape(shlex.join(shown))} "
                   f"({tr.nodes} node(s) x {tr.procs_per_node} rank(s))")
+    if tr.launch is None:
+        console.print("  launch: not a torchrun line, so the experiment runs the command under "
+                      "plain torchrun (launch: torchrun: faultlab fills nodes, rendezvous and "
+                      "restarts); give init your torchrun line to test your own launcher")
+    else:
+        console.print("  launch: your own line (target.launch), every flag as you gave it"
+                      + ("" if tr.changes else ": nothing in it differs per node or launch"))
+    for change in tr.changes:
+        console.print(f"  launch: {escape(change.shown())}")
+    restarts = _no_restarts(tr)
+    if restarts:
+        console.print(f"  restarts: {escape(restarts)}")
     for arg in moved:
         console.print(f"  checkpoints: {escape(arg.shown())} runs as "
                       f"{escape(arg.shown(arg.in_run_dir()))} ({{run_dir}} is each run's own "

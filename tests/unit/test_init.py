@@ -1,4 +1,6 @@
-"""faultlab init: torchrun flags read, a starter experiment written from measured values."""
+"""faultlab init: the user's torchrun line kept as target.launch (placeholders only where a
+node or a launch must differ), the topology read from its flags, a starter experiment written
+from measured values."""
 
 from __future__ import annotations
 
@@ -7,7 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from faultlab.engine.starter import InitError, measure, parse_torchrun, render, starter_document
+from faultlab.engine.starter import (
+    InitError,
+    TorchrunArgs,
+    measure,
+    parse_torchrun,
+    render,
+    starter_document,
+)
 from faultlab.spec import experiment_from_dict
 
 
@@ -24,6 +33,116 @@ def test_torchrun_flags_become_the_topology(argv: list[str], nodes: int, min_nod
     tr = parse_torchrun(argv)
     assert (tr.nodes, tr.min_nodes, tr.procs_per_node, tr.command) == \
         (nodes, min_nodes, procs, command)
+
+
+ISSUE = ["torchrun", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", "localhost:29400", "--max-restarts", "2", "train.py", "--ckpt-dir",
+         "ckpt"]
+
+
+@pytest.mark.parametrize("argv,launch,topology", [
+    # the issue's line: every flag kept, in order; only the fixed endpoint is per launch
+    (ISSUE, ["torchrun", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", "{rdzv_endpoint}", "--max-restarts", "2"], (2, 1, 1, 2)),
+    # the = form and torch's underscore spellings stay as written
+    (["torchrun", "--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29400",
+      "--rdzv-id", "job7", "--max_restarts=1", "t.py"],
+     ["torchrun", "--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint={rdzv_endpoint}",
+      "--rdzv-id", "{rdzv_id}", "--max_restarts=1"], (2, None, 1, 1)),
+    # a static master: address, port and node rank are per launch and per node
+    (["torchrun", "--nnodes", "2", "--node_rank", "0", "--master-addr", "node0",
+      "--master-port", "29500", "--max-restarts", "3", "--log-dir", "logs", "t.py"],
+     ["torchrun", "--nnodes", "2", "--node_rank", "{node_rank}", "--master-addr",
+      "{master_addr}", "--master-port", "{master_port}", "--max-restarts", "3", "--log-dir",
+      "logs"], (2, None, 1, 3)),
+    # --standalone: one node, torchrun makes its own endpoint; kept as is (-m goes with the
+    # command, which follows the line as -m pkg.train)
+    (["python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "-m",
+      "pkg.train"], ["python", "-m", "torch.distributed.run", "--standalone",
+                     "--nproc_per_node", "3"], (1, None, 3, 0)),
+    # one node, no rendezvous flags: torchrun picks a free port itself; kept as is
+    (["torchrun", "--nproc-per-node", "2", "--max-restarts", "1", "-r3", "t.py"],
+     ["torchrun", "--nproc-per-node", "2", "--max-restarts", "1", "-r3"], (1, None, 2, 1)),
+    # two nodes and nothing saying where they meet (on a cluster the environment says it):
+    # the line's own rendezvous gets what it lacks
+    (["/opt/bin/torchrun", "--nnodes", "2", "t.py"],
+     ["torchrun", "--nnodes", "2", "--master-addr", "{master_addr}", "--master-port",
+      "{master_port}", "--node-rank", "{node_rank}"], (2, None, 1, 0)),
+    (["torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "--no-python", "./run.sh"],
+     ["torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "--no-python",
+      "--rdzv-endpoint", "{rdzv_endpoint}"], (2, None, 1, 0)),
+    # not a torchrun line: no launch of its own, faultlab's plain torchrun fills everything
+    (["python", "train.py", "--steps", "4"], None, (1, None, 1, 3)),
+])
+def test_the_whole_torchrun_line_becomes_target_launch(
+        argv: list[str], launch: list[str] | None,
+        topology: tuple[int, int | None, int, int]) -> None:
+    tr = parse_torchrun(argv)
+    assert tr.launch == launch
+    assert (tr.nodes, tr.min_nodes, tr.procs_per_node, tr.max_restarts) == topology
+    if launch is not None:  # what is left is exactly what the spec accepts
+        experiment_from_dict({"name": "t", "target": {"command": ["sleep", "1"],
+                                                      "launch": launch},
+                              "topology": {"nodes": tr.nodes, "min_nodes": tr.min_nodes}})
+
+
+def test_each_replaced_flag_says_what_it_became_and_why() -> None:
+    tr = parse_torchrun(["torchrun", "--nnodes", "2", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint=localhost:29400", "--rdzv-id", "job7", "t.py"])
+    assert [c.shown() for c in tr.changes] == [
+        "--rdzv-endpoint=localhost:29400 runs as --rdzv-endpoint={rdzv_endpoint} (a free "
+        "HOST:PORT faultlab picks for every launch): the golden run, the experiment's runs and "
+        "runs in parallel must never collide on a port, and the experiment keeps "
+        "{rdzv_endpoint}",
+        "--rdzv-id job7 runs as --rdzv-id {rdzv_id} (an id of each launch's own): with a fixed "
+        "id, runs in parallel could join each other's rendezvous, and the experiment keeps "
+        "{rdzv_id}"]
+    assert parse_torchrun(["torchrun", "--standalone", "t.py"]).changes == []
+
+
+def _starter(tmp_path: Path, tr: TorchrunArgs) -> tuple[dict[str, object], str]:
+    (tmp_path / "train.py").write_text("")
+    m = measure(_events(tmp_path / "ckpt"), [], ok=True, wall_s=20.0)
+    doc = starter_document("mine", tr, m)
+    return doc, render(doc, tr, m, ["torchrun", "train.py"])
+
+
+def test_the_starter_runs_the_users_own_line(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    doc, text = _starter(tmp_path, parse_torchrun(ISSUE))
+    assert doc["target"] == {
+        "command": ["python", "train.py", "--ckpt-dir", "{run_dir}/checkpoints"],
+        "launch": ["torchrun", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend",
+                   "c10d", "--rdzv-endpoint", "{rdzv_endpoint}", "--max-restarts", "2"]}
+    assert doc["topology"] == {"nodes": 2, "procs_per_node": 1, "max_restarts": 2,
+                               "min_nodes": 1}
+    assert "# It runs your own launch line (target.launch) on every node" in text
+    loaded = experiment_from_dict(yaml.safe_load(text))
+    assert loaded.target.launch_line() == tuple(doc["target"]["launch"])  # type: ignore[index]
+    assert "NOTE: your line restarts nothing" not in text
+
+
+def test_a_line_that_restarts_nothing_is_kept_and_said(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun restarts nothing by default: the experiment keeps that, as the cluster would,
+    and says how to give the job a restart budget."""
+    monkeypatch.chdir(tmp_path)
+    doc, text = _starter(tmp_path, parse_torchrun(["torchrun", "--standalone", "train.py"]))
+    assert doc["target"]["launch"] == ["torchrun", "--standalone"]  # type: ignore[index]
+    assert doc["topology"]["max_restarts"] == 0  # type: ignore[index]
+    assert "# NOTE: your line restarts nothing (no --max-restarts: torchrun defaults to 0)" in \
+        text
+
+
+def test_a_command_that_is_not_torchrun_runs_under_plain_torchrun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    doc, text = _starter(tmp_path, parse_torchrun(["python", "train.py"]))
+    assert "launch" not in doc["target"]  # type: ignore[operator]
+    assert doc["topology"]["max_restarts"] == 3  # type: ignore[index]
+    assert "# No target.launch: the command was not a torchrun line, so it runs under plain " \
+        "torchrun (launch: torchrun)" in text
 
 
 @pytest.mark.parametrize("argv,message", [
