@@ -24,7 +24,7 @@ from faultlab.observe import EventStream
 from faultlab.spec import Experiment
 from faultlab.targets.base import JobContext
 from faultlab.targets.slurm.guard import ClusterChanges
-from faultlab.targets.slurm.job import JobSubmission
+from faultlab.targets.slurm.job import JobSubmission, prepare_job_dir
 from faultlab.targets.slurm.scheduler import SchedulerView
 from faultlab.targets.slurm.slurmcli import (
     TERMINAL,
@@ -96,6 +96,15 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
         target = cls(exp, folder, job_id=job_id)
         target.start()
         return target
+
+    @classmethod
+    def prepare_run_dir(cls, exp: Experiment, run_folder: Path) -> Path:
+        """On the cluster's shared filesystem (``prepare_job_dir``)."""
+        try:
+            return prepare_job_dir(exp, run_folder)
+        except (OSError, ValueError) as e:
+            raise TargetError(f"topology.slurm.run_dir: "
+                              f"{str(e).removeprefix('slurm.run_dir: ')}") from None
 
     def refresh(self) -> None:
         if self.attached:  # no engine polls the stream of an attached job
