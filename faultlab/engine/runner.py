@@ -40,7 +40,7 @@ from faultlab.engine.shared_checkpoints import (
 from faultlab.engine.storage import needs_storage_mount, storage_dir
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
-from faultlab.errors import FaultError, FaultlabError
+from faultlab.errors import FaultError, FaultlabError, TargetError
 from faultlab.faults import Fault, Victim
 from faultlab.faults.gpu import GpuFault, gpu_node_env
 from faultlab.faults.runtime_base import RuntimeFault
@@ -52,7 +52,7 @@ from faultlab.observe.metrics import withhold_unfinished
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import Experiment, resolve_selector
 from faultlab.storage import StorageMount
-from faultlab.targets import make_target
+from faultlab.targets import make_target, target_class
 from faultlab.targets.local import LocalTarget
 
 __all__ = ["RunResult", "landed_steps", "new_run_folder", "run_experiment"]
@@ -169,15 +169,10 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     """Run ``exp`` and judge it. Raises KeyboardInterrupt after clean-up if interrupted."""
     view = view or NullView()
     run_folder = new_run_folder(report_dir, exp.name)
-    job_dir = run_folder / "job"
-    if exp.topology.launcher == "slurm":  # on the cluster's shared filesystem; job/ links it
-        from faultlab.targets.slurm import prepare_job_dir
-
-        try:
-            job_dir = prepare_job_dir(exp, run_folder)
-        except (OSError, ValueError) as e:
-            raise FaultlabError(f"{source or exp.name}: topology.slurm.run_dir: "
-                                f"{str(e).removeprefix('slurm.run_dir: ')}") from None
+    try:  # run_folder/job, or on the filesystem the target's nodes see, linked as job/
+        job_dir = target_class(exp).prepare_run_dir(exp, run_folder)
+    except TargetError as e:
+        raise FaultlabError(f"{source or exp.name}: {e}") from None
     golden_cache = golden_cache or report_dir / ".golden"
     records: list[FaultRecord] = []
     active: list[_Active] = []

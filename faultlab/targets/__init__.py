@@ -25,20 +25,25 @@ if TYPE_CHECKING:
     from faultlab.spec import Experiment
     from faultlab.targets.local import LocalTarget
 
-__all__ = ["make_target"]
+__all__ = ["make_target", "target_class"]
+
+
+def target_class(exp: Experiment) -> type[LocalTarget]:
+    """The target class ``topology.launcher`` asks for (each imported only when asked for)."""
+    if exp.topology.launcher == "slurm":
+        from faultlab.targets.slurm import SlurmTarget
+
+        return SlurmTarget  # type: ignore[return-value]
+    if exp.topology.launcher == "docker":
+        from faultlab.targets.docker import DockerTarget
+
+        return DockerTarget
+    from faultlab.targets.local import LocalTarget
+
+    return LocalTarget
 
 
 def make_target(exp: Experiment, run_dir: Path,
                 node_env: dict[str, dict[str, str]] | None = None) -> LocalTarget:
-    """The target ``topology.launcher`` asks for (each imported only when asked for)."""
-    if exp.topology.launcher == "slurm":
-        from faultlab.targets.slurm import SlurmTarget
-
-        return SlurmTarget(exp, run_dir, node_env=node_env)  # type: ignore[return-value]
-    if exp.topology.launcher == "docker":
-        from faultlab.targets.docker import DockerTarget
-
-        return DockerTarget(exp, run_dir, node_env=node_env)
-    from faultlab.targets.local import LocalTarget
-
-    return LocalTarget(exp, run_dir, node_env=node_env)
+    """The target ``topology.launcher`` asks for (``target_class``), for ``run_dir``."""
+    return target_class(exp)(exp, run_dir, node_env=node_env)

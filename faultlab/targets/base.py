@@ -12,8 +12,9 @@ host can see: a node is its torchrun agent's pid (by node name), ranks are mappe
 from the job's own ``start`` events, and nothing outside the job's process tree is ever
 signalled (``assert_owned`` is checked before every signal).
 
-This module may import ``faultlab.errors``, ``faultlab.observe`` and ``faultlab.runtime``; no
-target imports the engine, and none imports a trainer.
+This module may import ``faultlab.errors``, ``faultlab.observe`` and ``faultlab.runtime`` (and,
+for type hints only, ``faultlab.spec``); no target imports the engine, and none imports a
+trainer.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
 from faultlab.errors import FaultError
 from faultlab.observe import EventStream
 from faultlab.targets.procs import process_tree, send_pid, signal_tree
+
+if TYPE_CHECKING:
+    from faultlab.spec import Experiment
 
 __all__ = ["JobContext", "JobResult", "Target"]
 
@@ -54,6 +58,14 @@ class Target(Protocol):
         """The exact command lines of every node, for a person reproducing a run by hand."""
 
     # -- start, poll, stop, result ----------------------------------------------------------
+
+    @classmethod
+    def prepare_run_dir(cls, exp: Experiment, run_folder: Path) -> Path:
+        """The ``run_dir`` a launch of ``exp`` is given, for the report's ``run_folder``, ready
+        before the target is built (the engine writes the ranks' settings there first):
+        ``run_folder/job`` where the nodes see this host's files; a target whose nodes see
+        another filesystem creates the directory there and links it as ``run_folder/job``.
+        Raises ``TargetError`` naming the setting at fault if it cannot."""
 
     def start(self) -> None:
         """Launch the job and return once every node was started (not once ranks run).

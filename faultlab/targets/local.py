@@ -93,6 +93,12 @@ class LocalTarget(JobContext):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    @classmethod
+    def prepare_run_dir(cls, exp: Experiment, run_folder: Path) -> Path:
+        # Every node (a process here, or a container with it bind-mounted at the same path)
+        # sees this host's files: nothing to create before the launch.
+        return run_folder / "job"
+
     def start(self) -> None:
         (self.run_dir / "events").mkdir(parents=True, exist_ok=True)
         try:
