@@ -61,6 +61,11 @@ class GoldenRun:
     checkpoints_outside: tuple[str, ...] = ()
     """Checkpoints it saved outside ``run_dir`` (a fixed ``--ckpt-dir``): the experiment,
     given the same path, would resume from them."""
+    restarts: int = 0
+    """Restarts the fault-free run needed (a finding: the verdict fails
+    ``golden_run_fault_free``; such a run is not cached, so the next run measures again)."""
+    failures: tuple[str, ...] = ()
+    """How its failed processes ended (exit reason and error), when it restarted."""
 
 
 def code_version(exp: Experiment) -> str:
@@ -162,10 +167,17 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
                                 "not_measured": foreign.not_measured if foreign else None,
                                 "checkpoints_outside": outside_saves(target.stream.events,
                                                                      run_dir)}
-        tmp = entry.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, entry)
+        failures = tuple(
+            f"rank {e.get('rank')} exited {e.get('reason')}" + (
+                f" ({str(e.get('error')).splitlines()[0][:120]})" if e.get("error") else "")
+            for e in target.stream.events if e.get("kind") == "exit"
+            and e.get("reason") not in ("completed", "stopped"))
+        if not metrics.restarts:  # a run that restarted without a fault is no stable reference
+            tmp = entry.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, entry)
         return GoldenRun(key=key, digest=data["digest"], losses=losses, wall_s=data["wall_s"],
                          run_dir=str(run_dir), cached=False, tensors=data["tensors"],
                          not_measured=data["not_measured"],
-                         checkpoints_outside=tuple(data["checkpoints_outside"]))
+                         checkpoints_outside=tuple(data["checkpoints_outside"]),
+                         restarts=metrics.restarts, failures=failures)

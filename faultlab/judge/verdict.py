@@ -76,6 +76,14 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
         out.append(SLAResult(f"fault_injected[{fid}]", True, hit, hit,
                              idle if fid in fired else _not_fired(exp, i, faults, metrics,
                                                                   events, job_s)))
+    restarted = getattr(golden, "restarts", 0) or 0
+    if restarted:  # a finding about the stack itself, whatever the faults showed
+        failures = list(getattr(golden, "failures", ()) or ())
+        out.append(SLAResult(
+            "golden_run_fault_free", 0, restarted, False,
+            f"the fault-free golden run needed {restarted} restart(s)"
+            + (f": {failures[-1]}" if failures else "")
+            + "; the stack restarts without any fault (not cached: the next run measures again)"))
     values = metrics.to_dict()
     if golden is not None and metrics.final_digest is not None and golden.digest is not None \
             and metrics.completes:  # an unfinished run's last checkpoint is not its final state

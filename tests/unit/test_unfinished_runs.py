@@ -176,3 +176,23 @@ def test_a_sample_trained_twice_is_a_finding_however_the_run_ended() -> None:
 
 def test_every_sla_has_its_row() -> None:
     assert set(CASES) == set(SLAS)
+
+
+def test_a_golden_run_that_needed_a_restart_is_a_finding() -> None:
+    """A fault-free run that restarted (an abort at exit, a flaky rendezvous) fails the verdict
+    with what ended its process, whatever the experiment's own SLAs say."""
+    class Restarted(_Golden):
+        restarts = 1
+        failures = ("rank 0 exited signal (SIGABRT: terminate called without an active "
+                    "exception)",)
+
+    exp = experiment_from_dict({"name": "g", "expect": {"completes": True}})
+    events = early_end()
+    results = judge(exp, compute_metrics(events, []), Restarted(), timed_out=False, faults=[],
+                    events=events)
+    finding = next(r for r in results if r.name == "golden_run_fault_free")
+    assert (finding.measured, finding.passed) == (1, False)
+    assert finding.note.startswith("the fault-free golden run needed 1 restart(s): rank 0 "
+                                   "exited signal (SIGABRT")
+    assert not any(r.name == "golden_run_fault_free" for r in judge(
+        exp, compute_metrics(events, []), _Golden(), timed_out=False, faults=[], events=events))
