@@ -26,6 +26,13 @@ stale_worker_store
     environment (``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ...``) gives the workers a
     store of their own per round (measured on examples/fsdp2_dcp's rank kill: 2 restarts
     without it, 1 with it).
+restart_hung
+    The job restarted, then never trained again until faultlab stopped it at the timeout,
+    under torchrun with the workers sharing the agent's store: torch 2.13's re-rendezvous can
+    leave a new group disagreeing on its master port (DESIGN.md), and ``init_process_group``
+    waits out its timeout. The same ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (measured with
+    benchmarks/bench_launchers.py: the elastic rank kill that hung under torchrun's defaults
+    resumed with it).
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ class LaunchFinding:
     """One mechanism of the team's launcher seen at work in this run."""
 
     cause: str
-    """``store_lost``, ``slow_rendezvous`` or ``stale_worker_store``."""
+    """``store_lost``, ``slow_rendezvous``, ``restart_hung`` or ``stale_worker_store``."""
     text: str
     """What happened and why, in a sentence."""
     change: str
@@ -80,9 +87,12 @@ def _node_of(fault: FaultRecord) -> str | None:
 
 
 def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
-                    logs: Mapping[str, str]) -> list[LaunchFinding]:
+                    logs: Mapping[str, str], *, hung_after_restart: bool = False
+                    ) -> list[LaunchFinding]:
     """The findings of one run (module docstring). ``launch`` is the run's ``run.launch``
-    (the line and what faultlab filled), ``logs`` each node's log text by node name."""
+    (the line and what faultlab filled), ``logs`` each node's log text by node name;
+    ``hung_after_restart``: faultlab stopped the job at its timeout with no step since its
+    last restart."""
     line = (launch or {}).get("launch")
     if not isinstance(line, list | tuple) or not is_torchrun_like(line):
         return []  # faultlab's own launcher, or a launcher whose mechanisms these are not
@@ -118,6 +128,16 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             f"kept as a participant until 3 missed heartbeats of 5 s",
             f"--rdzv-conf {RECOMMENDED_RDZV_CONF} (faultlab's launcher's settings)",
             ("resume_time_s", "recovery_time_s")))
+    if not env_fixed and hung_after_restart and not out:
+        out.append(LaunchFinding(
+            "restart_hung",
+            "after the restart the new workers never trained again until the timeout: with "
+            "the workers sharing torchrun's rendezvous store, torch 2.13's re-rendezvous can "
+            "leave the new group disagreeing on its master port, and init_process_group waits "
+            "out its timeout",
+            "env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of the "
+            "workers' own per round)",
+            ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
     if not env_fixed and "connectFullMesh failed" in text:
         out.append(LaunchFinding(
             "stale_worker_store",

@@ -63,3 +63,13 @@ def test_the_verdict_names_the_cause_on_the_sla_it_explains() -> None:
     assert not completes.passed
     assert "the c10d rendezvous store lived in node0's torchrun agent" in completes.note
     assert "to change it: run the store outside the nodes" in completes.note
+
+
+def test_a_restart_that_never_trained_again_is_named_with_the_shared_store() -> None:
+    assert causes(ELASTIC, [], {"node0": ""}) == []
+    found = launch_findings(ELASTIC, [], {"node0": ""}, hung_after_restart=True)
+    assert [f.cause for f in found] == ["restart_hung"]
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in found[0].change
+    fixed = {**ELASTIC, "launch": ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                                   *TORCHRUN_DEFAULT]}
+    assert launch_findings(fixed, [], {"node0": ""}, hung_after_restart=True) == []
