@@ -73,3 +73,21 @@ def test_a_restart_that_never_trained_again_is_named_with_the_shared_store() -> 
     fixed = {**ELASTIC, "launch": ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
                                    *TORCHRUN_DEFAULT]}
     assert launch_findings(fixed, [], {"node0": ""}, hung_after_restart=True) == []
+
+
+def test_the_bar_sets_the_teams_run_beside_faultlabs() -> None:
+    from types import SimpleNamespace
+
+    from faultlab.cli import bar_rows
+    from faultlab.judge.verdict import SLAResult
+
+    def result(verdict: str, completes: bool, resume: float | None) -> SimpleNamespace:
+        metrics = SimpleNamespace(completes=completes, restarts=1, detection_latency_s=0.02,
+                                  resume_time_s=resume, recovery_time_s=resume, lost_steps=1)
+        return SimpleNamespace(verdict=verdict, metrics=metrics, slas=[
+            SLAResult("completes", True, completes, completes)])
+
+    rows = bar_rows(result("fail", False, None), result("pass", True, 6.03))
+    assert rows[0] == ("verdict", "FAIL", "PASS")
+    assert ("resume_time_s", "not measured", "6.03 s") in rows
+    assert rows[-1] == ("SLA completes", "FAIL", "pass")
