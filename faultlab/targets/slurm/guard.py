@@ -132,14 +132,6 @@ def _docker(args: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(["docker", *args], 1, "", str(e))
 
 
-def _script_sets_output(script: Path) -> bool:
-    for line in script.read_text(errors="replace").splitlines():
-        words = line.split()
-        if words[:1] == ["#SBATCH"] and any(w.startswith(("-o", "--output")) for w in words[1:]):
-            return True
-    return False
-
-
 def restore_from_guard(state: dict[str, Any]) -> list[str]:
     """What the guard does when faultlab died: cancel the job (unless attached), resume the
     nodes a fault set down, start the machines a fault killed. Returns what it did."""

@@ -103,7 +103,6 @@ class JobSubmission:
         return env
 
 
-
 def _script_sets_output(script: Path) -> bool:
     for line in script.read_text(errors="replace").splitlines():
         words = line.split()
