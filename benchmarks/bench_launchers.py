@@ -71,7 +71,7 @@ def experiment(stack: str, fault: str):  # type: ignore[no-untyped-def]
 def spread(values: list[float], unit: str = " s") -> str:
     if not values:
         return "—"
-    fmt = (lambda v: f"{v:.1f}") if unit else (lambda v: f"{v:g}")
+    fmt = (lambda v: f"{v:.2f}") if unit else (lambda v: f"{v:g}")
     return (f"{fmt(statistics.median(values))}{unit} [{fmt(min(values))}-{fmt(max(values))}]"
             if len(values) > 1 else f"{fmt(values[0])}{unit}")
 
