@@ -338,14 +338,15 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         scan = scan_checkpoints(job_dir / "checkpoints")
         metrics.checkpoints_all_finite = scan.all_finite
         withhold_unfinished(metrics)  # a True from a run that stopped early shows nothing
-    # Stopped before the launch: no SLA was measured, and a table of "not measured" would
-    # only bury the reason (the error).
+    # What in the team's launch line made this recovery fail or slow (none for faultlab's own).
     last_start = max((e["t"] for e in events if e.get("kind") == "start"), default=None)
     hung = timed_out and metrics.restarts > 0 and last_start is not None and not any(
         e.get("kind") == "step" and e["t"] > last_start for e in events)
     findings = launch_findings(launch, records, {
         p.stem: p.read_text(errors="replace") for p in sorted((job_dir / "logs").glob(
             "node*.log"))}, hung_after_restart=hung) if launch else []
+    # Stopped before the launch: no SLA was measured, and a table of "not measured" would
+    # only bury the reason (the error).
     slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,
                                     faults=records, events=events, final_state=final_state,
                                     job_s=job_s, findings=findings)
