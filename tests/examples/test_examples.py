@@ -172,6 +172,11 @@ def test_init_writes_a_valid_starter_from_one_fault_free_run(tmp_path: Path) -> 
     # pointed into init's own run folder before the run: the user's directory stays untouched
     assert exp.target.command == ("python", str(trainer), "--steps", "8", "--ckpt-every", "4",
                                   "--ckpt-dir", "{run_dir}/ckpts")
+    # the user's own torchrun line runs it, with a static master filled in per launch: two
+    # nodes could not meet otherwise (torchrun's default backend is static)
+    assert exp.target.launch == ("torchrun", "--nnodes", "2", "--nproc-per-node", "1",
+                                 "--master-addr", "{master_addr}", "--master-port",
+                                 "{master_port}", "--node-rank", "{node_rank}")
     assert not (tmp_path / "ckpts").exists()
     assert (exp.topology.nodes, exp.run.steps, exp.run.checkpoint_every) == (2, 8, 4)
     assert exp.faults[0].type == "rank_kill" and exp.faults[0].trigger.at_step == 6
