@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from faultlab.observe.records import FaultRecord
-from faultlab.spec.launch import is_torchrun_like
+from faultlab.spec.launch import flag_value, is_torchrun_like
 
 __all__ = ["LaunchFinding", "launch_findings"]
 
@@ -70,20 +70,18 @@ class LaunchFinding:
         return asdict(self)
 
 
-def _flag(line: Sequence[str], *names: str) -> str | None:
-    for i, arg in enumerate(line):
-        name, eq, value = arg.partition("=")
-        if name in names:
-            return value if eq else (line[i + 1] if i + 1 < len(line) else "")
-    return None
-
-
 def _node_of(fault: FaultRecord) -> str | None:
     kind, _, value = fault.target.partition(" ")
     if kind == "node" and value.isdigit():
         return f"node{value}"
     node = (fault.details or {}).get("node")
     return str(node) if isinstance(node, str) else None
+
+
+def _flag(line: Sequence[str], *names: str) -> str:
+    """The value of the first of ``names`` in ``line`` ('' when absent)."""
+    found = flag_value(line, names)
+    return found[1] if found else ""
 
 
 def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
@@ -97,7 +95,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
     if not isinstance(line, list | tuple) or not is_torchrun_like(line):
         return []  # faultlab's own launcher, or a launcher whose mechanisms these are not
     line = [str(a) for a in line]
-    conf = _flag(line, "--rdzv-conf", "--rdzv_conf") or ""
+    conf = _flag(line, "--rdzv-conf", "--rdzv_conf")
     c10d = (_flag(line, "--rdzv-backend", "--rdzv_backend") or "static") == "c10d"
     env_fixed = any(a.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") for a in line)
     lost_nodes = [n for f in faults if f.type in _NODE_FAULTS and not f.details.get("error")
@@ -116,7 +114,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             "this), or an etcd rendezvous; no torchrun flag alone moves it out of the agent",
             ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
     survivors = [n for n in logs if n not in lost_nodes]
-    nnodes = (_flag(line, "--nnodes") or "").replace("{nnodes}",
+    nnodes = _flag(line, "--nnodes").replace("{nnodes}",
                                                       str((launch or {}).get("filled", {})
                                                           .get("nnodes", "")))
     if lost_nodes and survivors and ":" in nnodes and "last_call_timeout" not in conf and not (

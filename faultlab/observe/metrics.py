@@ -106,7 +106,11 @@ from faultlab.observe.records import (
     _range,
     _step,
 )
-from faultlab.observe.save_failures import SAVE_FAILING_FAULTS, save_failure_metrics
+from faultlab.observe.save_failures import (
+    FAILED_SAVE_ANOMALIES,
+    SAVE_FAILING_FAULTS,
+    save_failure_metrics,
+)
 from faultlab.observe.timeline import SLOWING_FAULTS, FaultMetrics, _Timeline
 
 __all__ = ["FaultMetrics", "FaultRecord", "Metrics", "UNFINISHED_RUN", "compute_metrics",
@@ -362,5 +366,5 @@ def _last_bad_t(records: list[Record], faults: list[FaultRecord]) -> float | Non
     times = [f.injected_t for f in faults
              if f.details.get("checkpoints") or f.type in SAVE_FAILING_FAULTS]
     times += [float(r["t"]) for r in records if r.get("kind") == "anomaly"
-              and r.get("what") in ("checkpoint_save_failed", "checkpoint_save_hung")]
+              and r.get("what") in FAILED_SAVE_ANOMALIES]
     return max(times, default=None)

@@ -50,8 +50,8 @@ from dataclasses import dataclass
 
 from faultlab.observe.records import CLEAN_EXITS, FaultRecord, Record, _float, _int, _key
 
-__all__ = ["SAVE_FAILING_FAULTS", "SAVE_FAILURE_ANOMALIES", "SaveFailureMetrics",
-           "save_failure_metrics"]
+__all__ = ["FAILED_SAVE_ANOMALIES", "SAVE_FAILING_FAULTS", "SAVE_FAILURE_ANOMALIES",
+           "SaveFailureMetrics", "save_failure_metrics"]
 
 SAVE_FAILING_FAULTS = frozenset({"io_error", "disk_full", "io_hang"})
 """Storage faults that can make a save fail or hang."""
@@ -60,7 +60,8 @@ SAVE_FAILURE_ANOMALIES = frozenset({"checkpoint_save_failed", "checkpoint_save_h
                                     "watchdog"})
 """``anomaly.what`` values that show a trainer noticed a failed or hung save."""
 
-_FAILED_SAVE_ANOMALIES = frozenset({"checkpoint_save_failed", "checkpoint_save_hung"})
+FAILED_SAVE_ANOMALIES = frozenset({"checkpoint_save_failed", "checkpoint_save_hung"})
+"""``anomaly.what`` values a trainer reports for one save of its own that failed or hung."""
 
 
 @dataclass(slots=True)
@@ -129,7 +130,7 @@ def save_failure_metrics(records: Sequence[Record], faults: Sequence[FaultRecord
     ``(path, struck_t)`` of checkpoints a storage fault damaged at rest."""
     hits = sorted((f for f in faults if struck(f)), key=lambda f: f.injected_t)
     reported = [r for r in records if r.get("kind") == "anomaly"
-                and r.get("what") in _FAILED_SAVE_ANOMALIES]
+                and r.get("what") in FAILED_SAVE_ANOMALIES]
     out = SaveFailureMetrics()
     if hits:
         detected = {f.id: _first_sign_t(records, f.injected_t) for f in hits}

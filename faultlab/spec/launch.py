@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["LAUNCHERS", "PLACEHOLDERS", "TORCHRUN_DEFAULT", "addressing_problem",
-           "fill", "fixed_port", "is_torchrun_like", "launcher_index", "placeholders_in", "program",
+           "fill", "fixed_port", "flag_value", "is_torchrun_like", "launcher_index",
+           "placeholders_in", "program",
            "trainer_argv", "unknown_placeholders"]
 
 LAUNCHERS = ("torchrun", "faultlab")
@@ -113,7 +114,7 @@ def is_torchrun_like(line: Sequence[str]) -> bool:
         ["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])
 
 
-def _flag_value(line: Sequence[str], flags: tuple[str, ...]) -> tuple[int, str] | None:
+def flag_value(line: Sequence[str], flags: tuple[str, ...]) -> tuple[int, str] | None:
     """``(index of the value, value)`` of the first of ``flags`` in ``line`` (``--f v`` or
     ``--f=v``)."""
     for i, arg in enumerate(line):
@@ -130,10 +131,10 @@ def fixed_port(line: Sequence[str]) -> tuple[int, str] | None:
     """``(index, value)`` of a literal port: ``--rdzv-endpoint host:29400``, ``--master-port
     29500``. Every launch of the experiment (the golden run, each run, parallel runs) would
     bind the same one."""
-    endpoint = _flag_value(line, _ENDPOINT_FLAGS)
+    endpoint = flag_value(line, _ENDPOINT_FLAGS)
     if endpoint is not None and not _PLACEHOLDER.search(endpoint[1]):
         return endpoint
-    port = _flag_value(line, _PORT_FLAGS)
+    port = flag_value(line, _PORT_FLAGS)
     if port is not None and not _PLACEHOLDER.search(port[1]):
         return port
     return None
@@ -145,7 +146,7 @@ def addressing_problem(line: Sequence[str], nodes: int) -> str | None:
         return None
     if placeholders_in(line) & _ADDRESSING:
         return None
-    if is_torchrun_like(line) and (_flag_value(line, _ENDPOINT_FLAGS + _PORT_FLAGS + _ADDR_FLAGS)
+    if is_torchrun_like(line) and (flag_value(line, _ENDPOINT_FLAGS + _PORT_FLAGS + _ADDR_FLAGS)
                                    is not None):
         return None
     return (f"{nodes} nodes, but nothing in the line tells them where to meet: give the "
