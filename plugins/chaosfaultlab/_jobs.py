@@ -172,17 +172,15 @@ def build_experiment(experiment_file: str | None, *, name: str = "chaos",
 def launch(exp: Experiment, run_dir: Path) -> Launched:
     """Start ``exp``'s job (faults and SLAs are not used) in ``run_dir``, guarded."""
     from faultlab.engine.runtime_plan import RuntimeSetup
-    from faultlab.targets import make_target
+    from faultlab.targets import make_target, target_class
 
-    run_dir = run_dir.resolve()
-    if exp.topology.launcher == "slurm":  # on the cluster's shared filesystem
-        from faultlab.targets.slurm import prepare_job_dir
-
-        run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            run_dir = prepare_job_dir(exp, run_dir)
-        except ValueError as e:
-            raise TargetError(f"topology.slurm.run_dir: {e}") from None
+    # The same layout as an engine run's: the folder, and the job's own directory in it where
+    # every node sees it (``folder/job`` here; on the cluster's shared filesystem for Slurm,
+    # linked as ``folder/job``). Which is the target's business, not this extension's.
+    folder = run_dir.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    run_dir = target_class(exp).prepare_run_dir(exp, folder)
+    run_dir.mkdir(parents=True, exist_ok=True)
     state = run_dir / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     (state / EXPERIMENT_FILE).write_text(json.dumps(exp.model_dump(mode="json"), indent=1))

@@ -240,8 +240,10 @@ def start_training(experiment_file: str | None = None, preset: str | None = None
     used; its faults and SLAs are not — the Chaos Toolkit experiment's method and hypothesis
     play those parts) or the job's shape: ``preset`` (default ``tiny``), ``steps`` (30),
     ``nodes`` (2), ``procs_per_node`` (1), ``min_nodes``, ``checkpoint_every`` (10), ``seed``
-    (0) and trainer ``overrides``. The run directory is ``run_dir`` if given, else a new
-    ``<report_dir>/<name>-<timestamp>``. The job lives as long as this ``chaos`` process, or
+    (0) and trainer ``overrides``. The job runs in ``<folder>/job``, the folder being ``run_dir`` if
+    given, else a new ``<report_dir>/<name>-<timestamp>`` (an engine run's layout; on Slurm,
+    ``job`` links to the cluster's shared filesystem); the job's directory is returned, and is
+    what the activities name. The job lives as long as this ``chaos`` process, or
     until ``stop_training`` / the run context's end.
     """
     exp = _jobs.build_experiment(experiment_file, preset=preset, steps=steps, nodes=nodes,
@@ -249,7 +251,7 @@ def start_training(experiment_file: str | None = None, preset: str | None = None
                                  checkpoint_every=checkpoint_every, seed=seed,
                                  overrides=overrides, name=name)
     path = Path(run_dir) if run_dir else new_run_folder(Path(report_dir), exp.name)
-    if (path / "launch.json").exists() and _jobs.job_running(path):
+    if any((d / "launch.json").exists() and _jobs.job_running(d) for d in (path, path / "job")):
         raise TargetError(f"run_dir: a job is already running in {str(path)!r}; attach to it "
                           f"by passing it as run_dir to the actions, or choose another one")
     return str(_jobs.launch(exp, path).target.run_dir)
