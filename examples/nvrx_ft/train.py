@@ -1,8 +1,8 @@
 """The FSDP2 + DCP trainer of examples/fsdp2_dcp, with NVRx fault tolerance the way its docs show.
 
     ft_launcher --nnodes 1 --nproc-per-node 2 --max-restarts 2 \\
-        --ft-initial-rank-heartbeat-timeout 60 --ft-rank-heartbeat-timeout 8 \\
-        examples/nvrx_ft/train.py --steps 16 --ckpt-every 4
+        --ft-initial-rank-heartbeat-timeout 60 --ft-rank-heartbeat-timeout 5 \\
+        --ft-workload-check-interval 1 examples/nvrx_ft/train.py --steps 16 --ckpt-every 4
 
 The model, the data and the checkpoints are examples/fsdp2_dcp/train.py's (imported from there,
 so both stacks train exactly the same work). What NVIDIA Resiliency Extension 0.4.1 adds, as its
