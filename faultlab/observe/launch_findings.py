@@ -26,6 +26,15 @@ stale_worker_store
     environment (``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ...``) gives the workers a
     store of their own per round (measured on examples/fsdp2_dcp's rank kill: 2 restarts
     without it, 1 with it).
+NVRx ft_launcher (nvidia-resiliency-ext 0.4.1) runs torchrun's agent with a rendezvous handler
+of its own: the store lives in node 0's agent as under torchrun (``store_lost`` alike), but
+the handler hard-codes a keep-alive of 3 x 5 s (``keep_alive_*`` in ``--rdzv-conf`` are not
+read; only ``last_call_timeout`` is), and with c10d its workers never share the agent's store
+(``TORCHELASTIC_USE_AGENT_STORE=False``), so the two findings below are not its. Measured on
+examples/nvrx_ft, node 1 SIGKILLed: resumed after 43.4 s on the defaults, 14.4 s with
+``--rdzv-conf last_call_timeout=1``, 14.9 s with the keep-alive settings added as well (5.9 s
+under faultlab's launcher).
+
 restart_hung
     The job restarted, then never trained again until faultlab stopped it at the timeout,
     under torchrun with the workers sharing the agent's store: torch 2.13's re-rendezvous can
@@ -42,7 +51,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from faultlab.observe.records import FaultRecord
-from faultlab.spec.launch import flag_value, is_torchrun_like
+from faultlab.spec.launch import flag_value, is_torchrun_like, launcher_index
 
 __all__ = ["LaunchFinding", "launch_findings"]
 
@@ -78,6 +87,12 @@ def _node_of(fault: FaultRecord) -> str | None:
     return str(node) if isinstance(node, str) else None
 
 
+def _launcher_name(line: Sequence[str]) -> str:
+    """``torchrun`` or ``ft_launcher`` (``python -m torch.distributed.run`` is torchrun)."""
+    exe = line[launcher_index(line)].rsplit("/", 1)[-1]
+    return exe if exe in ("torchrun", "ft_launcher") else "torchrun"
+
+
 def _flag(line: Sequence[str], *names: str) -> str:
     """The value of the first of ``names`` in ``line`` ('' when absent)."""
     found = flag_value(line, names)
@@ -95,6 +110,8 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
     if not isinstance(line, list | tuple) or not is_torchrun_like(line):
         return []  # faultlab's own launcher, or a launcher whose mechanisms these are not
     line = [str(a) for a in line]
+    name = _launcher_name(line)
+    nvrx = name == "ft_launcher"
     conf = _flag(line, "--rdzv-conf", "--rdzv_conf")
     c10d = (_flag(line, "--rdzv-backend", "--rdzv_backend") or "static") == "c10d"
     env_fixed = any(a.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") for a in line)
@@ -106,19 +123,33 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             and "RendezvousConnectionError" in text:
         out.append(LaunchFinding(
             "store_lost",
-            "the c10d rendezvous store lived in node0's torchrun agent (the agent that binds "
+            f"the c10d rendezvous store lived in node0's {name} agent (the agent that binds "
             "--rdzv-endpoint hosts it); node0's loss took the store, and the survivors' agents "
             "failed with RendezvousConnectionError: the job was lost with one node",
             "run the store outside the nodes: --rdzv-conf is_host=false on every node and a "
             "store of your own at the endpoint (faultlab's launcher, launch: faultlab, does "
-            "this), or an etcd rendezvous; no torchrun flag alone moves it out of the agent",
+            f"this), or an etcd rendezvous; no {name} flag alone moves it out of the agent",
             ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
     survivors = [n for n in logs if n not in lost_nodes]
     nnodes = _flag(line, "--nnodes").replace("{nnodes}",
                                                       str((launch or {}).get("filled", {})
                                                           .get("nnodes", "")))
-    if lost_nodes and survivors and ":" in nnodes and "last_call_timeout" not in conf and not (
-            out and out[0].cause == "store_lost"):
+    store_lost = bool(out and out[0].cause == "store_lost")
+    if nvrx and lost_nodes and survivors and ":" in nnodes and not store_lost:
+        last_call = "last_call_timeout" in conf
+        out.append(LaunchFinding(
+            "slow_rendezvous",
+            f"after {', '.join(lost_nodes)} left, the survivors' re-rendezvous kept the dead "
+            f"node as a participant until it missed 3 heartbeats of 5 s, which ft_launcher "
+            f"(nvidia-resiliency-ext 0.4.1) hard-codes in its rendezvous handler"
+            + ("" if last_call else ", then waited the last call of 30 s for it"),
+            ("--rdzv-conf last_call_timeout=1 removes the last call; " if not last_call else "")
+            + "no ft_launcher 0.4.1 flag shortens the keep-alive (keep_alive_* in --rdzv-conf "
+            "are not read): measured 43.4 s on the defaults, 14.4 s with the last call at 1 s, "
+            "5.9 s under faultlab's launcher (launch: faultlab)",
+            ("resume_time_s", "recovery_time_s")))
+    if not nvrx and lost_nodes and survivors and ":" in nnodes and "last_call_timeout" not in conf \
+            and not store_lost:
         out.append(LaunchFinding(
             "slow_rendezvous",
             f"after {', '.join(lost_nodes)} left, the survivors' re-rendezvous ran on "
@@ -126,7 +157,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             f"kept as a participant until 3 missed heartbeats of 5 s",
             f"--rdzv-conf {RECOMMENDED_RDZV_CONF} (faultlab's launcher's settings)",
             ("resume_time_s", "recovery_time_s")))
-    if not env_fixed and hung_after_restart and not out:
+    if not env_fixed and not nvrx and hung_after_restart and not out:
         out.append(LaunchFinding(
             "restart_hung",
             "after the restart the new workers never trained again until the timeout: with "
@@ -136,7 +167,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             "env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of the "
             "workers' own per round)",
             ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
-    if not env_fixed and "connectFullMesh failed" in text:
+    if not env_fixed and not nvrx and "connectFullMesh failed" in text:
         out.append(LaunchFinding(
             "stale_worker_store",
             "after a restart a new worker failed to connect its process group to an address "

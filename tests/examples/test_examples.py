@@ -6,6 +6,8 @@ check, no non-finite check, no watchdog), the failure and its message are the ex
 - ``fsdp2_dcp``: a plain torchrun FSDP2 + DCP script.
 - ``lightning_ddp``: a PyTorch Lightning trainer (DDP on CPU, gloo; its own ``ModelCheckpoint``
   and ``fit(ckpt_path="last")``), from the ``examples`` extra.
+- ``nvrx_ft``: the ``fsdp2_dcp`` work with NVIDIA Resiliency Extension's heartbeats, run under
+  the team's own ``ft_launcher`` line (``nvidia-resiliency-ext`` 0.4.1, the ``examples`` extra).
 
 One table of scenarios, one runner (faultlab's engine, as ``faultlab run`` uses it); on a
 mismatch the assertion shows the whole SLA table and the job's exit codes.
@@ -104,6 +106,19 @@ SCENARIOS = {
     "lightning_ddp/collective_hang.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault"},
         measured={"completes": True}),
+    # ft_launcher restarts the worker group in place; the trainer resumes from step 8.
+    "nvrx_ft/rank_kill.yaml": Expected("pass", measured={
+        "bitwise_equal_to_golden": True, "max_restarts": 1, "completes": True}),
+    # A SIGSTOPped rank: the trainer never notices, NVRx's heartbeat timeout (5 s) does: its rank
+    # monitor kills the rank and ft_launcher restarts the group (detected 5.7 s after the stop).
+    "nvrx_ft/rank_hang.yaml": Expected("pass", measured={
+        "bitwise_equal_to_golden": True, "max_restarts": 1, "completes": True}),
+    # ft_launcher keeps torchrun's store layout: node 0's agent hosts it, and its loss takes the
+    # job (node 1's agent fails with RendezvousConnectionError 3.6 s after the kill).
+    "nvrx_ft/node0_loss.yaml": Expected("fail", failing={
+        "completes": "the c10d rendezvous store lived in node0's ft_launcher agent",
+        "resume_time_s": "node0's loss took the store", "lost_steps": "node0's loss took"},
+        measured={"completes": False}),
 }
 
 

@@ -91,3 +91,26 @@ def test_the_bar_sets_the_teams_run_beside_faultlabs() -> None:
     assert rows[0] == ("verdict", "FAIL", "PASS")
     assert ("resume_time_s", "not measured", "6.03 s") in rows
     assert rows[-1] == ("SLA completes", "FAIL", "pass")
+
+
+NVRX = {"launch": ["ft_launcher", "--nnodes", "{nnodes}", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", "{rdzv_endpoint}", "--max-restarts", "2"],
+        "filled": {"nnodes": "1:2"}}
+
+
+def test_ft_launcher_is_named_as_itself_with_its_own_rendezvous_limits() -> None:
+    """ft_launcher 0.4.1: the store in node 0's agent as under torchrun; a keep-alive that no
+    flag shortens, so a slow rendezvous is named even with the last call tuned; the workers'
+    store is never the agent's (c10d), so the shared-store findings are not its."""
+    [lost] = launch_findings(NVRX, [NODE0], {"node0": "", "node1": STORE_GONE})
+    assert lost.cause == "store_lost" and "node0's ft_launcher agent" in lost.text
+    [slow] = launch_findings(NVRX, [NODE1], {"node0": "", "node1": ""})
+    assert slow.cause == "slow_rendezvous"
+    assert slow.change.startswith("--rdzv-conf last_call_timeout=1 removes the last call; no "
+                                  "ft_launcher 0.4.1 flag shortens the keep-alive")
+    tuned = {**NVRX, "launch": [*NVRX["launch"], "--rdzv-conf",  # type: ignore[list-item]
+                                "last_call_timeout=1,keep_alive_interval=1"]}
+    [still] = launch_findings(tuned, [NODE1], {"node0": "", "node1": ""})
+    assert still.cause == "slow_rendezvous" and "last call of 30 s" not in still.text
+    assert launch_findings(NVRX, [], {"node0": "Gloo connectFullMesh failed"},
+                           hung_after_restart=True) == []

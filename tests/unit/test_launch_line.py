@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.spec import experiment_from_dict
+from faultlab.spec import experiment_from_dict, load_experiment
 from faultlab.spec.launch import TORCHRUN_DEFAULT, addressing_problem, fixed_port, trainer_argv
 from faultlab.targets.launcher import LocalJob
 from tests.unit.test_spec import doc, one_problem
@@ -105,3 +105,25 @@ def test_each_node_gets_the_line_filled_in(tmp_path: Path) -> None:
                           "max_restarts": "2", "run_dir": str(tmp_path.resolve())}
     # the team's line runs the team's rendezvous: no store of faultlab's, no env of its agents
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in job.node_environment("node0")
+
+
+NVRX_LINE = ("[ft_launcher, --nnodes, '{nnodes}', --nproc-per-node, '1', --rdzv-backend, c10d, "
+             "--rdzv-endpoint, '{rdzv_endpoint}', --max-restarts, '2', "
+             "--ft-rank-heartbeat-timeout, '5']")
+
+
+def test_a_missing_ft_launcher_is_refused_at_load_naming_the_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVRx's launcher not installed (no ft_launcher beside the interpreter, none on PATH): the
+    experiment is refused while it loads, before anything is launched, at the launcher's place
+    in the line. With it installed (the examples extra), the same document loads."""
+    document = tmp_path / "nvrx.yaml"
+    document.write_text(launch(NVRX_LINE))
+    assert load_experiment(document).target.launch[0] == "ft_launcher"  # installed: it loads
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setattr(sys, "executable", str(empty / "python"))
+    monkeypatch.setenv("PATH", str(empty))
+    _line, at, text = one_problem(launch(NVRX_LINE))
+    assert at == "target.launch[0]", text
+    assert text.startswith("'ft_launcher' is not found: not on PATH"), text
