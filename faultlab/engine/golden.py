@@ -97,7 +97,11 @@ def golden_key(exp: Experiment) -> str:
     overrides = {k: v for k, v in (t.overrides or {}).items() if k not in neutral}
     ident = {
         "target": {"trainer": t.trainer, "preset": t.preset, "overrides": overrides,
-                   "command": list(t.command or [])},
+                   "command": list(t.command or []),
+                   # The stack that runs it: the golden run is also the finding that a
+                   # fault-free run under this stack needed no restart (golden_run_fault_free),
+                   # which one stack's cached run cannot say of another's.
+                   "launch": t.launch if isinstance(t.launch, str | None) else list(t.launch)},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
         "topology": exp.topology.model_dump(mode="json", exclude={"launcher", "slurm"}),
         "code": code_version(exp),
