@@ -248,6 +248,7 @@ class Observer(CheckpointHooks):
         self._params: _Params | None = None
         self._undo: list[Callable[[], None]] = []  # what stop() puts back, last first
         self._gates = StepGates(Path("."), ())
+        self._step_digest = os.environ.get(STEP_DIGEST_ENV) == "1"
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -497,6 +498,8 @@ class Observer(CheckpointHooks):
         fields: dict[str, Any] = {"step": step, "step_source": source,
                                   "step_time_s": round(now - self._t_prev, 6)}
         self._t_prev = now
+        if self._step_digest:
+            fields["param_digest"] = param_digest(optimizer)
         loss = self._loss
         if loss is not None:
             self._loss = None
@@ -583,6 +586,29 @@ class Observer(CheckpointHooks):
                 return out
 
             attached.loss = loss
+
+STEP_DIGEST_ENV = "FAULTLAB_STEP_DIGEST"
+"""``1``: every step record carries ``param_digest`` (``observe.step_digest``)."""
+
+
+def param_digest(optimizer: Any) -> str:
+    """SHA-256 of the primary optimizer's parameters after its step, in ``param_groups``
+    order (each tensor's raw bytes): two processes with bitwise the same weights give the
+    same digest. The weights only: a group that healed from a peer also took its optimizer
+    state, and its weights after the next step are equal only if that state was."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            t = getattr(p, "_local_tensor", p).detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
 
 def _env_int(name: str) -> int | None:
     try:
