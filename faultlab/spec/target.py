@@ -225,12 +225,14 @@ class TargetSpec(SpecModel):
                              f"or your launcher and its flags")
         services = list(info.data.get("services") or {})
         fills = [*PLACEHOLDERS, *(service_placeholder(n) for n in services)]
+        services_refused = "services" not in info.data  # reported there: no second error
         errors = [spec_error((i,), f"{{{name}}} is not a placeholder faultlab fills; it fills "
                              f"{', '.join('{' + p + '}' for p in fills)}"
                              + (" (a service's port: name the service under target.services)"
                                 if name.endswith("_port") and name not in PLACEHOLDERS else ""),
                              value[i])
-                  for i, name in unknown_placeholders(value, services)]
+                  for i, name in unknown_placeholders(value, services)
+                  if not (services_refused and name.endswith("_port"))]
         fixed = fixed_port(value)
         if fixed is not None:
             i, literal = fixed
