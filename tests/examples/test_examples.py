@@ -6,6 +6,9 @@ check, no non-finite check, no watchdog), the failure and its message are the ex
 - ``fsdp2_dcp``: a plain torchrun FSDP2 + DCP script.
 - ``lightning_ddp``: a PyTorch Lightning trainer (DDP on CPU, gloo; its own ``ModelCheckpoint``
   and ``fit(ckpt_path="last")``), from the ``examples`` extra.
+- ``torchft_ddp``: torchft's DDP (``Manager``, ``DistributedDataParallel``, ``Optimizer``,
+  ``ProcessGroupGloo``), its lighthouse as a service and one torchrun per replica group, from
+  the ``examples`` extra.
 
 One table of scenarios, one runner (faultlab's engine, as ``faultlab run`` uses it); on a
 mismatch the assertion shows the whole SLA table and the job's exit codes.
@@ -104,6 +107,24 @@ SCENARIOS = {
     "lightning_ddp/collective_hang.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault"},
         measured={"completes": True}),
+    # torchft: the killed group restarts under its torchrun and heals from its peer's live
+    # state at the next step (step 11, 1.9 s after the kill here); the survivor keeps its
+    # process and loses no step; from the heal on both hold bitwise the same weights.
+    "torchft_ddp/rank_kill.yaml": Expected("pass", measured={
+        "completes": True, "survivor_restarts": 0, "survivor_lost_steps": 0,
+        "healed_by_step": 11, "healed_state_matches_peer": True}),
+    # A group frozen for 6 s: the survivor waits for a quorum of 2 (min_replicas), the group
+    # comes back at step 11 with the same weights as its peer.
+    "torchft_ddp/group_hang.yaml": Expected("pass", measured={
+        "completes": True, "survivor_restarts": 0, "survivor_lost_steps": 0,
+        "healed_by_step": 11, "healed_state_matches_peer": True}),
+    # The lighthouse computes every quorum: killed, both groups stall for the quorum timeout,
+    # fail, and every restart fails to connect to it; the job is lost and the verdict names it.
+    "torchft_ddp/lighthouse_kill.yaml": Expected("fail", failing={
+        "completes": "the job depended on its service 'lighthouse'",
+        "survivor_restarts": "the job depended on its service 'lighthouse'",
+        "survivor_lost_steps": "rank 0 (not struck) made no step after the fault"},
+        measured={"completes": False, "survivor_restarts": 2}),
 }
 
 
