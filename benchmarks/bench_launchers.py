@@ -10,17 +10,28 @@ struck after step 8 through faultlab's step gate, under:
   faultlab's in production: ``--rdzv-conf last_call_timeout=1,keep_alive_interval=1,
   keep_alive_max_attempt=3`` and ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``;
 - ``faultlab``: faultlab's tuned launcher (its store in a process of its own, 0.1 s rendezvous
-  polls), the bar.
+  polls), the bar;
+- ``torchft``: torchft 0.2.0 as its docs launch it, on the same model and data
+  (examples/torchft_ddp/train.py, 16 steps): its lighthouse as a service and one torchrun per
+  replica group (node), each restarting its own rank (``--max-restarts 2``). The lighthouse
+  runs with ``--min_replicas 1``, so that a group's loss leaves the other a quorum of its own
+  (the examples' experiments use 2, as torchft's recovery tests do). Its resume column is the
+  heal time (the fault → the struck group's first committed step; ``--`` when no group was
+  struck) and its lost steps the survivors' (``faultlab.observe.healing``); torchft keeps no
+  checkpoint, so a healed group's steps are its peer's.
 
 Faults: a rank SIGKILLed (rank 1), the loss of node 0 (agent and rank: under torchrun its
-agent hosts the store), the loss of node 1. Runs are interleaved (stack after stack for each
+agent hosts the store), the loss of node 1; for torchft also node 1 hung (SIGSTOP for 6 s)
+and its lighthouse killed. Runs are interleaved (stack after stack for each
 round), so the machine's load falls on every stack alike. Columns per (stack, fault): survived
 (the job completed) k/n, and the median [min-max] of detection, resume and lost steps over the
-runs that measured them. Rank hang and collective hang are left out here: a plain trainer never
-notices either under any launcher (examples/*/collective_hang.yaml), so the launcher does not
-enter; torchft and NVRx ft_launcher are not measured yet (issue 32).
+runs that measured them. Rank hang and collective hang are left out for the torchrun stacks:
+a plain trainer never notices either under any launcher (examples/*/collective_hang.yaml), so
+the launcher does not enter. A collective hang is left out for torchft too: its DDP reduces
+through torchft's own ProcessGroupGloo object, not through ``torch.distributed``'s functions,
+which is where faultlab's interposer waits. NVRx ft_launcher is not measured here yet.
 
-    python benchmarks/bench_launchers.py [--runs 3] [--faults rank,node0,node1]
+    python benchmarks/bench_launchers.py [--runs 3] [--faults rank,node0,node1,hang,lighthouse]
 """
 
 from __future__ import annotations
@@ -45,17 +56,46 @@ STACKS: dict[str, object] = {
     "torchrun + flags": ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", *TORCHRUN_DEFAULT,
                          "--rdzv-conf", RDZV],
     "faultlab": "faultlab",
+    "torchft": "torchft",
+}
+TORCHFT = {  # examples/torchft_ddp's launch, with a quorum of one allowed (module docstring)
+    "command": ["python", str(ROOT / "examples/torchft_ddp/train.py"), "--steps", "16",
+                "--ckpt-dir", "{run_dir}/checkpoints"],
+    "services": {"lighthouse": ["torchft_lighthouse", "--min_replicas", "1", "--quorum_tick_ms",
+                                "100", "--join_timeout_ms", "1000", "--heartbeat_timeout_ms",
+                                "2000", "--bind", "[::]:{lighthouse_port}"]},
+    "launch": ["env", "REPLICA_GROUP_ID={node_rank}", "NUM_REPLICA_GROUPS={num_nodes}",
+               "TORCHFT_LIGHTHOUSE=http://127.0.0.1:{lighthouse_port}", "torchrun", "--nnodes",
+               "1", "--nproc-per-node", "{nproc_per_node}", "--master-port",
+               "{node_master_port}", "--max-restarts", "{max_restarts}"],
 }
 FAULTS = {
     "rank": {"id": "kill", "type": "rank_kill", "target": {"rank": 1}},
     "node0": {"id": "kill", "type": "node_kill", "target": {"node": 0}},
     "node1": {"id": "kill", "type": "node_kill", "target": {"node": 1}},
+    "hang": {"id": "hang", "type": "node_hang", "target": {"node": 1}, "duration_s": 6},
+    "lighthouse": {"id": "kill", "type": "service_kill", "target": "all",
+                   "params": {"service": "lighthouse"}},
 }
 FAULT_NAMES = {"rank": "rank kill", "node0": "loss of the store's node (0)",
-               "node1": "loss of node 1"}
+               "node1": "loss of node 1", "hang": "node 1 hung 6 s",
+               "lighthouse": "torchft's lighthouse killed"}
+ONLY_TORCHFT = {"hang", "lighthouse"}
+"""Faults that only torchft's runs take (see the module docstring)."""
+
+
+def applies(stack: str, fault: str) -> bool:
+    return stack == "torchft" or fault not in ONLY_TORCHFT
 
 
 def experiment(stack: str, fault: str):  # type: ignore[no-untyped-def]
+    if stack == "torchft":
+        return experiment_from_dict({
+            "name": f"bench_{fault}_torchft", "target": TORCHFT,
+            "topology": {"nodes": 2, "procs_per_node": 1, "max_restarts": 2},
+            "run": {"steps": 16, "timeout_s": 240},
+            "faults": [{**FAULTS[fault], "trigger": {"at_step": 9}}],
+            "expect": {"completes": True}})
     return experiment_from_dict({
         "name": f"bench_{fault}_{stack.replace(' + ', '_').replace(' ', '_')}",
         "target": {"command": ["python", str(ROOT / "examples/fsdp2_dcp/train.py"), "--steps",
@@ -79,41 +119,52 @@ def spread(values: list[float], unit: str = " s") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--faults", default="rank,node0,node1")
+    p.add_argument("--faults", default="rank,node0,node1,hang,lighthouse")
+    p.add_argument("--stacks", default=",".join(STACKS))
     args = p.parse_args(argv)
     faults = args.faults.split(",")
-    results: dict[tuple[str, str], list] = {(s, f): [] for s in STACKS for f in faults}
+    stacks = args.stacks.split(",")
+    results: dict[tuple[str, str], list] = {(s, f): [] for s in stacks for f in faults
+                                            if applies(s, f)}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-launchers-") as tmp:
         for round_ in range(args.runs):
             for fault in faults:
-                for stack in STACKS:
+                for stack in [s for s in stacks if applies(s, fault)]:
                     r = run_experiment(experiment(stack, fault), report_dir=Path(tmp),
                                        golden_cache=Path(tmp) / ".golden")
                     m = r.metrics
                     results[(stack, fault)].append(r)
                     print(f"round {round_ + 1} {fault:5} {stack:16} completes={m.completes} "
                           f"restarts={m.restarts} detection={m.detection_latency_s} "
-                          f"resume={m.resume_time_s} lost={m.lost_steps}", flush=True)
+                          f"resume={m.resume_time_s} lost={m.lost_steps} "
+                          f"heal={m.heal_time_s} survivors_lost={m.survivor_lost_steps}",
+                          flush=True)
     rows = []
     for fault in faults:
-        for stack in STACKS:
+        for stack in [s for s in stacks if applies(s, fault)]:
             runs = results[(stack, fault)]
             ms = [r.metrics for r in runs]
+            ft = stack == "torchft"  # heal time and the survivors' lost steps (docstring)
+            resume = [m.heal_time_s if ft else m.resume_time_s for m in ms]
+            lost = [m.survivor_lost_steps if ft else m.lost_steps for m in ms]
             rows.append([FAULT_NAMES[fault], stack,
                          f"{sum(m.completes for m in ms)}/{len(ms)}",
                          spread([m.detection_latency_s for m in ms
                                  if m.detection_latency_s is not None]),
-                         spread([m.resume_time_s for m in ms if m.resume_time_s is not None]),
-                         spread([float(m.lost_steps) for m in ms if m.lost_steps is not None],
-                                unit=""),
+                         spread([v for v in resume if v is not None]),
+                         spread([float(v) for v in lost if v is not None], unit=""),
                          spread([float(m.restarts) for m in ms], unit="")])
-    print_table("recovery of one trainer under three launch stacks",
+    print_table("recovery of one trainer's work under four launch stacks",
                 [f"examples/fsdp2_dcp/train.py, 16 steps, checkpoint every 4, 2 nodes x 1 "
                  f"rank (elastic to 1), fault after step 8; {args.runs} interleaved runs each; "
                  f"{time.monotonic() - t0:.0f} s in all",
+                 "torchft: examples/torchft_ddp/train.py on the same model and data, 2 replica "
+                 "groups of 1 rank, its lighthouse with --min_replicas 1; resume = heal time, "
+                 "lost steps = the survivors'",
                  "median [min-max] over the runs that measured it"],
-                ["fault", "stack", "survived", "detection", "resume", "lost steps", "restarts"],
+                ["fault", "stack", "survived", "detection", "resume (torchft: heal)",
+                 "lost steps", "restarts"],
                 rows)
     return 0
 
