@@ -25,8 +25,11 @@ survivor_lost_steps
     lost: what it cost is unknown, not 0).
 healed_at_step, heal_time_s
     For each fault that struck ranks, the first step record of a struck rank after ``U`` (``T``
-    for a fault that is not undone): its ``step``, and its ``t − T``. Run level: the worst
-    (highest step, longest time); None if some struck group never stepped again.
+    for a fault that is not undone): its ``step``, and its ``t − T``, if that step is past the
+    struck ranks' highest step at ``T`` (a heal takes the peers' step; a rank that starts again
+    below where it was did not heal: it started over, with nobody to heal from). Run level: the
+    worst (highest step, longest time); None if some struck group never stepped again, or
+    started over.
 healed_state_matches_peer
     ``param_digest`` (``observe.step_digest``) of that healed step record against a survivor's
     step record of the same step number, and so on for every later step both recorded: True
@@ -112,6 +115,14 @@ def healing_metrics(records: Sequence[Record], faults: Sequence[FaultRecord]) ->
             continue
         step = _step(healed)
         assert step is not None
+        was = max((_step(r) or 0 for r in steps if r["rank"] in struck and r["t"] <= T),
+                  default=0)
+        if step <= was:
+            heals.append(None)
+            notes.append(f"{fault.id}: rank {healed['rank']} stepped again at step {step}, not "
+                         f"past its step {was} before the fault: it started over instead of "
+                         f"healing from a peer")
+            continue
         heals.append((step, float(healed["t"]) - T))
         notes.append(f"{fault.id}: rank {healed['rank']} healed at step {step}, "
                      f"{float(healed['t']) - T:.2f} s after the fault")

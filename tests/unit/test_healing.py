@@ -85,3 +85,15 @@ def test_without_step_digests_the_match_is_not_measured() -> None:
     h = healing_metrics(records, [KILL])
     assert h.healed_at_step == 11 and h.healed_state_matches_peer is None
     assert "observe.step_digest: true" in h.note
+
+
+def test_a_group_that_starts_over_below_its_own_step_did_not_heal() -> None:
+    # its peer had finished: the restarted group found nobody to heal from (seen with
+    # --min_replicas 1) and trained from step 1 again, alone
+    records = job([*steps(0, 100, 11, 16, 1012.5), ev(1013.0, "exit", 0, 100, reason="completed"),
+                   ev(1013.2, "start", 1, 102), *steps(1, 102, 1, 16, 1015.0, "alone")])
+    h = healing_metrics(records, [KILL])
+    assert (h.healed_at_step, h.heal_time_s, h.healed_state_matches_peer) == (None, None, None)
+    assert "stepped again at step 1, not past its step 10 before the fault: it started over" \
+        in h.note
+    assert (h.survivor_restarts, h.survivor_lost_steps) == (0, 0)
