@@ -13,7 +13,10 @@ completes
     The last rank-0 ``exit`` has reason completed, and, counting only records since the latest
     ``start`` record of any rank (the final incarnation; all records if there is none), that
     exit is among them, a ``final_digest`` is among them, and every ``exit`` among them is
-    completed or stopped.
+    completed or stopped. Where every node is a world of its own (a ``start`` with
+    ``own_world``: torchft's replica groups), rank 0 is one group among others, and the job
+    completes when any group finishes: the last ``exit`` of any rank stands for rank 0's (a
+    group 0 whose machine was lost for good leaves none, and group 1 finished the job).
 final_digest
     ``digest`` of the last ``final_digest`` record; None if there is none.
 restarts
@@ -269,7 +272,9 @@ def _world_sizes(records: list[Record]) -> list[int]:
 
 
 def _completes(records: list[Record]) -> bool:
-    rank0_exits = [r for r in records if r.get("kind") == "exit" and r.get("rank") == 0]
+    own_worlds = any(r.get("kind") == "start" and r.get("own_world") is True for r in records)
+    rank0_exits = [r for r in records if r.get("kind") == "exit"
+                   and (own_worlds or r.get("rank") == 0)]
     if not rank0_exits or rank0_exits[-1].get("reason") != "completed":
         return False
     last_start_t = max((r["t"] for r in records if r.get("kind") == "start"), default=None)

@@ -259,9 +259,10 @@ class Observer(CheckpointHooks):
         if exit_hooks:
             atexit.register(self._at_exit)
             self._undo.append(lambda: atexit.unregister(self._at_exit))
+        own_world = {"own_world": True} if os.environ.get("FAULTLAB_RANK_OFFSET") else {}
         self._emit("start", level=0, resumed_from_step=None, local_rank=_env_int("LOCAL_RANK"),
                    t_main=t_main, t_bootstrap=self.t_bootstrap,
-                   t_process_created=_process_start_time())
+                   t_process_created=_process_start_time(), **own_world)
         for what, fn in (("the step gates", self._read_gates),
                          ("the collective interposer", self._interpose), ("the agent", self._agent),
                          ("the hooks", self._install_hooks),

@@ -97,3 +97,17 @@ def test_a_group_that_starts_over_below_its_own_step_did_not_heal() -> None:
     assert "stepped again at step 1, not past its step 10 before the fault: it started over" \
         in h.note
     assert (h.survivor_restarts, h.survivor_lost_steps) == (0, 0)
+
+
+def test_a_job_of_own_worlds_completes_when_a_group_finishes_without_group_0() -> None:
+    from faultlab.observe import compute_metrics
+
+    lost = FaultRecord(id="lose-0", type="node_kill", injected_t=T, target="node 0",
+                       details={"node": "node0", "pids": [100]})
+    after = [*steps(1, 101, 11, 16, 1013.0), ev(1019.0, "exit", 1, 101, reason="completed"),
+             ev(1019.5, "final_digest", 0, 9, digest="f" * 64)]
+    own = [{**r, "own_world": True} if r["kind"] == "start" else r for r in job(after)]
+    metrics = compute_metrics(own, [lost])
+    assert metrics.completes is True and metrics.survivor_lost_steps == 0
+    # ranks of one world: rank 0 gone without an exit is a job that did not complete
+    assert compute_metrics(job(after), [lost]).completes is False
