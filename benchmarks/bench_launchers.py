@@ -13,9 +13,10 @@ struck after step 8 through faultlab's step gate, under:
   polls), the bar;
 - ``torchft``: torchft 0.2.0 as its docs launch it, on the same model and data
   (examples/torchft_ddp/train.py, 16 steps): its lighthouse as a service and one torchrun per
-  replica group (node), each restarting its own rank (``--max-restarts 2``). The lighthouse
-  runs with ``--min_replicas 1``, so that a group's loss leaves the other a quorum of its own
-  (the examples' experiments use 2, as torchft's recovery tests do). Its resume column is the
+  replica group (node), each restarting its own rank (``--max-restarts 2``), the lighthouse
+  with ``--min_replicas 2`` as in the examples and torchft's own recovery tests (with 1, the
+  groups do not start together here: runs were decided by which group's manager came up
+  first), a quorum timeout of 10 s (train.py's default is 30). Its resume column is the
   heal time (the fault → the struck group's first committed step; ``--`` when no group was
   struck) and its lost steps the survivors' (``faultlab.observe.healing``); torchft keeps no
   checkpoint, so a healed group's steps are its peer's.
@@ -58,10 +59,10 @@ STACKS: dict[str, object] = {
     "faultlab": "faultlab",
     "torchft": "torchft",
 }
-TORCHFT = {  # examples/torchft_ddp's launch, with a quorum of one allowed (module docstring)
+TORCHFT = {  # examples/torchft_ddp's launch (module docstring)
     "command": ["python", str(ROOT / "examples/torchft_ddp/train.py"), "--steps", "16",
-                "--ckpt-dir", "{run_dir}/checkpoints"],
-    "services": {"lighthouse": ["torchft_lighthouse", "--min_replicas", "1", "--quorum_tick_ms",
+                "--ckpt-dir", "{run_dir}/checkpoints", "--quorum-timeout-s", "10"],
+    "services": {"lighthouse": ["torchft_lighthouse", "--min_replicas", "2", "--quorum_tick_ms",
                                 "100", "--join_timeout_ms", "1000", "--heartbeat_timeout_ms",
                                 "2000", "--bind", "[::]:{lighthouse_port}"]},
     "launch": ["env", "REPLICA_GROUP_ID={node_rank}", "NUM_REPLICA_GROUPS={num_nodes}",
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"rank (elastic to 1), fault after step 8; {args.runs} interleaved runs each; "
                  f"{time.monotonic() - t0:.0f} s in all",
                  "torchft: examples/torchft_ddp/train.py on the same model and data, 2 replica "
-                 "groups of 1 rank, its lighthouse with --min_replicas 1; resume = heal time, "
+                 "groups of 1 rank, its lighthouse with --min_replicas 2; resume = heal time, "
                  "lost steps = the survivors'",
                  "median [min-max] over the runs that measured it"],
                 ["fault", "stack", "survived", "detection", "resume (torchft: heal)",
