@@ -56,10 +56,12 @@ def test_a_service_is_started_first_survives_a_node_kill_and_is_reaped(tmp_path:
         job.kill_node("node0", signal.SIGKILL)  # a node's loss never touches the service
         psutil.wait_procs([psutil.Process(job.agent_pid("node0"))], timeout=10)
         assert psutil.Process(service["pid"]).is_running()
+        web = psutil.Process(service["pid"])
         killed = job.kill_service("web", signal.SIGKILL)
         assert killed == [service["pid"]]
-        assert not psutil.pid_exists(service["pid"]) or \
-            psutil.Process(service["pid"]).status() == psutil.STATUS_ZOMBIE
+        _gone, alive = psutil.wait_procs([web], timeout=10)  # SIGKILL lands asynchronously
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert service["pid"] not in job.pids()
         with pytest.raises(KeyError, match="no service 'lighthouse'; services are web"):
             job.kill_service("lighthouse")
     assert not job.pids()
