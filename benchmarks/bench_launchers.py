@@ -14,21 +14,33 @@ struck after step 8 through faultlab's step gate, under:
 - ``ft_launcher``: NVIDIA Resiliency Extension 0.4.1's launcher (torchrun's flags, its own c10d
   rendezvous handler, a rank monitor beside every rank), running examples/nvrx_ft/train.py: the
   same model, data and DCP checkpoints, plus NVRx heartbeats (one per step; a rank silent for
-  5 s is hung: its monitor kills it and ft_launcher restarts the group in place).
+  5 s is hung: its monitor kills it and ft_launcher restarts the group in place);
+- ``torchft``: torchft 0.2.0 as its docs launch it, on the same model and data
+  (examples/torchft_ddp/train.py, 16 steps): its lighthouse as a service and one torchrun per
+  replica group (node), each restarting its own rank (``--max-restarts 2``), the lighthouse
+  with ``--min_replicas 2`` as in the examples and torchft's own recovery tests (with 1, the
+  groups do not start together here: runs were decided by which group's manager came up
+  first), a quorum timeout of 10 s (train.py's default is 30). Its resume column is the
+  heal time (the fault → the struck group's first committed step; ``--`` when no group was
+  struck) and its lost steps the survivors' (``faultlab.observe.healing``); torchft keeps no
+  checkpoint, so a healed group's steps are its peer's.
 
 Faults: a rank SIGKILLed (rank 1), the loss of node 0 (agent and rank: under torchrun its
-agent hosts the store), the loss of node 1. Runs are interleaved (stack after stack for each
+agent hosts the store; torchft's group 0), the loss of node 1, rank 1 hung (SIGSTOP) and rank
+1 held inside its next collective, both lifted at the stack's first reaction or after 20 s,
+and for torchft its lighthouse killed. Runs are interleaved (stack after stack for each
 round), so the machine's load falls on every stack alike. Columns per (stack, fault): survived
 (the job completed) k/n, and the median [min-max] of detection, resume and lost steps over the
-runs that measured them. Rank hang (SIGSTOP of rank 1) and collective hang (rank 1 held inside
-its next collective) are measured for ft_launcher only (``--faults`` picks them; ``--stacks``
-picks stacks): a plain trainer never notices either under torchrun or faultlab's launcher
-(examples/*/collective_hang.yaml), so there the launcher does not enter and the run would only
-wait out the hang; under ft_launcher its heartbeat timeout is what catches them. torchft is not
-measured here yet (issue 32).
+runs that measured them. A hang that no part of the stack notices (the plain trainer waits
+gloo's 30 min under torchrun or faultlab's launcher: examples/*/collective_hang.yaml) is lifted
+by faultlab after 20 s: such a run "survives" only because of that, and shows no detection. A
+collective hang is left out for torchft: its DDP reduces through torchft's own
+ProcessGroupGloo object, not through ``torch.distributed``'s functions, which is where
+faultlab's interposer waits.
 
-    python benchmarks/bench_launchers.py [--runs 3] [--faults rank,node0,node1,hang,coll_hang]
-                                         [--stacks torchrun,ft_launcher]
+    python benchmarks/bench_launchers.py [--runs 3]
+        [--faults rank,node0,node1,hang,coll_hang,lighthouse]
+        [--stacks torchrun,"torchrun + flags",faultlab,ft_launcher,torchft]
 """
 
 from __future__ import annotations
@@ -58,27 +70,55 @@ STACKS: dict[str, object] = {
                     "--rdzv-id", "{rdzv_id}", "--max-restarts", "{max_restarts}",
                     "--ft-initial-rank-heartbeat-timeout", "60",
                     "--ft-rank-heartbeat-timeout", "5", "--ft-workload-check-interval", "1"],
+    "torchft": "torchft",
 }
 TRAINERS = {"ft_launcher": "examples/nvrx_ft/train.py"}
 """A stack's trainer where it is not examples/fsdp2_dcp/train.py (the same work, its API added)."""
-HANG_STACKS = ("ft_launcher",)
-"""Stacks whose launcher can notice a hang of a plain trainer (module docstring)."""
+HANG_CAP_S = 20
+"""A hang nothing reacts to is lifted after this long (module docstring)."""
+TORCHFT = {  # examples/torchft_ddp's launch (module docstring)
+    "command": ["python", str(ROOT / "examples/torchft_ddp/train.py"), "--steps", "16",
+                "--ckpt-dir", "{run_dir}/checkpoints", "--quorum-timeout-s", "10"],
+    "services": {"lighthouse": ["torchft_lighthouse", "--min_replicas", "2", "--quorum_tick_ms",
+                                "100", "--join_timeout_ms", "1000", "--heartbeat_timeout_ms",
+                                "2000", "--bind", "[::]:{lighthouse_port}"]},
+    "launch": ["env", "REPLICA_GROUP_ID={node_rank}", "NUM_REPLICA_GROUPS={num_nodes}",
+               "TORCHFT_LIGHTHOUSE=http://127.0.0.1:{lighthouse_port}", "torchrun", "--nnodes",
+               "1", "--nproc-per-node", "{nproc_per_node}", "--master-port",
+               "{node_master_port}", "--max-restarts", "{max_restarts}"],
+}
 FAULTS = {
     "rank": {"id": "kill", "type": "rank_kill", "target": {"rank": 1}},
     "node0": {"id": "kill", "type": "node_kill", "target": {"node": 0}},
     "node1": {"id": "kill", "type": "node_kill", "target": {"node": 1}},
-    # until the job reacts, and in any case after 60 s (then the run goes on as if it had not)
+    # until the job reacts, and in any case after HANG_CAP_S (then the run goes on)
     "hang": {"id": "hang", "type": "rank_hang", "target": {"rank": 1}, "until": "reaction",
-             "duration_s": 60},
+             "duration_s": HANG_CAP_S},
     "coll_hang": {"id": "hang", "type": "collective_hang", "target": {"rank": 1},
-                  "until": "reaction", "duration_s": 60},
+                  "until": "reaction", "duration_s": HANG_CAP_S},
+    "lighthouse": {"id": "kill", "type": "service_kill", "target": "all",
+                   "params": {"service": "lighthouse"}},
 }
 FAULT_NAMES = {"rank": "rank kill", "node0": "loss of the store's node (0)",
                "node1": "loss of node 1", "hang": "rank hang (SIGSTOP)",
-               "coll_hang": "collective hang"}
+               "coll_hang": "collective hang", "lighthouse": "torchft's lighthouse killed"}
+
+
+def applies(stack: str, fault: str) -> bool:
+    """Whether ``stack`` takes ``fault`` (the module docstring says why not)."""
+    if fault == "lighthouse":
+        return stack == "torchft"
+    return not (fault == "coll_hang" and stack == "torchft")
 
 
 def experiment(stack: str, fault: str):  # type: ignore[no-untyped-def]
+    if stack == "torchft":
+        return experiment_from_dict({
+            "name": f"bench_{fault}_torchft", "target": TORCHFT,
+            "topology": {"nodes": 2, "procs_per_node": 1, "max_restarts": 2},
+            "run": {"steps": 16, "timeout_s": 120},
+            "faults": [{**FAULTS[fault], "trigger": {"at_step": 9}}],
+            "expect": {"completes": True}})
     return experiment_from_dict({
         "name": f"bench_{fault}_{stack.replace(' + ', '_').replace(' ', '_')}",
         "target": {"command": ["python", str(ROOT / TRAINERS.get(stack,
@@ -88,7 +128,7 @@ def experiment(stack: str, fault: str):  # type: ignore[no-untyped-def]
                                "{run_dir}/checkpoints"],
                    "launch": STACKS[stack]},
         "topology": {"nodes": 2, "procs_per_node": 1, "min_nodes": 1, "max_restarts": 2},
-        "run": {"steps": 16, "timeout_s": 240},
+        "run": {"steps": 16, "timeout_s": 120},
         "faults": [{**FAULTS[fault], "trigger": {"at_step": 9}}],
         "expect": {"completes": True}})
 
@@ -104,59 +144,59 @@ def spread(values: list[float], unit: str = " s") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--faults", default="rank,node0,node1,hang,coll_hang")
+    p.add_argument("--faults", default="rank,node0,node1,hang,coll_hang,lighthouse")
     p.add_argument("--stacks", default=",".join(STACKS))
     args = p.parse_args(argv)
     faults = args.faults.split(",")
     stacks = args.stacks.split(",")
-    for name, known in (("fault", FAULTS), ("stack", STACKS)):
-        bad = [x for x in (faults if name == "fault" else stacks) if x not in known]
+    for name, given, known in (("fault", faults, FAULTS), ("stack", stacks, STACKS)):
+        bad = [x for x in given if x not in known]
         if bad:
             p.error(f"--{name}s: {', '.join(map(repr, bad))} unknown; choose from "
                     f"{', '.join(known)}")
-
-    def pairs(fault: str) -> list[str]:
-        hang = fault in ("hang", "coll_hang")
-        return [s for s in stacks if not hang or s in HANG_STACKS]
-
-    results: dict[tuple[str, str], list] = {(s, f): [] for f in faults for s in pairs(f)}
+    results: dict[tuple[str, str], list] = {(s, f): [] for s in stacks for f in faults
+                                            if applies(s, f)}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-launchers-") as tmp:
         for round_ in range(args.runs):
             for fault in faults:
-                for stack in pairs(fault):
+                for stack in [s for s in stacks if applies(s, fault)]:
                     r = run_experiment(experiment(stack, fault), report_dir=Path(tmp),
                                        golden_cache=Path(tmp) / ".golden")
                     m = r.metrics
                     results[(stack, fault)].append(r)
                     print(f"round {round_ + 1} {fault:5} {stack:16} completes={m.completes} "
                           f"restarts={m.restarts} detection={m.detection_latency_s} "
-                          f"resume={m.resume_time_s} lost={m.lost_steps}", flush=True)
+                          f"resume={m.resume_time_s} lost={m.lost_steps} "
+                          f"heal={m.heal_time_s} survivors_lost={m.survivor_lost_steps}",
+                          flush=True)
     rows = []
     for fault in faults:
-        for stack in pairs(fault):
+        for stack in [s for s in stacks if applies(s, fault)]:
             runs = results[(stack, fault)]
             ms = [r.metrics for r in runs]
+            ft = stack == "torchft"  # heal time and the survivors' lost steps (docstring)
+            resume = [m.heal_time_s if ft else m.resume_time_s for m in ms]
+            lost = [m.survivor_lost_steps if ft else m.lost_steps for m in ms]
             rows.append([FAULT_NAMES[fault], stack,
                          f"{sum(m.completes for m in ms)}/{len(ms)}",
                          spread([m.detection_latency_s for m in ms
                                  if m.detection_latency_s is not None]),
-                         spread([m.resume_time_s for m in ms if m.resume_time_s is not None]),
-                         spread([float(m.lost_steps) for m in ms if m.lost_steps is not None],
-                                unit=""),
+                         spread([v for v in resume if v is not None]),
+                         spread([float(v) for v in lost if v is not None], unit=""),
                          spread([float(m.restarts) for m in ms], unit="")])
-    print_table(f"recovery of one trainer under {len(stacks)} launch stacks",
-                [f"examples/fsdp2_dcp/train.py (ft_launcher: examples/nvrx_ft/train.py, the "
-                 f"same work with NVRx heartbeats), 16 steps, checkpoint every 4, 2 nodes x 1 "
+    print_table(f"recovery of one trainer's work under {len(stacks)} launch stacks",
+                [f"examples/fsdp2_dcp/train.py, 16 steps, checkpoint every 4, 2 nodes x 1 "
                  f"rank (elastic to 1), fault after step 8; {args.runs} interleaved runs each; "
                  f"{time.monotonic() - t0:.0f} s in all",
+                 "ft_launcher: examples/nvrx_ft/train.py, the same work with NVRx heartbeats",
+                 "torchft: examples/torchft_ddp/train.py on the same model and data, 2 replica "
+                 "groups of 1 rank, its lighthouse with --min_replicas 2; resume = heal time, "
+                 "lost steps = the survivors'",
                  "median [min-max] over the runs that measured it"],
-                ["fault", "stack", "survived", "detection", "resume", "lost steps", "restarts"],
-                rows, notes=[f"{FAULT_NAMES[f]}: not run under {', '.join(left)}, where this "
-                             f"trainer never notices a hang (gloo waits 30 min; "
-                             f"examples/fsdp2_dcp/experiments/collective_hang.yaml)"
-                             for f in faults if f in ("hang", "coll_hang")
-                             for left in [[s for s in stacks if s not in pairs(f)]] if left])
+                ["fault", "stack", "survived", "detection", "resume (torchft: heal)",
+                 "lost steps", "restarts"],
+                rows)
     return 0
 
 

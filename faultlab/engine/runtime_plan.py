@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.faults.runtime_base import RuntimeFault
+from faultlab.runtime.auto import STEP_DIGEST_ENV
 from faultlab.runtime.client import new_secret, read_secret
 from faultlab.runtime.gates import gate_env, open_gate
 from faultlab.runtime.plan import write_plan
@@ -68,12 +69,14 @@ class RuntimeSetup:
     gates: dict[int, list[int]] = field(default_factory=dict)
     """Gate step → the indexes of the faults injected from outside at that step."""
     opened: set[int] = field(default_factory=set)
+    step_digest: bool = False
+    """``observe.step_digest``: every step record carries the weights' digest."""
 
     @classmethod
     def create(cls, exp: Experiment, job_dir: Path) -> RuntimeSetup:
         root = job_dir / "runtime"
         root.mkdir(parents=True, exist_ok=True)
-        setup = cls(job_dir, new_secret())
+        setup = cls(job_dir, new_secret(), step_digest=bool(exp.observe.step_digest))
         fd = os.open(root / "secret", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(setup.secret)
@@ -102,7 +105,8 @@ class RuntimeSetup:
     def env(self) -> dict[str, str]:
         return {"FAULTLAB_RUNTIME_SECRET": self.secret,
                 "FAULTLAB_RUNTIME_PLAN": str(self.job_dir / "runtime" / "plan.json"),
-                **gate_env(self.gates)}
+                **gate_env(self.gates),
+                **({STEP_DIGEST_ENV: "1"} if self.step_digest else {})}
 
     def open_due_gates(self, fired: Sequence[int]) -> list[int]:
         """Open each gate whose faults have all fired (``fired[i]``: times fault ``i`` fired);

@@ -170,6 +170,12 @@ class Fault(ABC):
         return None
 
     @classmethod
+    def refuses_params(cls, params: FaultParams, target: Any) -> tuple[str, str] | None:
+        """``(param, why)`` when these ``params`` name something ``target`` (the experiment's
+        ``TargetSpec``) does not have, checked when the experiment loads; None: they fit."""
+        return None
+
+    @classmethod
     def summary(cls) -> str:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
 

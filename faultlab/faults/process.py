@@ -1,4 +1,4 @@
-"""Process faults: kill or freeze a rank or a whole node of the job.
+"""Process faults: kill or freeze a rank, a whole node, or a service beside the nodes.
 
 Signals go only to processes of the job faultlab launched (``FaultContext.assert_owned``).
 A hang is SIGSTOP and is always undone with SIGCONT — at the end of ``duration_s``, when the
@@ -16,7 +16,8 @@ from pydantic import Field
 from faultlab.errors import FaultError
 from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
 
-__all__ = ["NodeHangFault", "NodeKillFault", "NodePauseFault", "RankHangFault", "RankKillFault"]
+__all__ = ["NodeHangFault", "NodeKillFault", "NodePauseFault", "RankHangFault", "RankKillFault",
+           "ServiceKillFault"]
 
 KillSignal = Literal["KILL", "TERM", "SEGV", "ABRT"]
 
@@ -188,3 +189,37 @@ class NodePauseFault(Fault):
         thawed = [n for n in self._paused if ctx.unpause_node(n)]
         self._paused = []
         return {"unpaused": thawed}
+
+
+class ServiceKillFault(Fault):
+    """Kill a service the team runs beside the nodes (``target.services``: torchft's
+    lighthouse), and whatever it started; no node is touched."""
+
+    type = "service_kill"
+    family = "process"
+    targets: ClassVar[tuple[str, ...]] = ("all",)
+    launchers: ClassVar[tuple[str, ...]] = ("local",)
+    launcher_reason = "services run beside local nodes only (target.services)"
+
+    class Params(FaultParams):
+        service: str = Field(description="the service's name under target.services")
+        signal: Literal["KILL", "TERM"] = Field("KILL", description="signal sent to it")
+
+    @classmethod
+    def refuses_params(cls, params: FaultParams, target: Any) -> tuple[str, str] | None:
+        name = getattr(params, "service", None)
+        services = list(getattr(target, "services", None) or {})
+        if name in services:
+            return None
+        known = (f"the experiment's services are {', '.join(map(repr, services))}" if services
+                 else "the experiment runs none: name it under target.services first")
+        return "service", f"no service {name!r}: {known}"
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        kill = getattr(ctx, "kill_service", None)
+        if kill is None:
+            raise FaultError("this target runs no services (target.services, local nodes)")
+        name = self.params.service  # type: ignore[attr-defined]
+        pids = kill(name, _signal(self.params.signal))  # type: ignore[attr-defined]
+        return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",  # type: ignore[attr-defined]
+                                "service": name, "pids": pids})

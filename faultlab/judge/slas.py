@@ -89,6 +89,18 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
                     "gpu_error; faultlab.observe.exclusion)"),
     Sla(key="restarts_until_excluded", metric="restarts_until_excluded", kind="max",
         description="GPU failed for good → restarts until the job ran without its node"),
+    Sla(key="survivor_restarts", metric="survivor_restarts", kind="max",
+        description="restarts of the ranks no fault struck, after the first fault "
+                    "(faultlab.observe.healing)"),
+    Sla(key="survivor_lost_steps", metric="survivor_lost_steps", kind="max",
+        description="steps the ranks no fault struck redid or lost"),
+    Sla(key="healed_by_step", metric="healed_at_step", kind="max",
+        description="the step at which the struck ranks stepped again (healed)"),
+    Sla(key="heal_time_s", metric="heal_time_s", kind="max",
+        description="fault injected (or undone) → the struck ranks' first committed step"),
+    Sla(key="healed_state_matches_peer", metric="healed_state_matches_peer", kind="bool",
+        description="the healed ranks' weights equal a survivor's at every step both "
+                    "recorded (observe.step_digest)"),
 ]}
 """Every SLA an experiment may state under ``expect``; add a field to
 ``faultlab.spec.Expect`` and an entry here to add one."""

@@ -129,6 +129,8 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             if lasting:
                 note = note or (f"the job never ran without {', '.join(lasting)} (its GPU "
                                 f"stayed failed); {metrics.restarts} restart(s) used")
+        if name in _HEALING_SLAS and metrics.healing_note:
+            note = metrics.healing_note
         if name == "max_restarts" and timed_out and measured is not None and \
                 sla.holds(measured, bound):
             # faultlab stopped the job: the restarts it would still have spent are unknown
@@ -149,6 +151,10 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             note = "; ".join(filter(None, [note, *why]))
         out.append(SLAResult(name, bound, measured, passed, note))
     return out
+
+
+_HEALING_SLAS = ("survivor_restarts", "survivor_lost_steps", "healed_by_step", "heal_time_s",
+                 "healed_state_matches_peer")
 
 
 def _struck_nothing(spec: Any, records: list[FaultRecord]) -> str:

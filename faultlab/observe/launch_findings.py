@@ -35,6 +35,10 @@ examples/nvrx_ft, node 1 SIGKILLed: resumed after 43.4 s on the defaults, 14.4 s
 ``--rdzv-conf last_call_timeout=1``, 14.9 s with the keep-alive settings added as well (5.9 s
 under faultlab's launcher).
 
+service_lost
+    A ``service_kill`` took down a service the team runs beside the nodes (``target.services``:
+    torchft's lighthouse), and the nodes' logs show a rank failing to reach it at its port
+    afterwards: the job depended on one process that nothing restarts. Runs for any launcher.
 restart_hung
     The job restarted, then never trained again until faultlab stopped it at the timeout,
     under torchrun with the workers sharing the agent's store: torch 2.13's re-rendezvous can
@@ -106,9 +110,11 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
     (the line and what faultlab filled), ``logs`` each node's log text by node name;
     ``hung_after_restart``: faultlab stopped the job at its timeout with no step since its
     last restart."""
+    text = "\n".join(logs.values())
+    out: list[LaunchFinding] = _service_lost(launch, faults, text)
     line = (launch or {}).get("launch")
     if not isinstance(line, list | tuple) or not is_torchrun_like(line):
-        return []  # faultlab's own launcher, or a launcher whose mechanisms these are not
+        return out  # faultlab's own launcher, or a launcher whose mechanisms these are not
     line = [str(a) for a in line]
     name = _launcher_name(line)
     nvrx = name == "ft_launcher"
@@ -117,8 +123,6 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
     env_fixed = any(a.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") for a in line)
     lost_nodes = [n for f in faults if f.type in _NODE_FAULTS and not f.details.get("error")
                   for n in [_node_of(f)] if n]
-    text = "\n".join(logs.values())
-    out: list[LaunchFinding] = []
     if c10d and "is_host=false" not in conf.replace(" ", "").lower() and "node0" in lost_nodes \
             and "RendezvousConnectionError" in text:
         out.append(LaunchFinding(
@@ -134,7 +138,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
     nnodes = _flag(line, "--nnodes").replace("{nnodes}",
                                                       str((launch or {}).get("filled", {})
                                                           .get("nnodes", "")))
-    store_lost = bool(out and out[0].cause == "store_lost")
+    store_lost = "store_lost" in [f.cause for f in out]
     if nvrx and lost_nodes and survivors and ":" in nnodes and not store_lost:
         last_call = "last_call_timeout" in conf
         out.append(LaunchFinding(
@@ -157,7 +161,8 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             f"kept as a participant until 3 missed heartbeats of 5 s",
             f"--rdzv-conf {RECOMMENDED_RDZV_CONF} (faultlab's launcher's settings)",
             ("resume_time_s", "recovery_time_s")))
-    if not env_fixed and not nvrx and hung_after_restart and not out:
+    if not env_fixed and not nvrx and hung_after_restart and not [f for f in out
+                                                                 if f.cause != "service_lost"]:
         out.append(LaunchFinding(
             "restart_hung",
             "after the restart the new workers never trained again until the timeout: with "
@@ -176,4 +181,30 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             "env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of the "
             "workers' own per round)",
             ("max_restarts", "resume_time_s", "recovery_time_s")))
+    return out
+
+
+def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
+                  text: str) -> list[LaunchFinding]:
+    filled = (launch or {}).get("filled") or {}
+    out = []
+    for f in faults:
+        name = (f.details or {}).get("service")
+        if f.type != "service_kill" or f.details.get("error") or not isinstance(name, str):
+            continue
+        port = str(filled.get(f"{name}_port", ""))
+        if not port or not any(f":{port}" in line and ("connect" in line.lower() or
+                                                        "error" in line.lower())
+                               for line in text.splitlines()):
+            continue
+        out.append(LaunchFinding(
+            "service_lost",
+            f"the job depended on its service {name!r} (port {port}), which nothing restarts: "
+            f"after it was killed the ranks failed to reach it, and no restart of theirs "
+            f"could bring it back",
+            f"run {name!r} under a supervisor that restarts it at the same address, or "
+            f"replicated where the stack allows it (faultlab did not measure whether the "
+            f"ranks rejoin a restarted {name!r})",
+            ("completes", "survivor_restarts", "survivor_lost_steps", "resume_time_s",
+             "recovery_time_s", "lost_steps")))
     return out

@@ -13,7 +13,10 @@ completes
     The last rank-0 ``exit`` has reason completed, and, counting only records since the latest
     ``start`` record of any rank (the final incarnation; all records if there is none), that
     exit is among them, a ``final_digest`` is among them, and every ``exit`` among them is
-    completed or stopped.
+    completed or stopped. Where every node is a world of its own (a ``start`` with
+    ``own_world``: torchft's replica groups), rank 0 is one group among others, and the job
+    completes when any group finishes: the last ``exit`` of any rank stands for rank 0's (a
+    group 0 whose machine was lost for good leaves none, and group 1 finished the job).
 final_digest
     ``digest`` of the last ``final_digest`` record; None if there is none.
 restarts
@@ -70,6 +73,9 @@ failed_save_never_loaded
 faulty_node_excluded, restarts_until_excluded (run level)
     Defined in :mod:`faultlab.observe.exclusion` (a GPU that stays failed: did the job go on
     without its node, after how many restarts).
+survivor_restarts, survivor_lost_steps, healed_at_step, heal_time_s, healed_state_matches_peer
+    Defined in :mod:`faultlab.observe.healing` (a stack that recovers per step: did the
+    others step on, when did the struck ranks heal, do their weights equal a peer's).
 detection_latency_s, resume_time_s, recovery_time_s, lost_steps
     The worst (max) over the faults. For resume and recovery the result is None if any fault
     went down and its value is None (unmeasurable); faults that did not go down are left out.
@@ -95,6 +101,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from faultlab.observe.exclusion import faulty_node_excluded, restarts_until_excluded
+from faultlab.observe.healing import healing_metrics
 from faultlab.observe.records import (
     FaultRecord,
     Record,
@@ -168,6 +175,13 @@ class Metrics:
     save_hang_detected_within_s: float | None = None
     training_continued_through_save_failure: bool | None = None
     failed_save_never_loaded: bool | None = None
+    survivor_restarts: int | None = None
+    survivor_lost_steps: int | None = None
+    healed_at_step: int | None = None
+    heal_time_s: float | None = None
+    healed_state_matches_peer: bool | None = None
+    healing_note: str = ""
+    """What the healing metrics saw, in words (which rank healed when; faultlab.observe.healing)."""
     faults: list[FaultMetrics] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,7 +272,9 @@ def _world_sizes(records: list[Record]) -> list[int]:
 
 
 def _completes(records: list[Record]) -> bool:
-    rank0_exits = [r for r in records if r.get("kind") == "exit" and r.get("rank") == 0]
+    own_worlds = any(r.get("kind") == "start" and r.get("own_world") is True for r in records)
+    rank0_exits = [r for r in records if r.get("kind") == "exit"
+                   and (own_worlds or r.get("rank") == 0)]
     if not rank0_exits or rank0_exits[-1].get("reason") != "completed":
         return False
     last_start_t = max((r["t"] for r in records if r.get("kind") == "start"), default=None)
@@ -327,6 +343,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
     completes = _completes(records)
     saves = save_failure_metrics(records, faults, _damaged(faults))
+    healing = healing_metrics(records, faults)
     metrics = Metrics(
         completes=completes,
         final_digest=digest if isinstance(digest, str) else None,
@@ -354,6 +371,12 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         failed_save_never_loaded=saves.failed_save_never_loaded,
         faulty_node_excluded=faulty_node_excluded(records, faults, completes),
         restarts_until_excluded=restarts_until_excluded(records, faults),
+        survivor_restarts=healing.survivor_restarts,
+        survivor_lost_steps=healing.survivor_lost_steps,
+        healed_at_step=healing.healed_at_step,
+        heal_time_s=healing.heal_time_s,
+        healed_state_matches_peer=healing.healed_state_matches_peer,
+        healing_note=healing.note,
         faults=per_fault,
     )
     withhold_unfinished(metrics, records, _last_bad_t(records, faults))

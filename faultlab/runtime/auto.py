@@ -248,6 +248,7 @@ class Observer(CheckpointHooks):
         self._params: _Params | None = None
         self._undo: list[Callable[[], None]] = []  # what stop() puts back, last first
         self._gates = StepGates(Path("."), ())
+        self._step_digest = os.environ.get(STEP_DIGEST_ENV) == "1"
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -258,9 +259,10 @@ class Observer(CheckpointHooks):
         if exit_hooks:
             atexit.register(self._at_exit)
             self._undo.append(lambda: atexit.unregister(self._at_exit))
+        own_world = {"own_world": True} if os.environ.get("FAULTLAB_RANK_OFFSET") else {}
         self._emit("start", level=0, resumed_from_step=None, local_rank=_env_int("LOCAL_RANK"),
                    t_main=t_main, t_bootstrap=self.t_bootstrap,
-                   t_process_created=_process_start_time())
+                   t_process_created=_process_start_time(), **own_world)
         for what, fn in (("the step gates", self._read_gates),
                          ("the collective interposer", self._interpose), ("the agent", self._agent),
                          ("the hooks", self._install_hooks),
@@ -497,6 +499,8 @@ class Observer(CheckpointHooks):
         fields: dict[str, Any] = {"step": step, "step_source": source,
                                   "step_time_s": round(now - self._t_prev, 6)}
         self._t_prev = now
+        if self._step_digest:
+            fields["param_digest"] = param_digest(optimizer)
         loss = self._loss
         if loss is not None:
             self._loss = None
@@ -583,6 +587,29 @@ class Observer(CheckpointHooks):
                 return out
 
             attached.loss = loss
+
+STEP_DIGEST_ENV = "FAULTLAB_STEP_DIGEST"
+"""``1``: every step record carries ``param_digest`` (``observe.step_digest``)."""
+
+
+def param_digest(optimizer: Any) -> str:
+    """SHA-256 of the primary optimizer's parameters after its step, in ``param_groups``
+    order (each tensor's raw bytes): two processes with bitwise the same weights give the
+    same digest. The weights only: a group that healed from a peer also took its optimizer
+    state, and its weights after the next step are equal only if that state was."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            t = getattr(p, "_local_tensor", p).detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
 
 def _env_int(name: str) -> int | None:
     try:

@@ -43,8 +43,13 @@ class Identity:
                 return int(raw)
             except ValueError:
                 raise ValueError(f"{name}={raw!r} is not an integer") from None
-        return cls(run_dir=Path(env["FAULTLAB_RUN_DIR"]), rank=num("RANK", 0),
-                   world_size=num("WORLD_SIZE", 1), restart=num("TORCHELASTIC_RESTART_COUNT", 0),
+        # Where every node is a torchrun world of its own (torchft's replica groups), each
+        # world's ranks start at 0: faultlab's launcher gives each node its offset and the
+        # job's size, so that a rank names one process across the job.
+        return cls(run_dir=Path(env["FAULTLAB_RUN_DIR"]),
+                   rank=num("FAULTLAB_RANK_OFFSET", 0) + num("RANK", 0),
+                   world_size=num("FAULTLAB_WORLD_SIZE", 0) or num("WORLD_SIZE", 1),
+                   restart=num("TORCHELASTIC_RESTART_COUNT", 0),
                    node=env.get("FAULTLAB_NODE") or socket.gethostname(), pid=os.getpid())
 
 

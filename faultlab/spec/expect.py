@@ -67,6 +67,19 @@ class Expect(SpecModel):
     restarts_until_excluded: int | None = Field(default=None, ge=1)
     """Upper bound on the restarts from a GPU that stayed failed until the job ran without its
     node; a job that never excluded it fails it."""
+    survivor_restarts: int | None = Field(default=None, ge=0)
+    """Upper bound on the restarts of the ranks a fault did not strike (torchft: the other
+    replica groups step on without one: 0)."""
+    survivor_lost_steps: int | None = Field(default=None, ge=0)
+    """Upper bound on the steps the ranks a fault did not strike redid or lost (0 expected
+    where the stack recovers per step)."""
+    healed_by_step: int | None = Field(default=None, ge=1)
+    """The struck ranks stepped again (healed) at or before this step."""
+    heal_time_s: float | None = Field(default=None, gt=0)
+    """Upper bound, seconds from the fault to the struck ranks' first committed step."""
+    healed_state_matches_peer: bool | None = None
+    """The healed ranks' weights equal (or not) a surviving peer's at every step both recorded
+    from the heal on (needs ``observe.step_digest``)."""
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in the order of the fields above."""

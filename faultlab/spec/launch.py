@@ -26,6 +26,25 @@ interpreter faultlab runs on first (its virtual environment's ``torchrun``, ``ft
 
 Every agent is given the same endpoint; with c10d, the agent that binds it (node 0, started
 first) hosts the rendezvous store, as on a real cluster whose endpoint is node 0's address.
+
+A stack whose nodes are each a torchrun world of their own, joined by a service the team runs
+beside them (torchft: one torchrun per replica group, and the lighthouse), says so with a
+per-node port and ``target.services``::
+
+    services:
+      lighthouse: [torchft_lighthouse, --min_replicas, "1", --bind, "[::]:{lighthouse_port}"]
+    launch: [env, "REPLICA_GROUP_ID={node_rank}", "NUM_REPLICA_GROUPS={num_nodes}",
+             "TORCHFT_LIGHTHOUSE=http://127.0.0.1:{lighthouse_port}",
+             torchrun, --nnodes, "1", --nproc-per-node, "{nproc_per_node}",
+             --master-port, "{node_master_port}"]
+
+Each service is started before the nodes, in a session of its own, with a free port of its own
+in ``{NAME_port}`` (in its line and in the nodes'); it is reaped with the job, and a node's
+loss never touches it (``service_kill`` is the fault that does). ``{node_master_port}`` (or
+``{node_rdzv_endpoint}``) is a free port (endpoint) of each node's own: every node is then its
+own torchrun world, whose ranks all start at ``RANK`` 0, so faultlab numbers a rank across
+the job as ``node_rank * nproc_per_node + RANK`` (``FAULTLAB_RANK_OFFSET``), the numbering
+torchft's own ``global_rank`` uses.
 """
 
 from __future__ import annotations
@@ -38,10 +57,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LAUNCHERS", "PLACEHOLDERS", "TORCHRUN_DEFAULT", "addressing_problem",
-           "fill", "fixed_port", "flag_value", "is_torchrun_like", "launcher_index",
-           "placeholders_in", "program",
-           "trainer_argv", "unknown_placeholders"]
+__all__ = ["LAUNCHERS", "NODE_WORLD_PLACEHOLDERS", "PLACEHOLDERS", "SERVICE_NAME",
+           "TORCHRUN_DEFAULT", "addressing_problem", "fill", "fixed_port", "flag_value",
+           "is_torchrun_like", "launcher_index", "node_worlds", "placeholders_in", "program",
+           "service_placeholder", "trainer_argv", "unknown_placeholders"]
 
 LAUNCHERS = ("torchrun", "faultlab")
 """The named launch lines (a list is a team's own)."""
@@ -59,6 +78,10 @@ PLACEHOLDERS: dict[str, str] = {
     "rdzv_id": "a rendezvous id of this launch's own",
     "master_addr": "the host of rdzv_endpoint (a static rendezvous: --master-addr)",
     "master_port": "a free port for a static rendezvous (--master-port), new for every launch",
+    "node_master_port": "a free port of the node's own (each node a torchrun world of its own, "
+                        "e.g. a torchft replica group), new for every launch",
+    "node_rdzv_endpoint": "a free HOST:PORT of the node's own (each node a torchrun world of its "
+                          "own), new for every launch",
 }
 """Every placeholder a launch line may hold, and what faultlab puts there."""
 
@@ -68,9 +91,15 @@ TORCHRUN_DEFAULT: tuple[str, ...] = (
     "--max-restarts", "{max_restarts}")
 """``launch: torchrun``: plain torchrun, torchrun's defaults for everything else."""
 
+NODE_WORLD_PLACEHOLDERS = ("node_master_port", "node_rdzv_endpoint")
+"""A line with one of these makes every node a torchrun world of its own."""
+
+SERVICE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+"""The name of a service under ``target.services`` (its port is ``{NAME_port}``)."""
+
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TORCHRUN_NAMES = ("torchrun", "ft_launcher")
-_ADDRESSING = {"rdzv_endpoint", "master_addr", "master_port"}
+_ADDRESSING = {"rdzv_endpoint", "master_addr", "master_port", *NODE_WORLD_PLACEHOLDERS}
 _ENDPOINT_FLAGS = ("--rdzv-endpoint", "--rdzv_endpoint")
 _PORT_FLAGS = ("--master-port", "--master_port")
 _ADDR_FLAGS = ("--master-addr", "--master_addr")
@@ -80,10 +109,23 @@ def placeholders_in(line: Sequence[str]) -> set[str]:
     return {m for arg in line for m in _PLACEHOLDER.findall(arg)}
 
 
-def unknown_placeholders(line: Sequence[str]) -> list[tuple[int, str]]:
-    """``(index, name)`` of every ``{name}`` in ``line`` that faultlab does not fill."""
+def service_placeholder(name: str) -> str:
+    """The placeholder of a service's port: ``lighthouse`` → ``lighthouse_port``."""
+    return f"{name}_port"
+
+
+def node_worlds(line: Sequence[str]) -> bool:
+    """Is every node of this line a torchrun world of its own (a port of its own)?"""
+    return bool(placeholders_in(line) & set(NODE_WORLD_PLACEHOLDERS))
+
+
+def unknown_placeholders(line: Sequence[str], services: Sequence[str] = ()
+                         ) -> list[tuple[int, str]]:
+    """``(index, name)`` of every ``{name}`` in ``line`` that faultlab does not fill (a
+    service's ``{NAME_port}`` is filled for each of ``services``)."""
+    known = set(PLACEHOLDERS) | {service_placeholder(n) for n in services}
     return [(i, m) for i, arg in enumerate(line) for m in _PLACEHOLDER.findall(arg)
-            if m not in PLACEHOLDERS]
+            if m not in known]
 
 
 def launcher_index(line: Sequence[str]) -> int:

@@ -63,6 +63,10 @@ class JobSpec(SpecModel):
     @classmethod
     def _launch_fits(cls, value: TargetSpec, info: ValidationInfo) -> TargetSpec:
         topology: Topology | None = info.data.get("topology")
+        if topology is not None and value.services and topology.launcher != "local":
+            raise located([spec_error(("services",), f"services run beside local nodes only "
+                                      f"(topology.launcher: local; this experiment's nodes are "
+                                      f"{topology.launcher!r})", list(value.services))])
         if topology is None or value.launch is None:
             return value
         why = None
@@ -130,6 +134,11 @@ class Experiment(JobSpec):
             why = None if target is None else fault.fault_class.refuses_target(target)
             if why is not None:
                 errors.append(spec_error((i, "type"), f"{fault.type}: {why}", fault.type))
+            misfit = None if target is None else \
+                fault.fault_class.refuses_params(fault.params, target)
+            if misfit is not None:
+                errors.append(spec_error((i, "params", misfit[0]), f"{fault.type}: {misfit[1]}",
+                                         getattr(fault.params, misfit[0], None)))
             if run is not None:
                 errors += _trigger_in_run(i, fault.trigger, run)
             out.append(fault)

@@ -39,6 +39,11 @@ class ObserveSpec(SpecModel):
     """A regex with named groups ``step`` and ``loss``, e.g.
     ``'step (?P<step>\\d+) loss (?P<loss>\\S+)'``, matched against each line the ranks print."""
 
+    step_digest: bool = False
+    """Every step record carries ``param_digest``, the SHA-256 of the rank's weights after
+    that step (level 0: the primary optimizer's parameters): what
+    ``healed_state_matches_peer`` compares. Costs one hash of the weights per step."""
+
     @field_validator("log_pattern")
     @classmethod
     def _pattern(cls, value: str | None) -> str | None:

@@ -20,10 +20,12 @@ from faultlab.spec._trainer import check_overrides
 from faultlab.spec.launch import (
     LAUNCHERS,
     PLACEHOLDERS,
+    SERVICE_NAME,
     TORCHRUN_DEFAULT,
     fixed_port,
     launcher_index,
     program,
+    service_placeholder,
     split_line,
     unknown_placeholders,
 )
@@ -54,6 +56,12 @@ class TargetSpec(SpecModel):
     {run_dir}/checkpoints``), so the golden run and the experiment never share checkpoints; a
     bare ``python`` is the interpreter (and virtual environment) faultlab itself runs on."""
 
+    services: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    """Processes the team runs beside the nodes, by name (``lighthouse:
+    [torchft_lighthouse, --min_replicas, "1", --bind, "[::]:{lighthouse_port}"]``): each is
+    started before the nodes, in a session of its own, with a free port of its own in
+    ``{NAME_port}`` (in its line and in the launch line), and always reaped with the job. A
+    node's loss never touches one; ``service_kill`` does. Local nodes only."""
     launch: str | tuple[str, ...] | None = None
     """How each node is started (``faultlab.spec.launch``): ``torchrun`` (plain torchrun,
     torchrun's own defaults; the default for ``command``), ``faultlab`` (faultlab's tuned
@@ -142,6 +150,55 @@ class TargetSpec(SpecModel):
                              f"directory faultlab runs in, {show(str(Path.cwd()))})")
         return value
 
+    @field_validator("services", mode="before")
+    @classmethod
+    def _services_split(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for name, line in value.items():
+            try:
+                line = tuple(shlex.split(line)) if isinstance(line, str) else as_tuple(line)
+            except ValueError as e:
+                raise located([spec_error((name,), f"cannot split {show(line)} into arguments: "
+                                          f"{e}; write it as a list instead", line)]) from None
+            out[name] = line
+        return out
+
+    @field_validator("services")
+    @classmethod
+    def _services(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        errors = []
+        for name, line in value.items():
+            if not SERVICE_NAME.fullmatch(name):
+                errors.append(spec_error((name,), f"{name!r} is not a service name: use lower-"
+                                         f"case letters, digits and '_', starting with a "
+                                         f"letter (its port is {{NAME_port}})", name))
+                continue
+            if not line:
+                errors.append(spec_error((name,), "an empty line; give the service's program "
+                                         "and its flags", list(line)))
+                continue
+            ports = ", ".join("{" + service_placeholder(n) + "}" for n in value)
+            for i, ph in unknown_placeholders(line, services=list(value)):
+                errors.append(spec_error((name, i), f"{{{ph}}} is not a placeholder faultlab "
+                                         f"fills in a service's line; it fills {{run_dir}}, "
+                                         f"{{num_nodes}} and each service's port: {ports}",
+                                         line[i]))
+            for i, arg in enumerate(line):
+                for ph in set(PLACEHOLDERS) - {"run_dir", "num_nodes"}:
+                    if f"{{{ph}}}" in arg:
+                        errors.append(spec_error((name, i), f"{{{ph}}} is a node's or the "
+                                                 f"rendezvous's; a service runs once for the "
+                                                 f"whole job", arg))
+            if program(line[0]) is None:
+                errors.append(spec_error((name, 0), f"{line[0]!r} is not found: not on PATH, "
+                                         f"and no executable file of that name (install it as "
+                                         f"its users do, e.g. pip install ...)", line[0]))
+        if errors:
+            raise located(errors)
+        return value
+
     @field_validator("launch", mode="before")
     @classmethod
     def _launch_split(cls, value: Any) -> Any:
@@ -154,7 +211,8 @@ class TargetSpec(SpecModel):
 
     @field_validator("launch")
     @classmethod
-    def _launch(cls, value: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+    def _launch(cls, value: str | tuple[str, ...] | None, info: ValidationInfo,
+                ) -> str | tuple[str, ...] | None:
         if value is None:
             return value
         if isinstance(value, str):
@@ -165,9 +223,16 @@ class TargetSpec(SpecModel):
         if not value:
             raise ValueError(f"an empty launch line; give {' or '.join(map(repr, LAUNCHERS))} "
                              f"or your launcher and its flags")
+        services = list(info.data.get("services") or {})
+        fills = [*PLACEHOLDERS, *(service_placeholder(n) for n in services)]
+        services_refused = "services" not in info.data  # reported there: no second error
         errors = [spec_error((i,), f"{{{name}}} is not a placeholder faultlab fills; it fills "
-                             f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}", value[i])
-                  for i, name in unknown_placeholders(value)]
+                             f"{', '.join('{' + p + '}' for p in fills)}"
+                             + (" (a service's port: name the service under target.services)"
+                                if name.endswith("_port") and name not in PLACEHOLDERS else ""),
+                             value[i])
+                  for i, name in unknown_placeholders(value, services)
+                  if not (services_refused and name.endswith("_port"))]
         fixed = fixed_port(value)
         if fixed is not None:
             i, literal = fixed

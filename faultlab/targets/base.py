@@ -214,7 +214,8 @@ class JobContext(ABC):
 
     def worker_ranks(self) -> dict[int, tuple[str, int]]:
         """Rank → (node, pid) of every live torchrun worker, read from the environment torchrun
-        gave it (``RANK``): what a job that writes no ``start`` events is addressed by. The
+        gave it (``RANK``, plus ``FAULTLAB_RANK_OFFSET`` where each node is a torchrun world of
+        its own): what a job that writes no ``start`` events is addressed by. The
         topmost process with a rank counts (a data-loader worker inherits its rank's RANK)."""
         out: dict[int, tuple[str, int]] = {}
         for node, agent in self.agent_pids().items():
@@ -222,11 +223,13 @@ class JobContext(ABC):
             ranks: dict[int, int] = {}
             for proc in tree:
                 try:
-                    raw = proc.environ().get("RANK", "")
+                    environ = proc.environ()
                 except psutil.Error:
                     continue
+                raw = environ.get("RANK", "")
+                offset = environ.get("FAULTLAB_RANK_OFFSET", "0")  # a node that is its own world
                 if raw.isdigit():
-                    ranks[proc.pid] = int(raw)
+                    ranks[proc.pid] = int(raw) + (int(offset) if offset.isdigit() else 0)
             for proc in tree:
                 rank = ranks.get(proc.pid)
                 if rank is None:

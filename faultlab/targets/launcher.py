@@ -34,6 +34,7 @@ from faultlab.spec.launch import (
     TORCHRUN_DEFAULT,
     fill,
     launcher_index,
+    node_worlds,
     placeholders_in,
     program,
     trainer_argv,
@@ -45,6 +46,7 @@ from faultlab.targets.procs import (
     send_signal,
     signal_tree,
 )
+from faultlab.targets.services import ServiceError, Services
 
 __all__ = ["JobResult", "LaunchError", "LocalJob", "main"]
 
@@ -108,7 +110,13 @@ class LocalJob:
     node_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Extra environment of one node's agent and workers, by node name (``node0`` ...): e.g.
     each node's own cloud metadata endpoint."""
+    services: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Processes the team runs beside the nodes (``target.services``: torchft's lighthouse),
+    by name: started before the nodes with a free port each in ``{NAME_port}``, reaped with
+    the job, untouched by a node's loss (``faultlab.targets.services``)."""
     _nodes: list[_Node] = field(default_factory=list, init=False)
+    _services: Services | None = field(default=None, init=False)
+    _node_ports: dict[int, int] = field(default_factory=dict, init=False)
     _store: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _killed: set[str] = field(default_factory=set, init=False)
     _t0: float = field(default=0.0, init=False)
@@ -164,7 +172,14 @@ class LocalJob:
         logs.mkdir(parents=True, exist_ok=True)
         try:
             endpoint, conf = self._start_rendezvous(self._store_host())
+            if self.services:
+                self._services = Services(self.services,
+                                          free_port=lambda: _free_port(self._store_host()))
+                self._services.start(logs, self.line_values(endpoint), _spawner().submit)
             self._start_nodes(endpoint, conf, logs)
+        except ServiceError as e:
+            self.stop()
+            raise LaunchError(str(e)) from None
         except BaseException:
             self.stop()
             raise
@@ -263,7 +278,8 @@ class LocalJob:
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=die_with_parent)
         node = _Node(name, popen, log_path, cmd)
-        if index == 0 and self.launch_line is not None and self.nodes > 1:
+        if index == 0 and self.launch_line is not None and self.nodes > 1 and \
+                not node_worlds(self.launch_line):
             self._await_first_listener(node, endpoint)
         return node
 
@@ -277,14 +293,20 @@ class LocalJob:
                 "nproc_per_node": str(self.procs_per_node),
                 "max_restarts": str(self.max_restarts), "rdzv_endpoint": endpoint,
                 "rdzv_id": self._rdzv_id, "master_addr": host,
-                "master_port": str(self._master_port)}
+                "master_port": str(self._master_port),
+                **(self._services.values() if self._services is not None else {})}
 
     def node_line(self, index: int, endpoint: str) -> list[str]:
         """Node ``index``'s command: the launch line filled in, then the trainer's command."""
         assert self.launch_line is not None
-        values = {**self.line_values(endpoint), "node_rank": str(index)}
+        host = endpoint.rpartition(":")[0]
+        port = self._node_ports[index] = _free_port(host)  # a new one for a restarted node
+        values = {**self.line_values(endpoint), "node_rank": str(index),
+                  "node_master_port": str(port), "node_rdzv_endpoint": f"{host}:{port}"}
         used = placeholders_in(self.launch_line)
-        self.filled = {k: v for k, v in values.items() if k in used and k != "node_rank"}
+        self.filled = {k: v for k, v in values.items()
+                       if k in used and k not in ("node_rank", "node_master_port",
+                                                  "node_rdzv_endpoint")}
         line = fill(self.launch_line, values)
         line[0] = program(line[0]) or line[0]
         at = launcher_index(line)  # behind an env VAR=value prefix: the launcher itself
@@ -318,6 +340,12 @@ class LocalJob:
                "FAULTLAB_NODE": name, "FAULTLAB_RUN_DIR": str(self.run_dir),
                "PYTHONUNBUFFERED": "1",
                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+        if self.launch_line is not None and node_worlds(self.launch_line):
+            # every node is a torchrun world of its own whose ranks start at RANK 0: number
+            # them across the job as torchft's global_rank does (faultlab.runtime.records)
+            env["FAULTLAB_RANK_OFFSET"] = str(int(name.removeprefix("node")) *
+                                              self.procs_per_node)
+            env["FAULTLAB_WORLD_SIZE"] = str(world)
         if self.launch_line is None:
             # torch 2.13: when the node holding group rank 0 dies, survivors disagree on
             # MASTER_PORT if the rendezvous store is shared with the workers, and hang.
@@ -347,6 +375,7 @@ class LocalJob:
             "started_t": time.time(),
             "launch": "faultlab" if self.launch_line is None else list(self.launch_line),
             "filled": self.filled,
+            "services": self._services.info() if self._services is not None else [],
         }
 
     def _write_launch_json(self, endpoint: str) -> None:
@@ -359,8 +388,9 @@ class LocalJob:
 
     def describe(self) -> str:
         """The exact agent command lines, for a person reproducing a failure by hand."""
-        return "\n".join(f"{n.name}: FAULTLAB_NODE={n.name} {shlex.join(n.cmd)}"
-                         for n in self._nodes)
+        services = self._services.describe() if self._services is not None else []
+        return "\n".join([*services, *(f"{n.name}: FAULTLAB_NODE={n.name} {shlex.join(n.cmd)}"
+                                       for n in self._nodes)])
 
     def log_tail(self, num_lines: int = 50) -> str:
         """The last lines of every node's log (agent and workers)."""
@@ -388,7 +418,18 @@ class LocalJob:
         out = {p.pid for n in self._nodes for p in process_tree(self._root_pid(n))}
         if self._store is not None and self._store.poll() is None:
             out.add(self._store.pid)
+        if self._services is not None:
+            out |= self._services.pids()
         return out
+
+    def service_names(self) -> list[str]:
+        return self._services.names() if self._services is not None else []
+
+    def kill_service(self, name: str, sig: int = signal.SIGKILL) -> list[int]:
+        """Kill a service the team runs beside the nodes (and whatever it started)."""
+        if self._services is None:
+            raise KeyError(f"no service {name!r}: this job runs none")
+        return self._services.kill(name, sig)
 
     def kill_node(self, node: str, sig: int = signal.SIGKILL) -> list[int]:
         """Kill a node as a machine loss would: its agent and every worker at once."""
@@ -434,6 +475,8 @@ class LocalJob:
         self._stop_store()
 
     def _stop_store(self) -> None:
+        if self._services is not None:
+            self._services.stop()
         if self._store is not None and self._store.poll() is None:
             self._store.terminate()
             try:

@@ -86,7 +86,8 @@ class LocalTarget(JobContext):
                 procs_per_node=topo.procs_per_node, min_nodes=topo.min_nodes,
                 max_restarts=topo.max_restarts, node_env=node_env or {},
                 env=bootstrap_env() if exp.target.command else {},  # level 0
-                launch_line=exp.target.launch_line(topo.launcher))
+                launch_line=exp.target.launch_line(topo.launcher),
+                services=dict(exp.target.services))
         except LaunchError as e:
             raise TargetError(str(e)) from None
         self.stream = EventStream(run_dir / "events")
@@ -150,6 +151,15 @@ class LocalTarget(JobContext):
 
     def pids(self) -> set[int]:
         return self.job.pids()
+
+    def service_names(self) -> list[str]:
+        return self.job.service_names()
+
+    def kill_service(self, name: str, sig: int) -> list[int]:
+        try:
+            return self.job.kill_service(name, sig)
+        except KeyError as e:
+            raise FaultError(str(e).strip("'\"")) from None
 
     def restart_node(self, node: str) -> int:
         try:

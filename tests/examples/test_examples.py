@@ -8,6 +8,9 @@ check, no non-finite check, no watchdog), the failure and its message are the ex
   and ``fit(ckpt_path="last")``), from the ``examples`` extra.
 - ``nvrx_ft``: the ``fsdp2_dcp`` work with NVIDIA Resiliency Extension's heartbeats, run under
   the team's own ``ft_launcher`` line (``nvidia-resiliency-ext`` 0.4.1, the ``examples`` extra).
+- ``torchft_ddp``: torchft's DDP (``Manager``, ``DistributedDataParallel``, ``Optimizer``,
+  ``ProcessGroupGloo``), its lighthouse as a service and one torchrun per replica group, from
+  the ``examples`` extra.
 
 One table of scenarios, one runner (faultlab's engine, as ``faultlab run`` uses it); on a
 mismatch the assertion shows the whole SLA table and the job's exit codes.
@@ -119,6 +122,24 @@ SCENARIOS = {
         "completes": "the c10d rendezvous store lived in node0's ft_launcher agent",
         "resume_time_s": "node0's loss took the store", "lost_steps": "node0's loss took"},
         measured={"completes": False}),
+    # torchft: the killed group restarts under its torchrun and heals from its peer's live
+    # state at the next step (step 11, 1.9 s after the kill here); the survivor keeps its
+    # process and loses no step; from the heal on both hold bitwise the same weights.
+    "torchft_ddp/rank_kill.yaml": Expected("pass", measured={
+        "completes": True, "survivor_restarts": 0, "survivor_lost_steps": 0,
+        "healed_by_step": 11, "healed_state_matches_peer": True}),
+    # A group frozen for 6 s: the survivor waits for a quorum of 2 (min_replicas), the group
+    # comes back at step 11 with the same weights as its peer.
+    "torchft_ddp/group_hang.yaml": Expected("pass", measured={
+        "completes": True, "survivor_restarts": 0, "survivor_lost_steps": 0,
+        "healed_by_step": 11, "healed_state_matches_peer": True}),
+    # The lighthouse computes every quorum: killed, both groups stall for the quorum timeout,
+    # fail, and every restart fails to connect to it; the job is lost and the verdict names it.
+    "torchft_ddp/lighthouse_kill.yaml": Expected("fail", failing={
+        "completes": "the job depended on its service 'lighthouse'",
+        "survivor_restarts": "the job depended on its service 'lighthouse'",
+        "survivor_lost_steps": "rank 0 (not struck) made no step after the fault"},
+        measured={"completes": False, "survivor_restarts": 2}),
 }
 
 

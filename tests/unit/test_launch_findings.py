@@ -114,3 +114,19 @@ def test_ft_launcher_is_named_as_itself_with_its_own_rendezvous_limits() -> None
     assert still.cause == "slow_rendezvous" and "last call of 30 s" not in still.text
     assert launch_findings(NVRX, [], {"node0": "Gloo connectFullMesh failed"},
                            hung_after_restart=True) == []
+def test_a_killed_service_the_ranks_could_not_reach_is_named_whatever_the_launcher() -> None:
+    lighthouse = FaultRecord(id="lh", type="service_kill", injected_t=10.0, target="all",
+                             details={"service": "lighthouse", "pids": [7]})
+    groups = {"launch": ["env", "TORCHFT_LIGHTHOUSE=http://127.0.0.1:{lighthouse_port}",
+                         "torchrun", "--master-port", "{node_master_port}"],
+              "filled": {"lighthouse_port": "41234"}}
+    lost = ("RuntimeError: failed to connect to http://127.0.0.1:41234 within timeout of 3s; "
+            "verify the address is correct and the server is running")
+    [finding] = launch_findings(groups, [lighthouse], {"node0": lost, "node1": ""})
+    assert finding.cause == "service_lost" and "'lighthouse' (port 41234)" in finding.text
+    assert "completes" in finding.affects and "survivor_restarts" in finding.affects
+    # a launcher none of whose mechanisms are torchrun's still gets it
+    other = {**groups, "launch": ["my_launcher", "{node_master_port}"]}
+    assert causes(other, [lighthouse], {"node0": lost}) == ["service_lost"]
+    # the ranks never tried to reach it (the job ended first): nothing to name
+    assert causes(groups, [lighthouse], {"node0": "step 30 loss 0.7", "node1": ""}) == []

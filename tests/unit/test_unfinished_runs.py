@@ -80,6 +80,8 @@ DELAY = FaultRecord(id="slow", type="collective_delay", injected_t=1006.5, undon
                     target="rank 1")
 STICKY = FaultRecord(id="gpu", type="gpu_error", injected_t=T, target="node 0",
                      details={"sticky": True, "node": "node0"})
+KILLED = FaultRecord(id="kill", type="rank_kill", injected_t=T, target="rank 1",
+                     details={"signal": "SIGKILL", "pids_by_rank": {"1": 101}})
 BITFLIP = FaultRecord(id="flip", type="ckpt_bitflip", injected_t=T, target="all",
                       details={"checkpoints": ["/run/checkpoints/step_10"]})
 
@@ -118,6 +120,14 @@ CASES: dict[str, Case] = {
     "save_hang_detected_within_s": Case(10.0, pytest.approx(3.5), fault=_storage("io_hang")),
     "faulty_node_excluded": Case(True, False, fault=STICKY),
     "restarts_until_excluded": Case(1, NOT_MEASURED, fault=STICKY),
+    # the healing SLAs count and time what happened before the end: rank 0 stepped on after
+    # the fault without a restart, rank 1 stepped again at step 13, 1 s after it; with no
+    # step digest recorded, whether its weights matched is not measured
+    "survivor_restarts": Case(0, 0, fault=KILLED),
+    "survivor_lost_steps": Case(0, 0, fault=KILLED),
+    "healed_by_step": Case(14, 13, fault=KILLED),
+    "heal_time_s": Case(5.0, pytest.approx(1.0), fault=KILLED),
+    "healed_state_matches_peer": Case(True, NOT_MEASURED, fault=KILLED),
 }
 
 
