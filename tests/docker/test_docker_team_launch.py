@@ -23,6 +23,7 @@ from faultlab.spec import experiment_from_dict, load_experiment
 from faultlab.spec.launch import TORCHRUN_DEFAULT
 from faultlab.targets.docker import DockerTarget
 from faultlab.targets.docker.engine import run_resources
+from faultlab.targets.docker.job import listening_ports
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_dcp" / "experiments"
 NOTHING = {"containers": [], "networks": [], "images": []}
@@ -36,17 +37,6 @@ def _until(check: Any, timeout_s: float, what: str, logs: Any = lambda: "") -> A
             return found
         time.sleep(0.2)
     raise AssertionError(f"{what}: not within {timeout_s} s\n{logs()}")
-
-
-def _listens(pid: int, port: int) -> bool:
-    """Whether a TCP socket listens on ``port`` in the network namespace of ``pid``."""
-    listen = "0A"
-    for table in ("tcp", "tcp6"):
-        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = row.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == listen:
-                return True
-    return False
 
 
 def test_node_kill_takes_the_whole_container_under_the_teams_line(docker_client: Any,
@@ -76,8 +66,8 @@ def test_node_kill_takes_the_whole_container_under_the_teams_line(docker_client:
             assert f"group_rank={i}\n" in log.read_text() and \
                 "group_world_size=2\n" in log.read_text(), job.log_tail()
         # the c10d store listens in node 0's container only (torchrun's own, at the endpoint)
-        assert [_listens(target.node_netns_pid(f"node{i}"), 29400) for i in (0, 1)] == \
-            [True, False]
+        assert [29400 in listening_ports(target.node_netns_pid(f"node{i}")) for i in (0, 1)] \
+            == [True, False]
         victims = _until(lambda: job.worker_pids("node1"), 60, "node1's worker", job.log_tail)
         tree = {p.pid for p in psutil.Process(job.agent_pid("node1")).children(recursive=True)}
         survivors = job.worker_pids("node0")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from faultlab.targets.docker.engine import (
 from faultlab.targets.launcher import LaunchError, LocalJob
 from faultlab.targets.procs import pid_alive, process_tree, signal_tree
 
-__all__ = ["DockerJob", "host_mounts"]
+__all__ = ["DockerJob", "host_mounts", "listening_ports"]
 
 RDZV_PORT = 29400
 """The team's line's rendezvous port in node 0's container (torchrun's default)."""
@@ -62,6 +63,21 @@ class _DockerNode:
     cmd: list[str]
     init_pid: int
     exit_code: int | None = None
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports something listens on in the network namespace of process ``pid``."""
+    out = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                out.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return out
 
 
 def host_mounts(run_dir: Path) -> dict[str, dict[str, str]]:
@@ -114,11 +130,28 @@ class DockerJob(LocalJob):
 
     def _start_nodes(self, endpoint: str, conf: str, logs: Path) -> None:
         # In parallel (a container takes seconds to start); one that fails to start is still
-        # removed by stop(), by its label.
+        # removed by stop(), by its label. Under the team's line node 0 first, until its
+        # launcher listens: until then its name may not resolve and nothing answers there.
+        first = 0
+        if self.launch_line is not None and self.nodes > 1:
+            self._nodes.append(self._start_node(0, endpoint, conf, logs))
+            self._await_listener(self._dnodes()[0], (RDZV_PORT, MASTER_PORT))
+            first = 1
         with ThreadPoolExecutor(max_workers=self.nodes) as pool:
             started = list(pool.map(lambda i: self._start_node(i, endpoint, conf, logs),
-                                    range(self.nodes)))
+                                    range(first, self.nodes)))
         self._nodes.extend(started)  # type: ignore[arg-type]
+
+    def _await_listener(self, n: _DockerNode, ports: tuple[int, ...],
+                        timeout_s: float = 60) -> None:
+        """Wait until something in ``n``'s container listens on one of ``ports`` (read from
+        its network namespace's ``/proc/PID/net/tcp``), while it runs; a line whose rendezvous
+        needs no listener there (etcd ...) is not waited on past ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._alive(n):
+            if listening_ports(n.init_pid) & set(ports):
+                return
+            time.sleep(0.05)
 
     def _alive(self, n: _DockerNode) -> bool:  # type: ignore[override]
         return pid_alive(n.init_pid)
