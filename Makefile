@@ -86,6 +86,7 @@ bench: $(STAMP) fuse
 	$(PY) benchmarks/bench_campaign.py
 	$(PY) benchmarks/bench_launchers.py --runs 3
 	$(PY) benchmarks/bench_examples_launch.py --runs 3
+	$(PY) benchmarks/bench_docker_launch.py --runs 3
 	$(PY) benchmarks/bench_soak.py --runs 20 --parallel 2 --out reports --slurm-cluster
 
 lint: $(STAMP)

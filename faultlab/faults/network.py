@@ -135,7 +135,9 @@ class _Partition:
                 continue  # one side's rules cut both directions
             others = [addresses[n] for j, s in enumerate(sets) if j != k for n in s]
             cut_store = self.params.scope == "all" and k > 0
-            peers = [a for a in others if a] + ([store] if cut_store else [])
+            # a store inside a node (the team's c10d line: node 0's agent) goes with its node
+            outside = store and store not in addresses.values()
+            peers = [a for a in others if a] + ([store] if cut_store and outside else [])
             for node in side:
                 pid = ctx.node_netns_pid(node)
                 self.chains.append((node, pid))

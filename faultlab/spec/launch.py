@@ -45,6 +45,13 @@ loss never touches it (``service_kill`` is the fault that does). ``{node_master_
 own torchrun world, whose ranks all start at ``RANK`` 0, so faultlab numbers a rank across
 the job as ``node_rank * nproc_per_node + RANK`` (``FAULTLAB_RANK_OFFSET``), the numbering
 torchft's own ``global_rank`` uses.
+
+On docker nodes (``topology.launcher: docker``) the line runs inside each node's container, where
+the host's ``/usr``, Python, virtual environment, this project and the working directory are
+mounted read-only at the same paths (``docker_node_paths``). There ``{rdzv_endpoint}`` is
+``node0:29400`` and ``{master_addr}``/``{master_port}`` are ``node0``/``29500`` (torchrun's
+default ports): every run has a network of its own, on which each node's hostname (``nodeN``)
+resolves, so the ports never collide and the name is node 0's whatever its address.
 """
 
 from __future__ import annotations
@@ -58,9 +65,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["LAUNCHERS", "NODE_WORLD_PLACEHOLDERS", "PLACEHOLDERS", "SERVICE_NAME",
-           "TORCHRUN_DEFAULT", "addressing_problem", "fill", "fixed_port", "flag_value",
-           "is_torchrun_like", "launcher_index", "node_worlds", "placeholders_in", "program",
-           "service_placeholder", "trainer_argv", "unknown_placeholders"]
+           "TORCHRUN_DEFAULT", "addressing_problem", "docker_node_paths", "docker_problems",
+           "fill", "fixed_port", "flag_value", "is_torchrun_like", "launcher_index",
+           "node_worlds", "placeholders_in", "program", "service_placeholder", "trainer_argv",
+           "unknown_placeholders"]
 
 LAUNCHERS = ("torchrun", "faultlab")
 """The named launch lines (a list is a team's own)."""
@@ -195,6 +203,80 @@ def addressing_problem(line: Sequence[str], nodes: int) -> str | None:
             f"rendezvous ({_ENDPOINT_FLAGS[0]} {{rdzv_endpoint}}, with --rdzv-backend c10d) "
             f"or a static master (--master-addr {{master_addr}} --master-port {{master_port}} "
             f"--node-rank {{node_rank}}); faultlab fills each with a free address per launch")
+
+
+_LOOPBACK = re.compile(r"^(localhost|127(\.\d+){3}|::1|\[::1\])$")
+_LOCAL_ADDR_FLAGS = ("--local-addr", "--local_addr")
+
+
+def docker_node_paths() -> list[str]:
+    """The host paths every docker node sees, read-only, at the same path: ``/usr``, the base
+    Python, the virtual environment, this project and the working directory."""
+    import os
+
+    import faultlab
+
+    return ["/usr", sys.base_prefix, sys.prefix, str(Path(faultlab.__file__).resolve().parents[1]),
+            os.getcwd()]
+
+
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots if r)
+
+
+def docker_problems(line: Sequence[str]) -> list[tuple[int, str]]:
+    """``(index, why)`` for each part of ``line`` that cannot work inside a docker node: a
+    launcher (or the interpreter its ``#!`` names) outside what the containers see, and a
+    loopback address, which in a container is that container alone."""
+    out: list[tuple[int, str]] = []
+    roots = docker_node_paths()
+    at = launcher_index(line)
+    for i in {0, at} if at < len(line) else {0}:
+        found = program(line[i])
+        if found is None:
+            continue  # the spec reports a program that is not found at all
+        real = str(Path(found).resolve())
+        shown = f"{found!r}" + (f" (-> {real!r})" if real != found else "")
+        if not _inside(real, roots) and not _inside(found, roots):
+            out.append((i, f"{shown} is not inside the docker nodes: each container sees only "
+                           f"{', '.join(sorted(set(r for r in roots if r)))} (read-only); "
+                           f"install the launcher in the virtual environment faultlab runs "
+                           f"from, or under /usr"))
+            continue
+        interp = _shebang(real)
+        if interp and not _inside(str(Path(interp).resolve()), roots) and \
+                not _inside(interp, roots):
+            out.append((i, f"{shown} starts with #!{interp}, which is not inside the docker "
+                           f"nodes (they see {', '.join(sorted(set(r for r in roots if r)))}); "
+                           f"reinstall it from the interpreter faultlab runs on"))
+    for flags in (_ENDPOINT_FLAGS, _ADDR_FLAGS, _LOCAL_ADDR_FLAGS):
+        found_flag = flag_value(line, flags)
+        if found_flag is None:
+            continue
+        i, value = found_flag
+        host = value.rpartition(":")[0] if flags is _ENDPOINT_FLAGS else value
+        if _LOOPBACK.match(host):
+            fix = "{rdzv_endpoint}" if flags is _ENDPOINT_FLAGS else \
+                "{master_addr}" if flags is _ADDR_FLAGS else "nothing (leave the flag out)"
+            out.append((i, f"{host!r} is each container's own loopback on docker nodes: the "
+                           f"nodes would never meet; write {fix} (faultlab fills in node 0's "
+                           f"name on the run's network)"))
+    return out
+
+
+def _shebang(path: str) -> str | None:
+    """The interpreter a script's ``#!`` line names (None: not a script, or ``env``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+    if not words or words[0].rsplit("/", 1)[-1] == "env":
+        return None
+    return words[0]
 
 
 def fill(line: Sequence[str], values: Mapping[str, Any]) -> list[str]:

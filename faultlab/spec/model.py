@@ -23,7 +23,12 @@ from faultlab.spec._base import SpecModel, as_tuple, located, slug_name, spec_er
 from faultlab.spec._trainer import check_train_config
 from faultlab.spec.expect import Expect
 from faultlab.spec.faults import FaultSpec, Selector, Trigger
-from faultlab.spec.launch import addressing_problem
+from faultlab.spec.launch import (
+    NODE_WORLD_PLACEHOLDERS,
+    addressing_problem,
+    docker_problems,
+    node_worlds,
+)
 from faultlab.spec.observation import ObserveSpec
 from faultlab.spec.target import RunSpec, TargetSpec, Topology
 from faultlab.spec.trainers import get_trainer
@@ -67,18 +72,27 @@ class JobSpec(SpecModel):
             raise located([spec_error(("services",), f"services run beside local nodes only "
                                       f"(topology.launcher: local; this experiment's nodes are "
                                       f"{topology.launcher!r})", list(value.services))])
-        if topology is None or value.launch is None:
-            return value
+        if topology is None or (value.launch is None and topology.launcher != "docker"):
+            return value  # (docker: a command's default torchrun must be inside the nodes too)
         why = None
         if topology.launcher == "slurm":
             why = ("on Slurm the batch script starts the nodes: faultlab's, or your own "
                    "(topology.slurm.script), submitted unchanged; leave launch unset")
-        elif topology.launcher == "docker" and value.launch != "faultlab":
-            why = ("docker nodes run faultlab's launcher for now (launch: faultlab); your own "
-                   "launch line runs on local nodes (topology.launcher: local)")
         else:
             line = value.launch_line(topology.launcher)
             why = None if line is None else addressing_problem(line, topology.nodes)
+            if line is not None and why is None and topology.launcher == "docker":
+                own = isinstance(value.launch, tuple)  # else a named line: torchrun
+                if node_worlds(line):
+                    at = next(i for i, a in enumerate(line)
+                              if any(f"{{{n}}}" in a for n in NODE_WORLD_PLACEHOLDERS))
+                    raise located([spec_error(("launch", at), "a torchrun world per node "
+                                              "(torchft's replica groups) runs on local nodes "
+                                              "only (topology.launcher: local)", line[at])])
+                errors = [spec_error(("launch", i) if own else ("launch",), problem, line[i])
+                          for i, problem in docker_problems(line)]
+                if errors:
+                    raise located(errors)
         if why is not None:
             raise located([spec_error(("launch",), why, value.launch if isinstance(
                 value.launch, str) else list(value.launch))])

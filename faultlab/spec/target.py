@@ -291,13 +291,14 @@ class TargetSpec(SpecModel):
 
     def launch_line(self, launcher: str = "local") -> tuple[str, ...] | None:
         """The line that starts each node on ``topology.launcher``: None for faultlab's tuned
-        launcher (``launch: faultlab``, the reference trainer's default, and for now every
-        docker node; on Slurm the batch script starts the nodes), else the line with its
-        placeholders (``launch: torchrun`` is ``TORCHRUN_DEFAULT``, with ``--no-python`` for a
-        command that is not a Python script)."""
+        launcher (``launch: faultlab``, the reference trainer's default; on Slurm the batch
+        script starts the nodes), else the line with its placeholders (``launch: torchrun`` is
+        ``TORCHRUN_DEFAULT``, with ``--no-python`` for a command that is not a Python script).
+        A command with no ``launch`` runs under plain torchrun on local and docker nodes alike:
+        inside a container it is the same line the team runs on a machine."""
         launch = self.launch
         if launch is None:
-            launch = "faultlab" if self.is_reference or launcher != "local" else "torchrun"
+            launch = "faultlab" if self.is_reference or launcher == "slurm" else "torchrun"
         if launch == "faultlab":
             return None
         if launch == "torchrun":

@@ -300,9 +300,10 @@ class LocalJob:
         """Node ``index``'s command: the launch line filled in, then the trainer's command."""
         assert self.launch_line is not None
         host = endpoint.rpartition(":")[0]
-        port = self._node_ports[index] = _free_port(host)  # a new one for a restarted node
-        values = {**self.line_values(endpoint), "node_rank": str(index),
-                  "node_master_port": str(port), "node_rdzv_endpoint": f"{host}:{port}"}
+        values = {**self.line_values(endpoint), "node_rank": str(index)}
+        if node_worlds(self.launch_line):  # local nodes only (the spec refuses it elsewhere)
+            port = self._node_ports[index] = _free_port(host)  # a new one for a restarted node
+            values |= {"node_master_port": str(port), "node_rdzv_endpoint": f"{host}:{port}"}
         used = placeholders_in(self.launch_line)
         self.filled = {k: v for k, v in values.items()
                        if k in used and k not in ("node_rank", "node_master_port",

@@ -33,7 +33,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _sleeping_job(nodes: int = 3) -> dict[str, Any]:
-    return {"name": "docker_sleep", "target": {"command": ["sleep", "300"]},
+    # faultlab's launcher: its store on the gateway, outside every node, is what the partition
+    # checks below reach or cut (under a team's c10d line the store is in node 0)
+    return {"name": "docker_sleep", "target": {"command": ["sleep", "300"],
+                                               "launch": "faultlab"},
             "topology": {"nodes": nodes, "launcher": "docker"}, "run": {"timeout_s": 300}}
 
 
@@ -169,10 +172,14 @@ def test_faults_act_on_real_containers_and_stop_leaves_nothing(docker_client: An
                                                      "images": []}
 
 
+@pytest.mark.parametrize("launch", ["torchrun", "faultlab"])
 def test_killed_faultlab_leaves_no_container_network_or_image(docker_client: Any,
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path,
+                                                              launch: str) -> None:
+    # torchrun: the team's line inside each container (the store in node 0's agent);
+    # faultlab: the tuned agents, with faultlab's store process on the host
     exp = tmp_path / "sleepers.yaml"
-    exp.write_text("name: sleepers\ntarget: {command: [sleep, '300']}\n"
+    exp.write_text(f"name: sleepers\ntarget: {{command: [sleep, '300'], launch: {launch}}}\n"
                    "topology: {nodes: 2, launcher: docker}\nrun: {timeout_s: 200}\n"
                    "faults:\n  - type: node_pause\n    target: {node: 1}\n"
                    "    trigger: {at_time_s: 1}\n    duration_s: 150\n")
@@ -192,8 +199,10 @@ def test_killed_faultlab_leaves_no_container_network_or_image(docker_client: Any
         deadline = time.monotonic() + 90
         run_id = None
         while time.monotonic() < deadline and run_id is None and proc.poll() is None:
-            for launch in (tmp_path / "reports").glob("*/job/launch.json"):
-                run_id = json.loads(launch.read_text())["run_id"]
+            for found in (tmp_path / "reports").glob("*/job/launch.json"):
+                started = json.loads(found.read_text())
+                run_id = started["run_id"]
+                assert (started["launch"] == "faultlab") == (launch == "faultlab"), started
             time.sleep(0.2)
         assert run_id is not None, f"the job never started\n{said()}"
         paused: list[Any] = []

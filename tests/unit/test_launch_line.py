@@ -29,8 +29,10 @@ def test_a_command_runs_under_plain_torchrun_and_the_reference_trainer_under_fau
     tuned = experiment_from_dict({"name": "a", "target": {
         "command": ["python", "examples/fsdp2_dcp/train.py"], "launch": "faultlab"}})
     assert tuned.target.launch_line() is None
-    # docker nodes run faultlab's agents (for now): the default there is the tuned launcher
-    assert script.target.launch_line("docker") is None
+    # inside docker nodes a command runs under the same plain torchrun; on Slurm the batch
+    # script starts the nodes
+    assert script.target.launch_line("docker") == TORCHRUN_DEFAULT
+    assert script.target.launch_line("slurm") is None
 
 
 def test_the_teams_line_as_a_string_or_a_list() -> None:
@@ -64,13 +66,6 @@ def test_a_bad_launch_line_is_one_located_error(line: str, where: str | None,
         return
     _line, at, text = one_problem(launch(line))
     assert at == where and text.startswith(message), text
-
-
-def test_launch_is_refused_where_the_nodes_are_started_otherwise() -> None:
-    _line, at, text = one_problem(launch("torchrun", "topology: {nodes: 2, launcher: docker}"))
-    assert (at, text) == ("target.launch", "docker nodes run faultlab's launcher for now "
-                          "(launch: faultlab); your own launch line runs on local nodes "
-                          "(topology.launcher: local)")
 
 
 def test_one_node_needs_no_address_and_a_static_master_is_an_address() -> None:

@@ -58,7 +58,11 @@ class DockerTarget(LocalTarget):
         return int(self._job_call(self.job.netns_pid, node))
 
     def store_address(self) -> str:
-        return self.job.gateway
+        """Where the rendezvous store is: faultlab's on the gateway; under the team's line,
+        node 0's agent hosts it (the address node 0 has now, '' while it has none)."""
+        if self.job.launch_line is None:
+            return self.job.gateway
+        return self.node_address("node0") or ""
 
     def disconnect_node(self, node: str) -> None:
         self._job_call(self.job.disconnect_node, node)

@@ -1,14 +1,23 @@
 """A local elastic job whose nodes are Docker containers: ``DockerJob``.
 
 Same contract as ``faultlab.targets.launcher.LocalJob`` (it is one, with the nodes swapped):
-one torchrun agent per node, the rendezvous store in a process of its own *outside* the nodes,
-every process and every engine object reaped on ``stop``. What changes:
+one launcher per node, every process and every engine object reaped on ``stop``. Under
+faultlab's tuned launcher (``launch: faultlab``) each node runs faultlab's torchrun agent and the
+rendezvous store lives in a process of its own *outside* the nodes; under the team's line
+(``launch: torchrun`` or their own) each container runs that line as the team runs it on a
+machine, and its rendezvous is the line's own: with c10d, the store lives in node 0's agent,
+inside node 0's container. What changes from local nodes:
 
 - each node is a container (``faultlab-<run>-nodeN``, hostname ``nodeN``) on a bridge network
   of the run's own, created ``internal`` (no route off the host) — so a node has its own
   address, loses it when it is disconnected, and vanishes with it when killed;
-- the store listens on the network's gateway address (the host's side of the bridge), the only
-  address of the host the containers can reach;
+- every node's hostname (``nodeN``) is also its alias on the run's network, so it resolves in
+  every node: torchrun advertises ``socket.getfqdn()`` (the hostname) to its peers, and the
+  team's line meets at ``{rdzv_endpoint}`` = ``node0:29400`` (``{master_addr}`` ``node0``,
+  ``{master_port}`` 29500): torchrun's default ports, free in a network namespace of the run's
+  own;
+- faultlab's store listens on the network's gateway address (the host's side of the bridge),
+  the only address of the host the containers can reach;
 - containers run the host's interpreter and virtual environment, bind-mounted read-only at the
   same paths, and the run directory read-write, with the caller's uid/gid; a minimal init
   (``--init``) is PID 1 and the agent its child;
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.errors import TargetError
+from faultlab.spec.launch import docker_node_paths
 from faultlab.targets.docker.engine import (
     LABEL,
     RUN_LABEL,
@@ -36,7 +47,12 @@ from faultlab.targets.docker.engine import (
 from faultlab.targets.launcher import LaunchError, LocalJob
 from faultlab.targets.procs import pid_alive, process_tree, signal_tree
 
-__all__ = ["DockerJob", "host_mounts"]
+__all__ = ["DockerJob", "host_mounts", "listening_ports"]
+
+RDZV_PORT = 29400
+"""The team's line's rendezvous port in node 0's container (torchrun's default)."""
+MASTER_PORT = 29500
+"""The team's line's static master port (torch's default)."""
 
 
 @dataclass(slots=True)
@@ -49,13 +65,25 @@ class _DockerNode:
     exit_code: int | None = None
 
 
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports something listens on in the network namespace of process ``pid``."""
+    out = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                out.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return out
+
+
 def host_mounts(run_dir: Path) -> dict[str, dict[str, str]]:
     """Bind mounts of a node: the host's ``/usr``, Python, virtual environment, this project
     and the working directory read-only, the run directory read-write (same paths inside)."""
-    import faultlab
-
-    ro = ["/usr", sys.base_prefix, sys.prefix, str(Path(faultlab.__file__).resolve().parents[1]),
-          os.getcwd(), "/etc/ld.so.cache"]
+    ro = [*docker_node_paths(), "/etc/ld.so.cache"]
     mounts: dict[str, dict[str, str]] = {}
     for path in sorted({p for p in ro if p and Path(p).exists()}):
         if path == "/" or any(path.startswith(m.rstrip("/") + "/") for m in mounts):
@@ -77,9 +105,6 @@ class DockerJob(LocalJob):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.launch_line is not None:
-            raise LaunchError("a team's launch line: not supported by the docker launcher yet "
-                              "(its nodes run faultlab's agents)")
         self.run_dir = self.run_dir.resolve()  # the ranks find it at the same path inside
 
     # -- LocalJob's hooks --------------------------------------------------------------------
@@ -95,13 +120,38 @@ class DockerJob(LocalJob):
         self._gateway = self._network.attrs["IPAM"]["Config"][0]["Gateway"].split("/")[0]
         return self._gateway
 
+    def _start_rendezvous(self, host: str = "127.0.0.1") -> tuple[str, str]:
+        """The team's line runs its own rendezvous at node 0 (by its name on the run's
+        network); faultlab's launcher, a store of its own on the gateway."""
+        if self.launch_line is None:
+            return super()._start_rendezvous(host)
+        self._master_port = MASTER_PORT
+        return f"node0:{RDZV_PORT}", ""
+
     def _start_nodes(self, endpoint: str, conf: str, logs: Path) -> None:
         # In parallel (a container takes seconds to start); one that fails to start is still
-        # removed by stop(), by its label.
+        # removed by stop(), by its label. Under the team's line node 0 first, until its
+        # launcher listens: until then its name may not resolve and nothing answers there.
+        first = 0
+        if self.launch_line is not None and self.nodes > 1:
+            self._nodes.append(self._start_node(0, endpoint, conf, logs))
+            self._await_listener(self._dnodes()[0], (RDZV_PORT, MASTER_PORT))
+            first = 1
         with ThreadPoolExecutor(max_workers=self.nodes) as pool:
             started = list(pool.map(lambda i: self._start_node(i, endpoint, conf, logs),
-                                    range(self.nodes)))
+                                    range(first, self.nodes)))
         self._nodes.extend(started)  # type: ignore[arg-type]
+
+    def _await_listener(self, n: _DockerNode, ports: tuple[int, ...],
+                        timeout_s: float = 60) -> None:
+        """Wait until something in ``n``'s container listens on one of ``ports`` (read from
+        its network namespace's ``/proc/PID/net/tcp``), while it runs; a line whose rendezvous
+        needs no listener there (etcd ...) is not waited on past ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._alive(n):
+            if listening_ports(n.init_pid) & set(ports):
+                return
+            time.sleep(0.05)
 
     def _alive(self, n: _DockerNode) -> bool:  # type: ignore[override]
         return pid_alive(n.init_pid)
@@ -138,15 +188,19 @@ class DockerJob(LocalJob):
                "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin",
                "HOME": "/tmp"}
         container_name = f"faultlab-{self.run_id}-{name}"
-        # The agent advertises the container's name: the network's DNS resolves it in every
-        # node, to whatever address the node has now.
-        argv = [sys.executable, *self.agent_argv(endpoint, conf, container_name)]
+        # faultlab's agent advertises the container's name, the team's torchrun its hostname
+        # (nodeN, the node's alias): the network's DNS resolves both in every node, to
+        # whatever address the node has now.
+        argv = [sys.executable, *self.agent_argv(endpoint, conf, container_name)] \
+            if self.launch_line is None else self.node_line(index, endpoint)
         log_path = logs / f"{name}.log"
         shell = ["/bin/sh", "-c", 'exec "$@" >>"$0" 2>&1', str(log_path), *argv]
         try:
             container = self._client.containers.run(
                 self._image, shell, name=container_name, hostname=name, detach=True,
                 init=True, network=self._network.name, environment=env,
+                networking_config={self._network.name: self._client.api.create_endpoint_config(
+                    aliases=[name])},
                 volumes=host_mounts(self.run_dir), tmpfs={"/tmp": "rw,exec"},
                 working_dir=os.getcwd(), user=f"{os.getuid()}:{os.getgid()}",
                 labels={LABEL: "1", RUN_LABEL: self.run_id, "faultlab.node": name},
@@ -245,7 +299,7 @@ class DockerJob(LocalJob):
         if self.node_address(node) is not None or not self._alive(n):
             return False
         try:
-            self._network.connect(n.container)
+            self._network.connect(n.container, aliases=[node])
         except docker.errors.APIError:
             return False
         return True
