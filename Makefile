@@ -76,7 +76,7 @@ test: $(STAMP) chromium docker-engine fuse
 
 # The soak runs last: every experiment CI runs, 20 times, two at a time (hours; by itself:
 # python benchmarks/bench_soak.py --runs 4 experiments/rank_kill.yaml).
-bench: $(STAMP) fuse
+bench: $(STAMP) docker-engine fuse
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/bench_runtime.py
