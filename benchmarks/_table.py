@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 
 
@@ -23,3 +24,12 @@ def print_table(title: str, setup: list[str], headers: list[str], rows: list[lis
     for n in notes or []:
         print(f"  note: {n}")
     sys.stdout.flush()
+
+
+def spread(values: list[float], unit: str = " s") -> str:
+    """``median [min-max]`` of ``values`` (the one value alone; an em dash for none)."""
+    if not values:
+        return "—"
+    fmt = (lambda v: f"{v:.2f}") if unit else (lambda v: f"{v:g}")
+    return (f"{fmt(statistics.median(values))}{unit} [{fmt(min(values))}-{fmt(max(values))}]"
+            if len(values) > 1 else f"{fmt(values[0])}{unit}")

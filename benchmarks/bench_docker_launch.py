@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _table import print_table
+from _table import print_table, spread
 
 from faultlab.engine import run_experiment
 from faultlab.spec import experiment_from_dict
@@ -59,14 +58,6 @@ def experiment(stack: str, fault: str):  # type: ignore[no-untyped-def]
         "faults": [{"id": "kill", "type": "node_kill", "target": {"node": int(fault[-1])},
                     "trigger": {"at_step": 9}}],
         "expect": {"completes": True}})
-
-
-def spread(values: list[float], unit: str = " s") -> str:
-    if not values:
-        return "—"
-    fmt = (lambda v: f"{v:.2f}") if unit else (lambda v: f"{v:g}")
-    return (f"{fmt(statistics.median(values))}{unit} [{fmt(min(values))}-{fmt(max(values))}]"
-            if len(values) > 1 else f"{fmt(values[0])}{unit}")
 
 
 def main(argv: list[str] | None = None) -> int:
