@@ -127,8 +127,12 @@ def healing_metrics(records: Sequence[Record], faults: Sequence[FaultRecord]) ->
         notes.append(f"{fault.id}: rank {healed['rank']} healed at step {step}, "
                      f"{float(healed['t']) - T:.2f} s after the fault")
         matches.append(_matches(healed, steps, survivors, notes, fault.id))
-    out.survivor_restarts = sum(1 for r in starts if r["t"] > t_first
-                                and int(r["rank"]) in survivors_ever)
+    restarted = [int(r["rank"]) for r in starts if r["t"] > t_first
+                 and int(r["rank"]) in survivors_ever]
+    out.survivor_restarts = len(restarted)
+    if restarted:  # the guarantee broken: name who paid for the struck ranks' fault
+        notes.insert(0, f"rank(s) {', '.join(map(str, sorted(set(restarted))))} (not struck) "
+                        f"restarted {len(restarted)} time(s) after the fault")
     out.survivor_lost_steps = None if None in lost else max(
         (n for n in lost if n is not None), default=0)
     if heals:

@@ -140,6 +140,15 @@ SCENARIOS = {
     "torchft_ddp/group_hang.yaml": Expected("pass", measured={
         "completes": True, "survivor_restarts": 0, "survivor_lost_steps": 0,
         "healed_by_step": 11, "healed_state_matches_peer": True}),
+    # The same group frozen for 15 s, longer than the 10 s quorum timeout: the group NOT hit
+    # fails its quorum and restarts (twice here: its new process first fails to build the
+    # process group with the still-frozen peer); the hung group heals 19.2-19.6 s after the
+    # fault. torchft's promise that the others step on holds only for a hang shorter than it.
+    "torchft_ddp/group_hang_long.yaml": Expected("fail", failing={
+        "survivor_restarts": "rank(s) 0 (not struck) restarted",
+        "heal_time_s": "rank 1 healed at step 11"},
+        measured={"completes": True, "survivor_lost_steps": 0,
+                  "healed_state_matches_peer": True}),
     # The lighthouse computes every quorum: killed, both groups stall for the quorum timeout,
     # fail, and every restart fails to connect to it; the job is lost and the verdict names it.
     "torchft_ddp/lighthouse_kill.yaml": Expected("fail", failing={

@@ -66,6 +66,7 @@ def test_a_survivor_that_restarted_and_replayed_counts_both() -> None:
                    *steps(0, 103, 9, 20, 1013.0), *steps(1, 102, 9, 20, 1013.0)])
     h = healing_metrics(records, [KILL])
     assert (h.survivor_restarts, h.survivor_lost_steps) == (1, 2)  # steps 9 and 10 again
+    assert h.note.startswith("rank(s) 0 (not struck) restarted 1 time(s) after the fault; ")
 
 
 def test_a_lost_lighthouse_strikes_no_rank_and_a_stalled_job_lost_an_unknown_number() -> None:
