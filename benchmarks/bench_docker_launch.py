@@ -28,20 +28,15 @@ import time
 from pathlib import Path
 
 from _table import print_table, spread
+from bench_launchers import STACKS as LOCAL_STACKS
 
 from faultlab.engine import run_experiment
 from faultlab.spec import experiment_from_dict
-from faultlab.spec.launch import TORCHRUN_DEFAULT
 from faultlab.targets.docker.engine import engine_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-RDZV = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
-STACKS: dict[str, object] = {
-    "torchrun": list(TORCHRUN_DEFAULT),
-    "torchrun + flags": ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", *TORCHRUN_DEFAULT,
-                         "--rdzv-conf", RDZV],
-    "faultlab": "faultlab",
-}
+STACKS = {name: LOCAL_STACKS[name] for name in ("torchrun", "torchrun + flags", "faultlab")}
+"""bench_launchers.py's lines, the same flags, on docker nodes."""
 FAULT_NAMES = {"node0": "loss of the store's node (0)", "node1": "loss of node 1"}
 
 

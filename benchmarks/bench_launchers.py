@@ -54,15 +54,15 @@ from pathlib import Path
 from _table import print_table, spread
 
 from faultlab.engine import run_experiment
+from faultlab.observe.launch_findings import RECOMMENDED_RDZV_CONF
 from faultlab.spec import experiment_from_dict
 from faultlab.spec.launch import TORCHRUN_DEFAULT
 
 ROOT = Path(__file__).resolve().parents[1]
-RDZV = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 STACKS: dict[str, object] = {
     "torchrun": list(TORCHRUN_DEFAULT),
     "torchrun + flags": ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", *TORCHRUN_DEFAULT,
-                         "--rdzv-conf", RDZV],
+                         "--rdzv-conf", RECOMMENDED_RDZV_CONF],
     "faultlab": "faultlab",
     "ft_launcher": ["ft_launcher", "--nnodes", "{nnodes}", "--nproc-per-node", "{nproc_per_node}",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", "{rdzv_endpoint}",

@@ -24,46 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
-SEED = 0
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, 4 * dim)
-        self.down = nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self, dim: int, num_blocks: int) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(num_blocks))
-        self.head = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
-def batch(step: int, rank: int, batch_size: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's slice of step ``step``: the same numbers on every run."""
-    target_map = torch.randn(dim, dim, generator=torch.Generator().manual_seed(SEED)) / dim**0.5
-    g = torch.Generator().manual_seed(SEED + 1_000_003 * step + rank)
-    x = torch.randn(batch_size, dim, generator=g)
-    return x, x @ target_map + 0.01 * torch.randn(batch_size, dim, generator=g)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fsdp2_dcp"))
+from train import SEED, Net, batch  # noqa: E402  (the same model and data)
 
 
 def main() -> None:

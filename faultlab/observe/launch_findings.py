@@ -55,12 +55,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from faultlab.observe.records import FaultRecord
-from faultlab.spec.launch import flag_value, is_torchrun_like, launcher_index
+from faultlab.spec.launch import flag_value, is_torchrun_like, launcher_index, service_placeholder
 
 __all__ = ["LaunchFinding", "launch_findings"]
 
 RECOMMENDED_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 """The rendezvous settings of faultlab's tuned launcher, as a torchrun flag value."""
+_OWN_WORKER_STORE = ("env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of "
+                     "the workers' own per round)")
 
 _NODE_FAULTS = frozenset({"node_kill", "spot_preemption", "node_pause", "network_partition",
                           "slurm_machine_loss", "slurm_node_down"})
@@ -71,7 +73,8 @@ class LaunchFinding:
     """One mechanism of the team's launcher seen at work in this run."""
 
     cause: str
-    """``store_lost``, ``slow_rendezvous``, ``restart_hung`` or ``stale_worker_store``."""
+    """``store_lost``, ``slow_rendezvous``, ``restart_hung``, ``stale_worker_store`` or
+    ``service_lost``."""
     text: str
     """What happened and why, in a sentence."""
     change: str
@@ -139,7 +142,8 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
                                                       str((launch or {}).get("filled", {})
                                                           .get("nnodes", "")))
     store_lost = "store_lost" in [f.cause for f in out]
-    if nvrx and lost_nodes and survivors and ":" in nnodes and not store_lost:
+    slow_loss = bool(lost_nodes and survivors and ":" in nnodes and not store_lost)
+    if slow_loss and nvrx:
         last_call = "last_call_timeout" in conf
         out.append(LaunchFinding(
             "slow_rendezvous",
@@ -152,8 +156,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             "are not read): measured 43.4 s on the defaults, 14.4 s with the last call at 1 s, "
             "5.9 s under faultlab's launcher (launch: faultlab)",
             ("resume_time_s", "recovery_time_s")))
-    if not nvrx and lost_nodes and survivors and ":" in nnodes and "last_call_timeout" not in conf \
-            and not store_lost:
+    elif slow_loss and "last_call_timeout" not in conf:
         out.append(LaunchFinding(
             "slow_rendezvous",
             f"after {', '.join(lost_nodes)} left, the survivors' re-rendezvous ran on "
@@ -169,8 +172,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             "the workers sharing torchrun's rendezvous store, torch 2.13's re-rendezvous can "
             "leave the new group disagreeing on its master port, and init_process_group waits "
             "out its timeout",
-            "env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of the "
-            "workers' own per round)",
+            _OWN_WORKER_STORE,
             ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
     if not env_fixed and not nvrx and "connectFullMesh failed" in text:
         out.append(LaunchFinding(
@@ -178,8 +180,7 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             "after a restart a new worker failed to connect its process group to an address "
             "of the group before (Gloo connectFullMesh failed): the workers share torchrun's "
             "rendezvous store across restarts, and the restart cost one more attempt",
-            "env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of the "
-            "workers' own per round)",
+            _OWN_WORKER_STORE,
             ("max_restarts", "resume_time_s", "recovery_time_s")))
     return out
 
@@ -192,7 +193,7 @@ def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord
         name = (f.details or {}).get("service")
         if f.type != "service_kill" or f.details.get("error") or not isinstance(name, str):
             continue
-        port = str(filled.get(f"{name}_port", ""))
+        port = str(filled.get(service_placeholder(name), ""))
         if not port or not any(f":{port}" in line and ("connect" in line.lower() or
                                                         "error" in line.lower())
                                for line in text.splitlines()):

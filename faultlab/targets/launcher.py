@@ -45,6 +45,7 @@ from faultlab.targets.procs import (
     send_pid,
     send_signal,
     signal_tree,
+    tree_listens,
 )
 from faultlab.targets.services import ServiceError, Services
 
@@ -116,7 +117,6 @@ class LocalJob:
     the job, untouched by a node's loss (``faultlab.targets.services``)."""
     _nodes: list[_Node] = field(default_factory=list, init=False)
     _services: Services | None = field(default=None, init=False)
-    _node_ports: dict[int, int] = field(default_factory=dict, init=False)
     _store: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _killed: set[str] = field(default_factory=set, init=False)
     _t0: float = field(default=0.0, init=False)
@@ -302,7 +302,7 @@ class LocalJob:
         host = endpoint.rpartition(":")[0]
         values = {**self.line_values(endpoint), "node_rank": str(index)}
         if node_worlds(self.launch_line):  # local nodes only (the spec refuses it elsewhere)
-            port = self._node_ports[index] = _free_port(host)  # a new one for a restarted node
+            port = _free_port(host)  # a new one for a restarted node
             values |= {"node_master_port": str(port), "node_rdzv_endpoint": f"{host}:{port}"}
         used = placeholders_in(self.launch_line)
         self.filled = {k: v for k, v in values.items()
@@ -323,14 +323,7 @@ class LocalJob:
         ports = {int(endpoint.rpartition(":")[2]), self._master_port}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and node.popen.poll() is None:
-            tree = {p.pid for p in process_tree(node.popen.pid)}
-            try:
-                listening = any(c.pid in tree and c.laddr and c.laddr.port in ports
-                                and c.status == psutil.CONN_LISTEN
-                                for c in psutil.net_connections(kind="tcp"))
-            except psutil.Error:
-                listening = False
-            if listening:
+            if tree_listens(node.popen.pid, ports):
                 return
             time.sleep(0.05)
 

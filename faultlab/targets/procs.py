@@ -15,7 +15,7 @@ import signal
 import psutil
 
 __all__ = ["die_with_parent", "pid_alive", "process_tree", "send_pid", "send_signal",
-           "signal_tree"]
+           "signal_tree", "tree_listens"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -71,3 +71,15 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
     except OSError:
         pass
+
+
+def tree_listens(pid: int, ports: set[int]) -> bool:
+    """Does ``pid`` or a descendant listen on one of ``ports`` (TCP)? A launcher that hosts a
+    store, or a service, is ready once it does."""
+    tree = {p.pid for p in process_tree(pid)}
+    try:
+        return any(c.pid in tree and c.laddr and c.laddr.port in ports
+                   and c.status == psutil.CONN_LISTEN
+                   for c in psutil.net_connections(kind="tcp"))
+    except psutil.Error:
+        return False

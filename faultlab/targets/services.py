@@ -24,7 +24,13 @@ from typing import Any
 import psutil
 
 from faultlab.spec.launch import fill, placeholders_in, program, service_placeholder
-from faultlab.targets.procs import die_with_parent, process_tree, send_signal, signal_tree
+from faultlab.targets.procs import (
+    die_with_parent,
+    process_tree,
+    send_signal,
+    signal_tree,
+    tree_listens,
+)
 
 __all__ = ["ServiceError", "Services"]
 
@@ -52,7 +58,6 @@ class Services:
         self.ports = {name: free_port() for name in self.lines}
         self.ready_timeout_s = ready_timeout_s
         self._running: dict[str, _Service] = {}
-        self._killed: set[str] = set()
 
     def values(self) -> dict[str, str]:
         """Placeholder → port, for every service (``{lighthouse_port}`` ...)."""
@@ -94,14 +99,8 @@ class Services:
                                    f"{service.popen.returncode} before it listened on port "
                                    f"{service.port}; its log ({service.log_path}) ends: "
                                    + " | ".join(tail))
-            tree = {p.pid for p in process_tree(service.popen.pid)}
-            try:
-                if any(c.pid in tree and c.laddr and c.laddr.port == service.port
-                       and c.status == psutil.CONN_LISTEN
-                       for c in psutil.net_connections(kind="tcp")):
-                    return
-            except psutil.Error:
-                pass
+            if tree_listens(service.popen.pid, {service.port}):
+                return
             time.sleep(0.05)
         raise ServiceError(f"target.services.{service.name}: not listening on port "
                            f"{service.port} after {self.ready_timeout_s:g} s; see "
@@ -121,14 +120,10 @@ class Services:
     def kill(self, name: str, sig: int = signal.SIGKILL) -> list[int]:
         """Signal a service and everything it started (the ``service_kill`` fault)."""
         pid = self.pid(name)
-        self._killed.add(name)
         return signal_tree(pid, sig)
 
     def pids(self) -> set[int]:
         return {p.pid for s in self._running.values() for p in process_tree(s.popen.pid)}
-
-    def returncodes(self) -> dict[str, int | None]:
-        return {n: s.popen.poll() for n, s in self._running.items()}
 
     def info(self) -> list[dict[str, object]]:
         return [{"service": s.name, "pid": s.popen.pid, "port": s.port, "cmd": s.cmd,
