@@ -5,7 +5,8 @@
     faultlab launch [--nodes N] [--min-nodes M] ... --run-dir DIR -- COMMAND...
     faultlab init --name NAME [--out FILE] -- [torchrun FLAGS] train.py ARGS...
     faultlab validate EXPERIMENT...
-    faultlab list faults
+    faultlab list faults|slas
+    faultlab schema                (the JSON Schema of experiment files, for editors)
     faultlab report RUN_DIR        (a suite's folder: rebuilds report.json, .md and .html)
     faultlab metadata serve --provider aws|gce|azure [--host H] [--port N] [--node NAME]
                             [--imds-v2-required] [--notice-in-s S]
@@ -50,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"faultlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run experiments and judge their SLAs")
-    run.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT")
+    run.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT",
+                     help="experiment, campaign or suite files (YAML), run in order")
     run.add_argument("--report-dir", type=Path, default=Path("reports"),
                      help="where run folders go (default: reports/)")
     run.add_argument("--seed", type=int, default=None, help="override every experiment's seed")
@@ -92,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                             "strike while the job restarts; where they land varies)")
     cinit.add_argument("--force", action="store_true", help="overwrite an existing file")
     val = sub.add_parser("validate", help="validate experiment files")
-    val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT")
+    val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT",
+                     help="experiment, campaign or suite files (YAML); a suite's members too")
     val.add_argument("--golden-cache", type=Path, default=Path("reports/.golden"),
                      metavar="DIR", help="where faultlab run caches golden runs: a campaign's "
                                          "mtbf_s is checked against the step time of one cached "
@@ -100,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list registered things")
     lst.add_argument("what", choices=["faults", "slas"],
                      help="faults: every fault and its params; slas: every expect key")
+    sub.add_parser("schema", help="print the JSON Schema of experiment, campaign and suite "
+                                  "files, for editors: faultlab schema > faultlab.schema.json")
     rep = sub.add_parser("report", help="re-render report.md from a run's journal.json (a "
                                         "suite run: its report.json, .md and .html)")
     rep.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -208,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "list":
             return _list_faults(console) if args.what == "faults" else _list_slas(console)
+        if args.command == "schema":
+            return _schema()
         if args.command == "report":
             return _report(args.run_dir, console)
         if args.command == "metadata":
@@ -300,6 +307,14 @@ def _list_faults(console: Console) -> int:
         for field, info in cls.Params.model_fields.items():
             default = "" if info.is_required() else f" = {info.default!r}"
             console.print(f"    - {field}{default}: {info.description or ''}")
+    return EXIT_PASS
+
+
+def _schema() -> int:
+    from faultlab.spec.schema import document_schema
+
+    # plain print, not rich: the JSON must reach a file byte for byte, never wrapped
+    print(json.dumps(document_schema(), indent=2, ensure_ascii=False))
     return EXIT_PASS
 
 

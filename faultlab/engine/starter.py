@@ -27,6 +27,7 @@ names the directory and asks for the argument. It deletes nothing.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -462,19 +463,10 @@ def _s(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} s"
 
 
-def main(argv: list[str], console: Any) -> int:
-    """``faultlab init [--name N] [--out FILE] [--timeout-s S] -- COMMAND``; returns the exit
-    code (0 written, 1 the fault-free run failed, 2 bad input)."""
-    import argparse
-
-    from rich.markup import escape
-
-    from faultlab.engine.runner import run_experiment
-    from faultlab.runtime.events import read_events
-
-    own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-        else (argv, [])
-    parser = argparse.ArgumentParser(prog="faultlab init", description=__doc__.splitlines()[0])
+def init_parser() -> argparse.ArgumentParser:
+    """The options of ``faultlab init`` (before its ``--``; the command follows it)."""
+    parser = argparse.ArgumentParser(prog="faultlab init", description=__doc__.splitlines()[0],
+                                     usage="faultlab init --name NAME [options] -- COMMAND ...")
     parser.add_argument("--name", required=True, help="the experiment's name")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write it (default: NAME.yaml here)")
@@ -482,7 +474,20 @@ def main(argv: list[str], console: Any) -> int:
                         help="where the fault-free run's folder goes (default: reports/)")
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="stop the fault-free run after this long (default 900)")
-    args = parser.parse_args(own)
+    return parser
+
+
+def main(argv: list[str], console: Any) -> int:
+    """``faultlab init [--name N] [--out FILE] [--timeout-s S] -- COMMAND``; returns the exit
+    code (0 written, 1 the fault-free run failed, 2 bad input)."""
+    from rich.markup import escape
+
+    from faultlab.engine.runner import run_experiment
+    from faultlab.runtime.events import read_events
+
+    own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    args = init_parser().parse_args(own)
     tr = parse_torchrun(command)
     out = args.out or Path(f"{args.name}.yaml")
     tr.command, moved = own_checkpoint_dirs(tr.command)

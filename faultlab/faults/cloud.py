@@ -127,6 +127,8 @@ class SpotPreemptionFault(Fault):
                 self._outcome[node].update(return_error=str(e))
 
     def release(self) -> dict[str, Any]:
+        """Stop the deadline timers and the fake metadata endpoints; a node that left on
+        notice is marked lost on purpose, not failed."""
         self._stop.set()
         with self._lock:  # a deadline being acted on finishes first
             for ctx, node in self._victims:

@@ -145,6 +145,8 @@ class GpuFault(Fault):
         return None
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """Clear the GPU state it wrote for the node (the next NVML and accelerator call sees
+        a healthy GPU again) and stop its memory hog, if it started one."""
         cleared = []
         for path in self._written:
             write_state(path, [e for e in read_state(path) if e.get("id") != self.fault_id])

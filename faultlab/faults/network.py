@@ -175,6 +175,8 @@ class NetworkPartitionFault(_NetworkFault):
         return self._partition.apply(ctx, victim)
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """Delete its drop rules (or reconnect the node to the job's network); the guard
+        removes them if faultlab dies."""
         return self._partition.remove(ctx)
 
 
@@ -243,6 +245,7 @@ class NetworkFlapFault(_NetworkFault):
                 self._errors.append(str(e))
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """Stop the cycle and bring the link up for good (its partition removed)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
@@ -306,6 +309,7 @@ class NetworkThrottleFault(_NetworkFault):
         return {"nodes": chosen, "ranks": ranks, "tc": done, "at_t": time.time()}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """Delete the token-bucket qdisc from every link it throttled."""
         removed = [f"{'host' if pid is None else pid}:{dev}" for pid, dev in self._applied
                    if remove_tbf(pid, dev)]
         self._applied = []

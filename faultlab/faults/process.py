@@ -110,6 +110,8 @@ class NodeKillFault(Fault):
                                 "node": node, "pids": pids})
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """``method: machine`` (Slurm): start the node's machine again, a replacement host
+        for the scheduler to hand back; a killed process is never brought back."""
         started = [n for n in self._machines if ctx.start_machine(n)]  # type: ignore[attr-defined]
         self._machines = []
         return {"machines_started": started}
@@ -132,6 +134,8 @@ class _StopFault(Fault):
         return pids
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """SIGCONT to every process it stopped (one already gone is skipped); faultlab's guard
+        continues them too if faultlab itself dies."""
         continued = [pid for pid in self._stopped if _continue(ctx, pid)]
         self._stopped = []
         return {"continued": continued}
@@ -186,6 +190,8 @@ class NodePauseFault(Fault):
         return {"node": node, "paused": True}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """``docker unpause`` of every node it froze; the guard unpauses them if faultlab
+        dies."""
         thawed = [n for n in self._paused if ctx.unpause_node(n)]
         self._paused = []
         return {"unpaused": thawed}

@@ -105,6 +105,9 @@ class RuntimeFault(Fault):
         return {"fault_id": self.fault_id, "ranks": ranks, "applies_at": replies}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """An ``undo`` message to the runtime agent of every rank it was sent to: the rule is
+        lifted inside the rank (a held collective goes on); a rank that died or restarted
+        since holds nothing."""
         if not self._sent:
             return {}
         send = _runtime(ctx, self.type)

@@ -106,6 +106,8 @@ class SlurmNodeDownFault(Fault):
                 "at_t": time.time()}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """``scontrol update nodename=N state=resume`` for every node it set down or
+        drained."""
         slurm = _slurm(ctx)
         resumed = [n for n in self._down if slurm.resume_node(n)]
         self._down = []
@@ -166,6 +168,7 @@ class SlurmPreemptFault(Fault):
             self._requeued = {"requeue_error": str(e)}
 
     def release(self) -> dict[str, Any]:
+        """Cancel a requeue still waiting for its grace time; report what was requeued."""
         if self._timer is not None:
             self._timer.cancel()
         return dict(self._requeued)

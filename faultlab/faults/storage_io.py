@@ -149,6 +149,9 @@ class _IoFault(Fault):
                 "rule": {k: v for k, v in rule.items() if k not in ("id", "seed", "pids")}}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """Remove its rule from the FUSE passthrough (a held operation goes on; the mount
+        stays for the run and is unmounted with it, by the guard if faultlab dies); report
+        the operations it hit."""
         if self._rule_id is None:
             return {}
         rule_id, self._rule_id = self._rule_id, None

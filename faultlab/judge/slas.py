@@ -24,6 +24,8 @@ class Sla:
     """Name of the measured metric (faultlab.observe)."""
     kind: Literal["max", "min", "bool"]
     """``max``: measured <= bound; ``min``: measured >= bound; ``bool``: measured == expected."""
+    unit: str
+    """What the measured value counts: ``s``, ``steps``, ``restarts``, ``ratio``, ``bool`` ..."""
     description: str
 
     def holds(self, measured: float | bool, bound: float | bool) -> bool:
@@ -35,70 +37,75 @@ class Sla:
 
 
 SLAS: dict[str, Sla] = {s.key: s for s in [
-    Sla(key="completes", metric="completes", kind="bool",
+    Sla(key="completes", unit="bool", metric="completes", kind="bool",
         description="the job reached run.steps and exited cleanly"),
-    Sla(key="max_restarts", metric="restarts", kind="max",
+    Sla(key="max_restarts", unit="restarts", metric="restarts", kind="max",
         description="restarts of the job (torchrun restarts of the worker group)"),
-    Sla(key="detection_latency_s", metric="detection_latency_s", kind="max",
+    Sla(key="detection_latency_s", unit="s", metric="detection_latency_s", kind="max",
         description="fault injected → first sign the job noticed"),
-    Sla(key="resume_time_s", metric="resume_time_s", kind="max",
+    Sla(key="resume_time_s", unit="s", metric="resume_time_s", kind="max",
         description="fault injected → first completed step after the job came back"),
-    Sla(key="recovery_time_s", metric="recovery_time_s", kind="max",
+    Sla(key="recovery_time_s", unit="s", metric="recovery_time_s", kind="max",
         description="fault injected → the job is back at its highest step before the fault"),
-    Sla(key="lost_steps", metric="lost_steps", kind="max",
+    Sla(key="lost_steps", unit="steps", metric="lost_steps", kind="max",
         description="highest step before the fault − step it resumed from"),
-    Sla(key="goodput", metric="goodput", kind="min",
+    Sla(key="goodput", unit="ratio (0-1)", metric="goodput", kind="min",
         description="useful step time ÷ wall time over the run"),
-    Sla(key="bitwise_equal_to_golden", metric="bitwise_equal_to_golden", kind="bool",
+    Sla(key="bitwise_equal_to_golden", unit="bool", metric="bitwise_equal_to_golden", kind="bool",
         description="final digest equals the fault-free golden run's"),
-    Sla(key="samples_exactly_once", metric="samples_exactly_once", kind="bool",
+    Sla(key="samples_exactly_once", unit="bool", metric="samples_exactly_once", kind="bool",
         description="every sample was trained on exactly once"),
-    Sla(key="corrupt_checkpoint_never_loaded", metric="corrupt_checkpoint_never_loaded",
+    Sla(key="corrupt_checkpoint_never_loaded", unit="bool",
+        metric="corrupt_checkpoint_never_loaded",
         kind="bool", description="no checkpoint damaged by a storage fault was loaded"),
-    Sla(key="emergency_checkpoint_before_deadline",
+    Sla(key="emergency_checkpoint_before_deadline", unit="bool",
         metric="emergency_checkpoint_before_deadline", kind="bool",
         description="after a preemption notice, an emergency checkpoint was committed before "
                     "the termination deadline"),
-    Sla(key="emergency_checkpoint_s", metric="emergency_checkpoint_s", kind="max",
+    Sla(key="emergency_checkpoint_s", unit="s", metric="emergency_checkpoint_s", kind="max",
         description="preemption notice → emergency checkpoint committed"),
-    Sla(key="checkpoints_all_finite", metric="checkpoints_all_finite", kind="bool",
+    Sla(key="checkpoints_all_finite", unit="bool", metric="checkpoints_all_finite", kind="bool",
         description="every checkpoint the job left holds only finite values (read back after "
                     "the run)"),
-    Sla(key="requeue_latency_s", metric="requeue_latency_s", kind="max",
+    Sla(key="requeue_latency_s", unit="s", metric="requeue_latency_s", kind="max",
         description="fault injected → the scheduler requeued the job → running again "
                     "(slurm)"),
-    Sla(key="straggler_detected_within_s", metric="straggler_detected_within_s", kind="max",
+    Sla(key="straggler_detected_within_s", unit="s",
+        metric="straggler_detected_within_s", kind="max",
         description="a rank slowed down → the trainer names it in an anomaly"),
-    Sla(key="max_slowdown", metric="slowdown", kind="max",
+    Sla(key="max_slowdown", unit="ratio (x)", metric="slowdown", kind="max",
         description="median step time while a slowing fault is in force ÷ the median before "
                     "it"),
-    Sla(key="save_failure_detected", metric="save_failure_detected", kind="bool",
+    Sla(key="save_failure_detected", unit="bool", metric="save_failure_detected", kind="bool",
         description="a save that io_error, disk_full or io_hang made fail was noticed (an "
                     "anomaly, a watchdog, a rank that failed), not taken for saved"),
-    Sla(key="failed_save_never_loaded", metric="failed_save_never_loaded", kind="bool",
+    Sla(key="failed_save_never_loaded", unit="bool", metric="failed_save_never_loaded", kind="bool",
         description="no checkpoint whose save failed or was cut short (or that a storage "
                     "fault damaged) was loaded"),
-    Sla(key="training_continued_through_save_failure",
+    Sla(key="training_continued_through_save_failure", unit="bool",
         metric="training_continued_through_save_failure", kind="bool",
         description="after a failed save the same processes trained on, without a restart"),
-    Sla(key="save_hang_detected_within_s", metric="save_hang_detected_within_s", kind="max",
+    Sla(key="save_hang_detected_within_s", unit="s",
+        metric="save_hang_detected_within_s", kind="max",
         description="io_hang struck a save → the job noticed (detection_latency_s, counting "
                     "only signs of a failed save)"),
-    Sla(key="faulty_node_excluded", metric="faulty_node_excluded", kind="bool",
+    Sla(key="faulty_node_excluded", unit="bool", metric="faulty_node_excluded", kind="bool",
         description="the job finished without the node whose GPU stayed failed (sticky "
                     "gpu_error; faultlab.observe.exclusion)"),
-    Sla(key="restarts_until_excluded", metric="restarts_until_excluded", kind="max",
+    Sla(key="restarts_until_excluded", unit="restarts",
+        metric="restarts_until_excluded", kind="max",
         description="GPU failed for good → restarts until the job ran without its node"),
-    Sla(key="survivor_restarts", metric="survivor_restarts", kind="max",
+    Sla(key="survivor_restarts", unit="restarts", metric="survivor_restarts", kind="max",
         description="restarts of the ranks no fault struck, after the first fault "
                     "(faultlab.observe.healing)"),
-    Sla(key="survivor_lost_steps", metric="survivor_lost_steps", kind="max",
+    Sla(key="survivor_lost_steps", unit="steps", metric="survivor_lost_steps", kind="max",
         description="steps the ranks no fault struck redid or lost"),
-    Sla(key="healed_by_step", metric="healed_at_step", kind="max",
+    Sla(key="healed_by_step", unit="step", metric="healed_at_step", kind="max",
         description="the step at which the struck ranks stepped again (healed)"),
-    Sla(key="heal_time_s", metric="heal_time_s", kind="max",
+    Sla(key="heal_time_s", unit="s", metric="heal_time_s", kind="max",
         description="fault injected (or undone) → the struck ranks' first committed step"),
-    Sla(key="healed_state_matches_peer", metric="healed_state_matches_peer", kind="bool",
+    Sla(key="healed_state_matches_peer", unit="bool",
+        metric="healed_state_matches_peer", kind="bool",
         description="the healed ranks' weights equal a survivor's at every step both "
                     "recorded (observe.step_digest)"),
 ]}
@@ -106,16 +113,17 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
 ``faultlab.spec.Expect`` and an entry here to add one."""
 
 CAMPAIGN_SLAS: dict[str, Sla] = {s.key: s for s in [
-    Sla(key="ettr", metric="ettr", kind="min",
+    Sla(key="ettr", unit="ratio (0-1)", metric="ettr", kind="min",
         description="effective training time ratio of the campaign: useful step time ÷ wall "
                     "time"),
-    Sla(key="detection_rate", metric="detection_rate", kind="min",
+    Sla(key="detection_rate", unit="ratio (0-1)", metric="detection_rate", kind="min",
         description="injections the job detected ÷ injections"),
-    Sla(key="attribution_accuracy", metric="attribution_accuracy", kind="min",
+    Sla(key="attribution_accuracy", unit="ratio (0-1)", metric="attribution_accuracy", kind="min",
         description="detected injections whose victim the job named ÷ attributable ones"),
-    Sla(key="false_positives_per_hour", metric="false_positives_per_hour", kind="max",
+    Sla(key="false_positives_per_hour", unit="per hour",
+        metric="false_positives_per_hour", kind="max",
         description="detections, restarts and anomalies of the fault-free golden run per hour"),
-    Sla(key="recovery_time_p95_s", metric="recovery_time_p95_s", kind="max",
+    Sla(key="recovery_time_p95_s", unit="s", metric="recovery_time_p95_s", kind="max",
         description="95th percentile of the injections' recovery time (an unrecovered one "
                     "counts as infinite)"),
 ]}

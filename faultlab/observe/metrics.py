@@ -76,6 +76,20 @@ faulty_node_excluded, restarts_until_excluded (run level)
 survivor_restarts, survivor_lost_steps, healed_at_step, heal_time_s, healed_state_matches_peer
     Defined in :mod:`faultlab.observe.healing` (a stack that recovers per step: did the
     others step on, when did the struck ranks heal, do their weights equal a peer's).
+bitwise_equal_to_golden (judged, not computed here)
+    The run's ``final_digest`` (its own record, or its final checkpoint read back and hashed:
+    :mod:`faultlab.observe.final_state`) equals the fault-free golden run's. Not measured
+    without a golden run, without a final state on either side (no record, and no checkpoint
+    saved at or after the last step), or when the run did not complete.
+checkpoints_all_finite (set by the engine)
+    Every committed checkpoint the job left, read back after the run
+    (:mod:`faultlab.engine.checkpoints`), holds only finite floating-point values; False at the
+    first NaN or Inf. Not measured when no checkpoint could be read, or when the run did not
+    complete.
+requeue_latency_s (set by the engine, Slurm)
+    The last requeue's ``running_again_t`` (the scheduler shows the job running again) − the
+    first fault's injection time, when the scheduler requeued the job; not measured if the job
+    was never requeued or one requeue never ran again.
 detection_latency_s, resume_time_s, recovery_time_s, lost_steps
     The worst (max) over the faults. For resume and recovery the result is None if any fault
     went down and its value is None (unmeasurable); faults that did not go down are left out.

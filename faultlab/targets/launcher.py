@@ -511,7 +511,8 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def launch_parser() -> argparse.ArgumentParser:
+    """The options of ``faultlab launch`` (before its ``--``; the command follows it)."""
     p = _OneLineParser(
         prog="faultlab launch", description=__doc__.splitlines()[0],
         usage="faultlab launch [options] --run-dir DIR -- COMMAND [ARG ...]")
@@ -534,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     """``faultlab launch``: run a command as a local elastic job until it ends. Exit codes: 0
     every counted node exited 0, 1 otherwise, 2 bad arguments, 124 timeout, 130 interrupted."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
+    parser = launch_parser()
     own, sep, command = _split_command(argv)
     args = parser.parse_args(own)
     if not sep or not command:

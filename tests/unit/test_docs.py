@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import reference_trainer
-from faultlab.targets.launcher import _parser as launch_parser
+from faultlab.targets.launcher import launch_parser
 from reference_trainer.config import add_train_args
 
 README = Path(reference_trainer.__file__).with_name("README.md").read_text()

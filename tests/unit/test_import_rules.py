@@ -40,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
             "metadata"},
     "reaper": {"targets", "storage"},
     "testing": {"errors", "targets"},
+    "reference": {"errors", "spec", "faults", "targets", "engine", "observe", "judge", "cli"},
     "__init__": set(),
 }
 """Which faultlab packages each one may import (its own modules always)."""
