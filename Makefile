@@ -1,17 +1,18 @@
 # The two set-up commands of the README. Each makes .venv on first use: torch==2.13.0 first (the
-# CPU wheel; an unpinned torch would pull gigabytes of CUDA), then the project with its dev and
-# examples extras (the examples' trainers run in the tests).
+# CPU wheel; an unpinned torch would pull gigabytes of CUDA), then the project with its dev,
+# examples and docs extras (the examples' trainers run in the tests; the docs site is built
+# and opened in a browser by them).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.faultlab-installed
 
-.PHONY: demo test bench lint clean chromium docker-engine fuse
+.PHONY: demo test bench lint clean chromium docker-engine fuse docs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,examples]'
+	$(PY) -m pip install --quiet -e '.[dev,examples,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP) fuse
@@ -76,6 +77,9 @@ test: $(STAMP) chromium docker-engine fuse
 
 # The soak runs last: every experiment CI runs, 20 times, two at a time (hours; by itself:
 # python benchmarks/bench_soak.py --runs 4 experiments/rank_kill.yaml).
+# Each benchmark's tables also land in docs/results/latest.md, with command, date, commit and
+# machine (benchmarks/_table.py).
+bench: export FAULTLAB_RESULTS_PAGE = $(CURDIR)/docs/results/latest.md
 bench: $(STAMP) docker-engine fuse
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_preemption.py
@@ -89,8 +93,15 @@ bench: $(STAMP) docker-engine fuse
 	$(PY) benchmarks/bench_docker_launch.py --runs 3
 	$(PY) benchmarks/bench_soak.py --runs 20 --parallel 2 --out reports --slurm-cluster
 
+# The documentation site, into site/: --strict fails on a broken link, a page missing from the
+# nav or a reference page that does not generate (docs/gen_reference.py). The two variables
+# silence banners two of the packages print on every build.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
+docs: $(STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict --quiet
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) reports/*/ .pytest_cache
+	rm -rf $(VENV) reports/*/ .pytest_cache site

@@ -49,6 +49,8 @@ class BrowserPage:
     text: str = ""
     """``document.body.innerText`` once loaded."""
     num_svgs: int = 0
+    probes: dict[str, Any] = field(default_factory=dict)
+    """The value of each expression of ``open_page(probes=...)``, by name, once loaded."""
     stderr: str = ""
 
     @property
@@ -112,13 +114,15 @@ def _as_fds_3_and_4(commands: int, replies: int) -> None:
     os.dup2(high[1], 4)
 
 
-def open_page(path: Path, *, screenshot: Path | None = None, width: int = 1280,
-              timeout_s: float = 60.0) -> BrowserPage:
-    """Load ``path`` in headless Chromium; raise FileNotFoundError if there is no Chromium."""
+def open_page(path: Path | str, *, screenshot: Path | None = None, width: int = 1280,
+              timeout_s: float = 60.0, probes: dict[str, str] | None = None) -> BrowserPage:
+    """Load ``path`` (a file, or a URL given as a string) in headless Chromium; raise
+    FileNotFoundError if there is no Chromium. ``probes``: JavaScript expressions to evaluate
+    once the page loaded (``page.probes``)."""
     binary = chromium_binary()
     if binary is None:
         raise FileNotFoundError(INSTALL_HINT)
-    url = path.resolve().as_uri()
+    url = path if isinstance(path, str) else path.resolve().as_uri()
     page = BrowserPage(url)
     with tempfile.TemporaryDirectory(prefix="faultlab-chromium-") as profile:
         to_browser_r, to_browser_w = os.pipe()
@@ -134,7 +138,7 @@ def open_page(path: Path, *, screenshot: Path | None = None, width: int = 1280,
         os.close(from_browser_w)
         pipe = _Pipe(proc, to_browser_w, from_browser_r, timeout_s)
         try:
-            _drive(pipe, page, url, screenshot, width)
+            _drive(pipe, page, url, screenshot, width, probes or {})
         finally:
             try:
                 pipe.call("Browser.close")
@@ -152,7 +156,7 @@ def open_page(path: Path, *, screenshot: Path | None = None, width: int = 1280,
 
 
 def _drive(pipe: _Pipe, page: BrowserPage, url: str, screenshot: Path | None,
-           width: int) -> None:
+           width: int, probes: dict[str, str]) -> None:
     target = pipe.call("Target.createTarget", url="about:blank")["targetId"]
     session = pipe.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
     for domain in ("Page", "Runtime", "Log", "Network"):
@@ -169,6 +173,7 @@ def _drive(pipe: _Pipe, page: BrowserPage, url: str, screenshot: Path | None,
     page.title = evaluate("document.title") or ""
     page.text = evaluate("document.body ? document.body.innerText : ''") or ""
     page.num_svgs = int(evaluate("document.querySelectorAll('svg').length") or 0)
+    page.probes = {name: evaluate(expression) for name, expression in probes.items()}
     if screenshot is not None:
         height = int(evaluate("Math.ceil(document.documentElement.scrollHeight)") or 900)
         pipe.call("Emulation.setDeviceMetricsOverride", session, width=width,
