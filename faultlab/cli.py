@@ -461,6 +461,8 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
 
     verdicts = []
     repeat = getattr(args, "repeat", 1)
+    if getattr(args, "bar", False):
+        _refuse_bar(experiments)
     for index, (path, exp) in enumerate(experiments):
         if repeat > 1:
             code = _run_repeated(exp, path, args, console, index=index,
@@ -531,6 +533,31 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
 BAR_METRICS = ("completes", "restarts", "detection_latency_s", "resume_time_s",
                "recovery_time_s", "lost_steps")
 """What ``--bar`` sets side by side, beside every SLA's result."""
+
+
+def _refuse_bar(experiments: list) -> None:  # type: ignore[type-arg]
+    """``--bar`` for a trainer that needs its own launcher is refused before anything runs:
+    a failed set-up must never be printed as a bar."""
+    from faultlab.errors import Problem
+    from faultlab.spec._yaml import read_yaml
+    from faultlab.spec.launch import bar_refusal
+
+    problems = []
+    for path, exp in experiments:
+        line = exp.target.launch_line(exp.topology.launcher)
+        why = bar_refusal(line)
+        if why is None:
+            continue
+        try:
+            at = read_yaml(Path(path).read_text(), path).line_of(("target", "launch"))
+        except (OSError, ValueError):
+            at = None
+        problems.append(Problem(Path(path), at, "target.launch",
+                                f"--bar cannot run {exp.name!r} under faultlab's launcher: "
+                                f"{why}; run it without --bar (the team's run stands on its "
+                                f"own)"))
+    if problems:
+        raise InvalidExperimentError(problems)
 
 
 def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]

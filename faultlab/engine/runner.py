@@ -227,7 +227,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 storage = StorageMount.start(storage_dir(exp, job_dir, source),
                                              run_folder / ".storage")
                 view.note(f"serving {storage.path} through the storage passthrough")
-            view.start(exp.name, exp.run.steps)
+            view.start(exp.name, exp.planned_steps)
             # The guard first: faultlab may die while the job is still starting.
             pidfile = run_folder / ".job-pids.json"
             reaper = _start_reaper(pidfile, getattr(target, "run_id", None),

@@ -18,9 +18,12 @@ __all__ = ["NullView", "RunView"]
 
 
 class NullView:
-    def start(self, name: str, total_steps: int) -> None: ...
+    def start(self, name: str, total_steps: int | None) -> None: ...
     def on_events(self, records: list[dict[str, Any]]) -> None: ...
     def note(self, message: str) -> None: ...
+    def _of_total(self, step: int) -> str:
+        return f"{step}/{self.total}" if self.total else str(step)
+
     def stop(self) -> None: ...
 
 
@@ -34,17 +37,20 @@ class RunView(NullView):
         self.restarts = 0
         self.t0 = time.time()
         self.name = ""
-        self.total = 0
+        self.total: int | None = None
         self._last_progress = 0
 
-    def start(self, name: str, total_steps: int) -> None:
+    def start(self, name: str, total_steps: int | None) -> None:
+        """``total_steps``: what the job runs, None when nothing says (a user's command that
+        names no step count): progress is then shown without a total, never a wrong one."""
         self.name, self.total, self.t0 = name, total_steps, time.time()
         if self.console.is_terminal:
             self.live = Live(self._table(), console=self.console, refresh_per_second=4,
                              transient=False)
             self.live.start()
         else:
-            self.console.print(f"[bold]{name}[/]: running {total_steps} steps")
+            self.console.print(f"[bold]{name}[/]: running "
+                               + (f"{total_steps} steps" if total_steps else "the job"))
 
     def _say(self, message: str) -> None:
         stamp = f"+{time.time() - self.t0:6.1f}s"
@@ -74,9 +80,9 @@ class RunView(NullView):
                 self._say(f"rank {rank} exited: {r.get('reason')} "
                           f"{str(r.get('error', ''))[:70]}")
         top = max(self.rank_step.values(), default=0)
-        if self.live is None and top >= self._last_progress + max(1, self.total // 4):
+        if self.live is None and top >= self._last_progress + max(1, (self.total or 40) // 4):
             self._last_progress = top
-            self._say(f"step {top}/{self.total}")
+            self._say(f"step {self._of_total(top)}")
         self._refresh()
 
     def _refresh(self) -> None:
@@ -91,10 +97,13 @@ class RunView(NullView):
         table.add_column("step")
         for rank in sorted(self.rank_step):
             table.add_row(str(rank), self.rank_node.get(rank, "?"),
-                          f"{self.rank_step[rank]}/{self.total}")
+                          self._of_total(self.rank_step[rank]))
         for n in self.notes:
             table.add_row("", "", escape(n))
         return table
+
+    def _of_total(self, step: int) -> str:
+        return f"{step}/{self.total}" if self.total else str(step)
 
     def stop(self) -> None:
         if self.live is not None:

@@ -14,7 +14,7 @@ from faultlab.judge.slas import CAMPAIGN_SLAS, SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState, first_difference
 from faultlab.observe.launch_findings import LaunchFinding
-from faultlab.observe.metrics import UNFINISHED_RUN
+from faultlab.observe.metrics import UNFINISHED_RUN, completion
 from faultlab.observe.save_failures import sign_note, struck
 from faultlab.spec import Experiment, arrival_times_s
 
@@ -100,7 +100,7 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             if not metrics.max_step:
                 note += " without reaching a single step (see the nodes' logs)"
         elif name == "completes" and measured is False:
-            note = _last_failure(events) or note
+            note = _last_failure(events) or completion(list(events))[1] or note
         if name == "bitwise_equal_to_golden":
             note = _bitwise_note(measured, golden, final_state) or note
         if name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded") and \

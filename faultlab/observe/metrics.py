@@ -12,11 +12,14 @@ Run-level:
 completes
     The last rank-0 ``exit`` has reason completed, and, counting only records since the latest
     ``start`` record of any rank (the final incarnation; all records if there is none), that
-    exit is among them, a ``final_digest`` is among them, and every ``exit`` among them is
-    completed or stopped. Where every node is a world of its own (a ``start`` with
-    ``own_world``: torchft's replica groups), rank 0 is one group among others, and the job
-    completes when any group finishes: the last ``exit`` of any rank stands for rank 0's (a
-    group 0 whose machine was lost for good leaves none, and group 1 finished the job).
+    exit is among them, every ``exit`` among them is completed or stopped, and, for a trainer
+    that writes the event protocol itself (level 2: an exit without a ``level``), a
+    ``final_digest`` is among them. A level-0 or level-1 trainer's clean exit is its finish,
+    checkpoint or not (``completion`` gives the reason when it is False). Where every node is
+    a world of its own (a ``start`` with ``own_world``: torchft's replica groups), rank 0 is
+    one group among others, and the job completes when any group finishes: the last ``exit``
+    of any rank stands for rank 0's (a group 0 whose machine was lost for good leaves none,
+    and group 1 finished the job).
 final_digest
     ``digest`` of the last ``final_digest`` record; None if there is none.
 restarts
@@ -52,9 +55,11 @@ corrupt_checkpoint_never_loaded
     record names one of those paths after the fault struck and before the job wrote a fresh
     checkpoint to the same path (a ``checkpoint_saved`` with that path) — a replayed run may
     legitimately save and later load a new checkpoint under the old name. True needs evidence
-    that the job would have loaded one: it completed, or after the last damage some process
-    started or loaded a checkpoint (its resume path ran); a job that died after the damage
-    and never started again loaded nothing because it loaded nothing at all (None).
+    that the job would have loaded one: it completed, or after the last damage a process got
+    as far as its load (``reached_load``: its resume path ran); a job that died after the
+    damage and never started again, or whose restart hung before it could load (a level-0
+    ``start`` is written as the process starts, before the trainer's own code runs), loaded
+    nothing because it loaded nothing at all (None).
 world_sizes
     The world sizes of the ``start`` records in time order, consecutive repeats collapsed
     (e.g. ``[3, 2]`` after a node loss); from all records if there are no start records.
@@ -134,17 +139,19 @@ from faultlab.observe.save_failures import (
 )
 from faultlab.observe.timeline import SLOWING_FAULTS, FaultMetrics, _Timeline
 
-__all__ = ["FaultMetrics", "FaultRecord", "Metrics", "UNFINISHED_RUN", "compute_metrics",
-           "withhold_unfinished"]
+__all__ = ["FaultMetrics", "FaultRecord", "Metrics", "UNFINISHED_RUN", "completion",
+           "compute_metrics", "reached_load", "withhold_unfinished"]
 
 UNFINISHED_RUN = {
     "goodput": "goodput is a whole run's",
     "samples_exactly_once": "the samples of the steps it never reached were trained on zero "
                             "times",
-    "corrupt_checkpoint_never_loaded": "no process started or loaded a checkpoint after the "
-                                       "damage: the job never tried to load one",
-    "failed_save_never_loaded": "no process started or loaded a checkpoint after the failed "
-                                "save: the job never tried to load one",
+    "corrupt_checkpoint_never_loaded": "no process got as far as loading a checkpoint after "
+                                       "the damage (a restart that hung before its load shows "
+                                       "nothing): the job never tried to load one",
+    "failed_save_never_loaded": "no process got as far as loading a checkpoint after the "
+                                "failed save (a restart that hung before its load shows "
+                                "nothing): the job never tried to load one",
     "checkpoints_all_finite": "the checkpoints after the one it stopped at were never written",
 }
 """Metric → why a run that did not complete cannot show it (``withhold_unfinished`` says which
@@ -285,26 +292,54 @@ def _world_sizes(records: list[Record]) -> list[int]:
     return sizes
 
 
-def _completes(records: list[Record]) -> bool:
+def completion(records: list[Record]) -> tuple[bool, str]:
+    """``completes`` (module docstring) and, when it is False, why, in words for the verdict.
+
+    A ``final_digest`` is required only of a trainer that writes the event protocol itself
+    (level 2: its ``exit`` records carry no ``level``), for which the digest is the last thing
+    it does. A level-0 or level-1 trainer's exits are written by faultlab's runtime agent
+    (``level`` 0 or 1) and say how the process ended: its clean exit is the finish, and a job
+    that keeps no checkpoint (torchft heals from a live peer, many of its trainers never save)
+    still finished; what needs the final state says so in its own verdict (the bitwise one)."""
     own_worlds = any(r.get("kind") == "start" and r.get("own_world") is True for r in records)
     rank0_exits = [r for r in records if r.get("kind") == "exit"
                    and (own_worlds or r.get("rank") == 0)]
-    if not rank0_exits or rank0_exits[-1].get("reason") != "completed":
-        return False
+    who = "no rank" if own_worlds else "rank 0"
+    if not rank0_exits:
+        return False, f"{who} wrote no exit record (killed, or stopped before its end)"
+    last = rank0_exits[-1]
+    if last.get("reason") != "completed":
+        return False, f"{who} last exited {last.get('reason')!s}" + (
+            f" ({str(last.get('error')).splitlines()[0][:160]})" if last.get("error") else "")
     last_start_t = max((r["t"] for r in records if r.get("kind") == "start"), default=None)
     final = records if last_start_t is None else [r for r in records if r["t"] >= last_start_t]
-    return ((last_start_t is None or rank0_exits[-1]["t"] >= last_start_t)
-            and any(r.get("kind") == "final_digest" for r in final)
-            and all(_is_clean_exit(r) for r in final if r.get("kind") == "exit"))
+    if last_start_t is not None and last["t"] < last_start_t:
+        return False, (f"{who} completed, but a process started after that and did not finish "
+                       f"(the last start, at t={last_start_t:.2f}, has no clean exit after it)")
+    unclean = [r for r in final if r.get("kind") == "exit" and not _is_clean_exit(r)]
+    if unclean:
+        bad = unclean[-1]
+        return False, (f"rank {bad.get('rank')} of the final incarnation exited "
+                       f"{bad.get('reason')!s}")
+    own_protocol = last.get("level") not in (0, 1)
+    if own_protocol and not any(r.get("kind") == "final_digest" for r in final):
+        return False, (f"{who} exited completed without a final_digest record after the last "
+                       f"start (a trainer that writes the event protocol writes its digest "
+                       f"last: it did not get there)")
+    return True, ""
+
+
+def _completes(records: list[Record]) -> bool:
+    return completion(records)[0]
 
 
 def withhold_unfinished(metrics: Metrics, records: list[Record] | None = None,
                         bad_since_t: float | None = None) -> None:
     """Withhold what a run that did not complete cannot show (module docstring, "A run that
     did not complete"): goodput always; a True of samples_exactly_once and
-    checkpoints_all_finite; a True of the two never-loaded checks unless a process started, or
-    a checkpoint was loaded, after ``bad_since_t`` (the last damage or failure) in
-    ``records``: the job's resume path ran. False stays: a sample
+    checkpoints_all_finite; a True of the two never-loaded checks unless a process got as far
+    as its load after ``bad_since_t`` (the last damage or failure) in ``records``
+    (:func:`reached_load`): the job's resume path ran. False stays: a sample
     trained twice or a damaged checkpoint loaded is a finding however the run ended."""
     if metrics.completes:
         return
@@ -314,12 +349,25 @@ def withhold_unfinished(metrics: Metrics, records: list[Record] | None = None,
             setattr(metrics, name, None)
     if records is None:
         return  # the engine's second call, for checkpoints_all_finite alone
-    resumed = bad_since_t is not None and any(
-        r.get("kind") in ("start", "checkpoint_loaded") and r["t"] > bad_since_t
-        for r in records)
+    resumed = bad_since_t is not None and reached_load(records, bad_since_t)
     for name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded"):
         if getattr(metrics, name) is True and not resumed:
             setattr(metrics, name, None)
+
+
+def reached_load(records: list[Record], since_t: float) -> bool:
+    """Did a process get as far as loading a checkpoint (or deciding there was none to load)
+    after ``since_t``? A ``checkpoint_loaded``; a ``start`` of a trainer that writes its own
+    (level 1 and 2 write it after their load); or a step of a process that started after
+    ``since_t`` (it went past its load to train). A level-0 ``start`` is not enough: the
+    bootstrap writes it as the process starts, and a restart that hangs in
+    ``init_process_group`` never reaches the trainer's load."""
+    new_pids = {_key(r.get("pid")) for r in records
+                if r.get("kind") == "start" and r["t"] > since_t}
+    return any(r["t"] > since_t and (
+        r.get("kind") == "checkpoint_loaded"
+        or (r.get("kind") == "start" and r.get("level") != 0)
+        or (r.get("kind") == "step" and _key(r.get("pid")) in new_pids)) for r in records)
 
 
 def _worst(values: list[Any], unmeasurable: bool) -> Any:

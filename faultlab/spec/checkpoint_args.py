@@ -39,7 +39,7 @@ from pathlib import Path
 from faultlab.errors import Problem
 
 __all__ = ["RUN_DIR", "CheckpointArg", "checkpoint_args", "checkpoint_dir_of",
-           "checkpoint_warnings", "command_line_of", "is_checkpoint_name"]
+           "checkpoint_warnings", "command_line_of", "is_checkpoint_name", "steps_of_command"]
 
 RUN_DIR = "{run_dir}"
 """The placeholder for each launch's own run directory (``faultlab.targets.local``)."""
@@ -130,6 +130,31 @@ def checkpoint_args(command: tuple[str, ...] | list[str] | None) -> list[Checkpo
                 i + 1 < len(args) and _is_path_value(args[i + 1]):
             out.append(CheckpointArg(i + 1, arg, args[i + 1], False))
     return out
+
+
+_STEPS_NAMES = {"steps", "max_steps", "num_steps", "total_steps", "train_steps",
+                "training_steps", "max_iters", "iters", "num_iterations", "train_iters"}
+"""Names of a step-count argument (lower-cased, ``-`` read as ``_``, after the last ``.`` of
+a dotted name: ``--training.steps``, ``trainer.max_steps=``): nanoGPT's
+``max_iters``, Megatron's ``train_iters``, Lightning's ``max_steps``, torchtitan's
+``training.steps``."""
+
+
+def steps_of_command(command: tuple[str, ...] | list[str] | None) -> int | None:
+    """The step count a user's command names (``--steps 30``, ``--max-steps=30``,
+    ``trainer.max_steps=30``), the last one given; None when it names none."""
+    found = None
+    args = list(command or ())
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if not eq:
+            if not arg.startswith("--") or i + 1 >= len(args):
+                continue
+            name, value = arg, args[i + 1]
+        dotted = name.lstrip("-+").lower().replace("-", "_")
+        if dotted.rsplit(".", 1)[-1] in _STEPS_NAMES and value.isdigit() and int(value) > 0:
+            found = int(value)
+    return found
 
 
 def command_line_of(file: Path | None, index: int | None) -> int | None:

@@ -313,6 +313,24 @@ def split_line(value: Any) -> Any:
     return value
 
 
+BAR_REFUSED = {
+    "ft_launcher": "the trainer under NVRx's ft_launcher talks to the rank monitor ft_launcher "
+                   "starts for each rank (RankMonitorClient); faultlab's launcher starts none, so "
+                   "under it the trainer fails at its first heartbeat and the bar would measure "
+                   "that failure, not a recovery",
+}
+"""Launchers whose trainers cannot run under faultlab's launcher, the ``--bar``, and why."""
+
+
+def bar_refusal(line: Sequence[str] | None) -> str | None:
+    """Why ``--bar`` cannot run an experiment with this launch line under faultlab's launcher
+    (its trainer needs what only its own launcher gives it); None: it can."""
+    if not line:
+        return None
+    name = _launcher(line)[:1]
+    return BAR_REFUSED.get(name[0].rsplit("/", 1)[-1]) if name else None
+
+
 def program(name: str) -> str | None:
     """Where a launch line's program is: ``python`` is faultlab's interpreter; a bare name is
     looked up in that interpreter's own ``bin`` first (a virtual environment's console

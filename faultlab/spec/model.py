@@ -21,6 +21,7 @@ from pydantic_core import InitErrorDetails
 
 from faultlab.spec._base import SpecModel, as_tuple, located, slug_name, spec_error
 from faultlab.spec._trainer import check_train_config
+from faultlab.spec.checkpoint_args import steps_of_command
 from faultlab.spec.expect import Expect
 from faultlab.spec.faults import FaultSpec, Selector, Trigger
 from faultlab.spec.launch import (
@@ -63,6 +64,17 @@ class JobSpec(SpecModel):
     @classmethod
     def _name(cls, value: str) -> str:
         return slug_name(value, f"{cls.document} name")
+
+    @property
+    def planned_steps(self) -> int | None:
+        """The steps the job runs, for a progress line: ``run.steps`` when it was given or the
+        trainer is a registered one (faultlab passes it on); for a command of the user's own,
+        the number its arguments name (``--steps 30``, ``max_steps=30`` ...:
+        ``steps_of_command``); None when nothing says (``run.steps`` is then only the
+        schedule's horizon, not what the trainer runs)."""
+        if self.target.command is None or "steps" in self.run.model_fields_set:
+            return self.run.steps
+        return steps_of_command(self.target.command)
 
     @field_validator("target")
     @classmethod

@@ -120,3 +120,18 @@ def test_launch_main_needs_a_command(tmp_path: Path,
         lines = capsys.readouterr().err.splitlines()
         assert len(lines) == 1 and "give the job's command after --" in lines[0], lines
     assert not (tmp_path / "run").exists()
+
+
+def test_bar_for_a_trainer_that_needs_its_own_launcher_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """NVRx's RankMonitorClient fails under faultlab's launcher: --bar would print that failed
+    set-up as a bar. Refused, located at the launch line, and the team's run does not start."""
+    from faultlab.cli import main
+
+    exp = Path(__file__).resolve().parents[2] / "examples/nvrx_ft/experiments/rank_kill.yaml"
+    code = main(["run", "--bar", "--report-dir", str(tmp_path), str(exp)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2
+    assert f"{exp}:17 target.launch: --bar cannot run 'nvrx_ft_rank_kill'" in err
+    assert "RankMonitorClient" in err and "nothing was run." in err
+    assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultlab.observe import FaultMetrics, FaultRecord, Metrics, compute_metrics
+from faultlab.observe.metrics import completion
 
 G = 12  # global batch
 
@@ -383,6 +384,33 @@ def test_missing_final_digest_does_not_complete() -> None:
     job.records = [r for r in job.records if r["kind"] != "final_digest"]
     m = compute_metrics(job.records, [])
     assert not m.completes and m.final_digest is None and m.max_step == 10
+    assert "without a final_digest" in completion(job.records)[1]
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_a_level0_job_that_finished_completes_without_a_checkpoint(level: int) -> None:
+    """A torchft trainer that keeps no checkpoint: both groups trained every step and exited
+    completed with code 0, and faultlab's agent wrote their exits; no final state to read
+    back. A job that finished is complete; the bitwise verdict says what it cannot judge."""
+    job = clean_run()
+    job.records = [r for r in job.records if r["kind"] != "final_digest"]
+    for r in job.records:
+        if r["kind"] == "exit":
+            r["level"] = level
+    m = compute_metrics(job.records, [])
+    assert m.completes and m.final_digest is None
+    assert completion(job.records) == (True, "")
+
+
+def test_completes_false_always_says_why() -> None:
+    job = clean_run()
+    no_exit = [r for r in job.records if r["kind"] != "exit"]
+    assert "wrote no exit record" in completion(no_exit)[1]
+    failed = [dict(r, reason="error", error="RuntimeError: boom\nmore") if r["kind"] == "exit"
+              and r["rank"] == 0 else r for r in job.records]
+    assert completion(failed)[1] == "rank 0 last exited error (RuntimeError: boom)"
+    restarted = [*job.records, {**job.records[0], "t": job.records[-1]["t"] + 1, "pid": 999}]
+    assert "a process started after that" in completion(restarted)[1]
 
 
 @pytest.mark.parametrize("ending", ["no_exit", "rank1_error_after_complete", "rank0_error"])

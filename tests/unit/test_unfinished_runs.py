@@ -163,8 +163,28 @@ def test_a_not_measured_sla_says_the_run_did_not_finish() -> None:
                            "the samples of the steps it never reached were trained on zero "
                            "times")
     saves = _judged("failed_save_never_loaded", CASES["failed_save_never_loaded"])
-    assert saves.note.endswith("no process started or loaded a checkpoint after the failed "
-                               "save: the job never tried to load one")
+    assert saves.note.endswith("no process got as far as loading a checkpoint after the "
+                               "failed save (a restart that hung before its load shows "
+                               "nothing): the job never tried to load one")
+
+
+@pytest.mark.parametrize(("after", "expected"), [
+    # the restart hung in init_process_group: level 0 wrote its start, the trainer never ran
+    ([ev(1016.0, "start", 1, pid=301, level=0, resumed_from_step=None)], NOT_MEASURED),
+    # ... the same restart went on to train: it went past its load, and loaded no damage
+    ([ev(1016.0, "start", 1, pid=301, level=0, resumed_from_step=None),
+      ev(1020.0, "step", 1, pid=301, step=11)], True),
+    # a level-2 trainer writes its start after its load
+    ([ev(1016.0, "start", 1, pid=301, resumed_from_step=10)], True),
+    ([ev(1016.0, "checkpoint_loaded", 1, pid=301, step=5, path="/run/checkpoints/step_5")],
+     True),
+])
+def test_a_restart_that_never_reached_its_load_shows_nothing(after, expected) -> None:
+    """Under plain torchrun, a restart after a bit flip hung in init_process_group until the
+    timeout: the process started, but never got as far as a checkpoint."""
+    events = early_end(extra=after)
+    metrics = compute_metrics(events, [BITFLIP])
+    assert metrics.corrupt_checkpoint_never_loaded == expected
 
 
 def test_restarts_within_the_bound_when_faultlab_stopped_the_job_are_not_measured() -> None:
