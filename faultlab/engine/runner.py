@@ -47,7 +47,8 @@ from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
-from faultlab.observe.launch_findings import launch_findings
+from faultlab.observe.launch_findings import abort_at_exit, launch_findings
+from faultlab.observe.logs import node_logs
 from faultlab.observe.metrics import withhold_unfinished
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import Experiment, resolve_selector
@@ -342,9 +343,9 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     last_start = max((e["t"] for e in events if e.get("kind") == "start"), default=None)
     hung = timed_out and metrics.restarts > 0 and last_start is not None and not any(
         e.get("kind") == "step" and e["t"] > last_start for e in events)
-    findings = launch_findings(launch, records, {
-        p.stem: p.read_text(errors="replace") for p in sorted((job_dir / "logs").glob(
-            "node*.log"))}, hung_after_restart=hung) if launch else []
+    logs = node_logs(job_dir)
+    findings = launch_findings(launch, records, logs, hung_after_restart=hung) if launch else []
+    findings += abort_at_exit(logs)  # the trainer's, under any launcher
     # Stopped before the launch: no SLA was measured, and a table of "not measured" would
     # only bury the reason (the error).
     slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,

@@ -39,6 +39,15 @@ service_lost
     A ``service_kill`` took down a service the team runs beside the nodes (``target.services``:
     torchft's lighthouse), and the nodes' logs show a rank failing to reach it at its port
     afterwards: the job depended on one process that nothing restarts. Runs for any launcher.
+abort_at_exit
+    Not the launcher's but the trainer's, and seen under any launcher: a rank that finished
+    cleanly died of SIGABRT at interpreter exit (``terminate called without an active
+    exception`` in its node's log). torch 2.13's gloo race (DESIGN.md; pytorch/pytorch#190489,
+    #117762): a gloo worker thread drops its last reference to a tensor during interpreter
+    finalization, takes the GIL, and CPython 3.11 ends it with ``pthread_exit`` inside a
+    ``noexcept`` destructor. The launcher restarts the group for a run that had finished.
+    ``os._exit(0)`` after a clean finish (stdio flushed) avoids it, as does Python 3.14.
+    faultlab keeps nothing alive that would hide it (``faultlab.runtime.interposer``).
 restart_hung
     The job restarted, then never trained again until faultlab stopped it at the timeout,
     under torchrun with the workers sharing the agent's store: torch 2.13's re-rendezvous can
@@ -57,7 +66,15 @@ from typing import Any
 from faultlab.observe.records import FaultRecord
 from faultlab.spec.launch import flag_value, is_torchrun_like, launcher_index, service_placeholder
 
-__all__ = ["LaunchFinding", "launch_findings"]
+__all__ = ["ABORT_AT_EXIT", "LaunchFinding", "abort_at_exit", "launch_findings"]
+
+ABORT_AT_EXIT = "terminate called without an active exception"
+"""What a rank's log shows when torch 2.13's gloo race aborts it at interpreter exit."""
+
+ABORT_AT_EXIT_RATE = ("measured on examples/fsdp2_dcp without the fix: 3 of 12 plain torchrun "
+                      "runs and 2 of 9 ft_launcher runs on an idle machine; with a gloo worker "
+                      "slowed as under load, see benchmarks/bench_exit_abort.py")
+"""Its measured rate, for the finding's text (the benchmark prints the current figures)."""
 
 RECOMMENDED_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 """The rendezvous settings of faultlab's tuned launcher, as a torchrun flag value."""
@@ -73,8 +90,8 @@ class LaunchFinding:
     """One mechanism of the team's launcher seen at work in this run."""
 
     cause: str
-    """``store_lost``, ``slow_rendezvous``, ``restart_hung``, ``stale_worker_store`` or
-    ``service_lost``."""
+    """``store_lost``, ``slow_rendezvous``, ``restart_hung``, ``stale_worker_store``,
+    ``service_lost`` or ``abort_at_exit``."""
     text: str
     """What happened and why, in a sentence."""
     change: str
@@ -183,6 +200,24 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             _OWN_WORKER_STORE,
             ("max_restarts", "resume_time_s", "recovery_time_s")))
     return out
+
+
+def abort_at_exit(logs: Mapping[str, str]) -> list[LaunchFinding]:
+    """The ``abort_at_exit`` finding (module docstring) when a node's log shows the abort."""
+    nodes = [node for node, text in logs.items() if ABORT_AT_EXIT in text]
+    if not nodes:
+        return []
+    times = sum(text.count(ABORT_AT_EXIT) for text in logs.values())
+    return [LaunchFinding(
+        "abort_at_exit",
+        f"{times} rank exit(s) on {', '.join(nodes)} died of SIGABRT at interpreter exit "
+        f"({ABORT_AT_EXIT!r}): torch 2.13's gloo race at exit (pytorch/pytorch#190489, "
+        f"#117762), which makes the launcher restart a group that had finished ("
+        f"{ABORT_AT_EXIT_RATE})",
+        "end the trainer with os._exit(0) after a clean finish, stdout and stderr flushed "
+        "(sys.stdout.flush(); sys.stderr.flush(); os._exit(0)), or run it on Python 3.14",
+        ("golden_run_fault_free", "max_restarts", "completes", "resume_time_s",
+         "recovery_time_s", "survivor_restarts"))]
 
 
 def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],

@@ -1,4 +1,5 @@
-"""Loss from a trainer's own output: ``observe.log_pattern``, for jobs that emit no loss event.
+"""What faultlab reads from the nodes' logs: each node's text (``node_logs``), and the loss from a
+trainer's own output: ``observe.log_pattern``, for jobs that emit no loss event.
 
 A level-0 job (a user's trainer, unchanged) tells faultlab its steps through the runtime
 agent's optimizer hook, but not its loss. Most trainers print it; ``observe.log_pattern`` is a
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from faultlab.spec.observation import check_log_pattern
 
-__all__ = ["losses_from_logs"]
+__all__ = ["losses_from_logs", "node_logs"]
 
 def losses_from_logs(logs: Iterable[Path], pattern: str) -> dict[int, float]:
     """Step → loss from the lines of ``logs`` that match ``pattern`` (last match wins;
@@ -38,3 +39,9 @@ def losses_from_logs(logs: Iterable[Path], pattern: str) -> dict[int, float]:
                 continue
             out[step] = loss  # a NaN loss is a finding, kept as printed
     return out
+
+
+def node_logs(run_dir: Path) -> dict[str, str]:
+    """Each node's log text by node name (``logs/node*.log`` of a run directory)."""
+    return {p.stem: p.read_text(errors="replace")
+            for p in sorted((Path(run_dir) / "logs").glob("node*.log"))}

@@ -32,8 +32,10 @@ What is observed where
 ``exit``
     At interpreter exit (``atexit``): ``completed`` with code 0, or ``error`` with the code given
     to ``sys.exit`` (wrapped to learn it); an uncaught exception is reported from a chained
-    ``sys.excepthook`` (``error`` and its type). ``os._exit`` and signals skip all of that, as
-    they skip the reference trainer's own records.
+    ``sys.excepthook`` (``error`` and its type). ``os._exit`` is wrapped too, in the rank's own
+    process (not in a forked child): a trainer that leaves with ``os._exit(0)`` after a clean
+    finish (the fix for torch 2.13's gloo abort at exit, finding ``abort_at_exit``) completed.
+    Signals skip all of that, as they skip the reference trainer's own records.
 
 Numeric faults, and when the agent learns the step
 --------------------------------------------------
@@ -361,6 +363,20 @@ class Observer(CheckpointHooks):
             exit_fn(code)
 
         self._setattr(sys, "exit", exit_remembering_code)
+        hard_exit = os._exit
+        leave = self._leave
+        rank_pid = self.ident.pid
+
+        @functools.wraps(hard_exit)
+        def hard_exit_reporting(code: int) -> None:
+            if os.getpid() == rank_pid:  # a forked child (a DataLoader worker) is not the rank
+                try:
+                    leave("completed", 0) if code == 0 else leave("error", code)
+                except Exception as e:
+                    _report("reporting the exit", e)
+            hard_exit(code)
+
+        self._setattr(os, "_exit", hard_exit_reporting)
         previous = sys.excepthook
 
         def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:

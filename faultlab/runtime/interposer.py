@@ -13,27 +13,18 @@ thin wrappers, and — for code that did ``from torch.distributed import all_red
 *after* ``install()`` gets the wrappers. Only a function object captured elsewhere before
 ``install()`` (a closure, a dict) escapes: install early if that matters.
 
-The fast path of a wrapper, with nothing injected, is: aliases of the CPU tensor arguments
-kept (below), a thread-local depth check, a counter increment, a check that the active-fault
-tuple is empty. Nested calls (``all_gather_object`` calls ``all_gather``; the deprecated
-``all_gather_into_tensor`` calls ``all_gather_single``) are counted and faulted once, under
-the outermost name. Under ``torch.compile`` tracing the wrappers step aside (dynamo maps the
-original functions to functional collectives by identity).
+The fast path of a wrapper, with nothing injected, is: a thread-local depth check, a counter
+increment, a check that the active-fault tuple is empty. Nested calls (``all_gather_object``
+calls ``all_gather``; the deprecated ``all_gather_into_tensor`` calls ``all_gather_single``)
+are counted and faulted once, under the outermost name. Under ``torch.compile`` tracing the
+wrappers step aside (dynamo maps the original functions to functional collectives by
+identity).
 
-Every wrapper, nested calls included, also keeps an alias (a view, which holds a reference to
-the tensor in C++) of each CPU tensor passed to the last :data:`NUM_KEPT_CALLS` collectives, and
-at interpreter exit keeps them for good. Why (torch 2.13, gloo, CPython 3.11; reproduced with the
-unchanged example trainer and *no* faultlab at all): a gloo worker thread drops its reference to
-a finished work *after* completing the work's future, so the rank's main thread may already be
-past ``destroy_process_group`` and in ``Py_FinalizeEx``. When that drop leaves the tensor with a
-single reference, torch releases the tensor's Python object, which takes the GIL; during
-finalization CPython ends a thread that asks for the GIL with ``pthread_exit``, whose forced
-unwind leaves a ``noexcept`` destructor (``~AsyncWork``): ``terminate called without an active
-exception``, SIGABRT after a run that completed (DCP's last ``broadcast`` is the usual one).
-With the alias held, the worker's drop is never the last but one reference, so it never needs
-the GIL. The cost is a few checks and one ``view_as`` per tensor per call, and up to
-:data:`NUM_KEPT_CALLS` calls' CPU tensors kept alive a little longer (device memory is never
-held; NCCL's watchdog thread may have the same hazard, unverified).
+The interposer keeps nothing alive that the trainer would not: a chaos tool must not change the
+behaviour it judges. (Until issue 38 every wrapper kept aliases of the last 16 calls' CPU
+tensors through interpreter exit, which hid torch 2.13's gloo abort at exit from the trainer's
+golden run; that abort is now a finding, ``abort_at_exit`` in
+:mod:`faultlab.observe.launch_findings`, with the fix a team applies.)
 
 Faults act on the host before the collective is issued, which is one code path for every
 backend. On gloo that delays/blocks the collective itself; on NCCL (asynchronous kernels on
@@ -43,8 +34,6 @@ their kernels — the same effect as a slow or dead peer, seen from the other ra
 
 from __future__ import annotations
 
-import atexit
-import collections
 import inspect
 import sys
 import threading
@@ -53,15 +42,7 @@ from typing import Any, Protocol
 
 from faultlab.runtime.plan import C10D_OPS, FUNCOL_OPS, OP_NAMES
 
-__all__ = ["NUM_KEPT_CALLS", "Call", "Striker", "counts", "install", "installed", "kept",
-           "set_faults", "uninstall"]
-
-NUM_KEPT_CALLS = 16
-"""Collective calls whose CPU tensor arguments are kept (module docstring). A gloo group's worker
-threads (2 by default) each hold at most one finished work, so the works still held at exit are
-among the last few calls of the process; 16 covers several groups and the nested calls
-(``broadcast_object_list`` issues two broadcasts)."""
-
+__all__ = ["Call", "Striker", "counts", "install", "installed", "set_faults", "uninstall"]
 
 class Striker(Protocol):
     """An active collective fault, as the interposer sees it."""
@@ -89,17 +70,10 @@ _COUNTS: dict[str, int] = dict.fromkeys(OP_NAMES, 0)
 _LOCK = threading.Lock()
 _PATCHES: list[tuple[object, str, Any]] = []  # (module, attribute, original) to undo
 _SIGNATURES: dict[str, inspect.Signature | None] = {}
-_KEPT: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=NUM_KEPT_CALLS)
 
 
 def installed() -> bool:
     return bool(_PATCHES)
-
-
-def kept() -> list[Any]:
-    """The aliases kept of the last collective calls' tensors, oldest first (module
-    docstring)."""
-    return [t for call in list(_KEPT) for t in call]
 
 
 def counts() -> dict[str, int]:
@@ -190,51 +164,13 @@ def _strike(op: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             fault.before(call)
 
 
-def _cpu_aliases(args: tuple[Any, ...], kwargs: dict[str, Any], torch: Any) -> tuple[Any, ...]:
-    """Aliases of the strided CPU tensors among a call's arguments and in its list arguments
-    (one level deep); subclasses (DTensor) are left alone: a view of one may communicate."""
-    plain = (torch.Tensor, torch.nn.Parameter)
-    found = []
-    for a in (*args, *kwargs.values()):
-        if type(a) in plain:
-            found.append(a)
-        elif isinstance(a, list | tuple):
-            found.extend(t for t in a if type(t) in plain)
-    out = []
-    for t in found:
-        if t.is_cpu and t.layout == torch.strided:
-            if t.requires_grad:  # rare in a collective; no_grad alone costs ~6 us
-                with torch.no_grad():
-                    out.append(t.view_as(t))
-            else:
-                out.append(t.view_as(t))
-    return tuple(out)
-
-
-def _pin_kept() -> None:
-    """At exit: the kept aliases outlive the interpreter (module docstring), so a gloo worker
-    that still holds one of their works releases it without the GIL."""
-    try:
-        import ctypes
-
-        pinned = list(_KEPT)
-        if pinned:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pinned))
-    except Exception as e:  # never a traceback at the trainer's exit
-        sys.stderr.write(f"faultlab interposer: keeping the last collectives' tensors at exit: "
-                         f"{type(e).__name__}: {e}\n")
-
-
-def _wrap(op: str, fn: Callable[..., Any], is_compiling: Callable[[], bool],
-          torch: Any) -> Callable[..., Any]:
-    local, state, counter, kept = _LOCAL, _STATE, _COUNTS, _KEPT
+def _wrap(op: str, fn: Callable[..., Any], is_compiling: Callable[[], bool]
+          ) -> Callable[..., Any]:
+    local, state, counter = _LOCAL, _STATE, _COUNTS
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return fn(*args, **kwargs)
-        held = _cpu_aliases(args, kwargs, torch)
-        if held:
-            kept.append(held)
         if local.depth:
             return fn(*args, **kwargs)
         counter[op] += 1
@@ -275,7 +211,7 @@ def install() -> bool:
                 fn = getattr(module, name, None)
                 if fn is None or hasattr(fn, "__faultlab_op__"):
                     continue
-                by_id[id(fn)] = (fn, _wrap(prefix + name, fn, is_compiling, torch))
+                by_id[id(fn)] = (fn, _wrap(prefix + name, fn, is_compiling))
                 names.add(name)
         # Rebind every module attribute that *is* one of the originals (the identity check makes
         # funcol.all_reduce and dist.all_reduce, same name, map to their own wrappers).
@@ -292,7 +228,6 @@ def install() -> bool:
                 if hit is not None and hit[0] is value:
                     _PATCHES.append((module, name, value))
                     setattr(module, name, hit[1])
-        atexit.register(_pin_kept)
         return True
 
 
@@ -303,5 +238,3 @@ def uninstall() -> None:
             module, name, original = _PATCHES.pop()
             setattr(module, name, original)
         _STATE.faults = ()
-        atexit.unregister(_pin_kept)
-        _KEPT.clear()

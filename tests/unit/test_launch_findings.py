@@ -130,3 +130,18 @@ def test_a_killed_service_the_ranks_could_not_reach_is_named_whatever_the_launch
     assert causes(other, [lighthouse], {"node0": lost}) == ["service_lost"]
     # the ranks never tried to reach it (the job ended first): nothing to name
     assert causes(groups, [lighthouse], {"node0": "step 30 loss 0.7", "node1": ""}) == []
+
+
+def test_an_abort_at_exit_is_the_trainers_finding_with_its_fix() -> None:
+    """The gloo race at exit: faultlab no longer hides it (the interposer keeps nothing), so
+    a rank that died of it is a finding, whatever launched the job, with the fix."""
+    from faultlab.observe.launch_findings import ABORT_AT_EXIT, abort_at_exit
+
+    assert abort_at_exit({"node0": "step 16 loss 0.1\n", "node1": ""}) == []
+    logs = {"node0": "", "node1": f"step 16\n{ABORT_AT_EXIT}\n"}
+    (finding,) = abort_at_exit(logs)
+    assert finding.cause == "abort_at_exit"
+    assert "1 rank exit(s) on node1 died of SIGABRT" in finding.text
+    assert "pytorch/pytorch#190489" in finding.text and "3 of 12" in finding.text
+    assert "os._exit(0)" in finding.change and "Python 3.14" in finding.change
+    assert {"golden_run_fault_free", "max_restarts"} <= set(finding.affects)

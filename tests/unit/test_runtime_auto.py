@@ -123,6 +123,9 @@ print("trainer done", flush=True)
     ("", "completed", 0),
     ("sys.exit(3)", "error", 3),
     ("raise ValueError('boom')", "error", 1),
+    # the fix for the abort at exit (finding abort_at_exit): leave without finalizing
+    ("import os; sys.stdout.flush(); os._exit(0)", "completed", 0),
+    ("import os; os._exit(5)", "error", 5),
 ])
 def test_a_bootstrapped_process_reports_start_steps_and_exit(
         tmp_path: Path, ending: str, reason: str, code: int) -> None:
