@@ -151,7 +151,9 @@ def main() -> None:
         rows.append([condition, str(len(got)), str(got.count("abort")),
                      f"{got.count('abort') / len(got):.0%}" if got else "—",
                      str(sum(r not in ("ok", "abort") for r in got))])
-    print_table("abort at exit: examples/fsdp2_dcp, fault-free, with and without the fix",
+    load = "the machine's own load" if shim is None else "gloo workers slowed"
+    print_table(f"abort at exit: examples/fsdp2_dcp, fault-free, with and without the fix "
+                f"({load})",
                 [f"faultlab from {args.faultlab_root}",
                  "shim: " + ("none (the machine's own load)" if shim is None
                              else f"gloo worker sleeps {args.delays_ms} ms after each work"),

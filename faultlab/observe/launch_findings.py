@@ -71,9 +71,10 @@ __all__ = ["ABORT_AT_EXIT", "LaunchFinding", "abort_at_exit", "launch_findings"]
 ABORT_AT_EXIT = "terminate called without an active exception"
 """What a rank's log shows when torch 2.13's gloo race aborts it at interpreter exit."""
 
-ABORT_AT_EXIT_RATE = ("measured on examples/fsdp2_dcp without the fix: 3 of 12 plain torchrun "
-                      "runs and 2 of 9 ft_launcher runs on an idle machine; with a gloo worker "
-                      "slowed as under load, see benchmarks/bench_exit_abort.py")
+ABORT_AT_EXIT_RATE = ("measured on examples/fsdp2_dcp, fault-free, without the fix: 7 of 60 "
+                      "plain torchrun runs on a loaded 2-core machine, 4 of 20 with gloo's "
+                      "workers slowed further, 2 of 9 under ft_launcher; with the fix 0 of 40 "
+                      "(benchmarks/bench_exit_abort.py)")
 """Its measured rate, for the finding's text (the benchmark prints the current figures)."""
 
 RECOMMENDED_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
