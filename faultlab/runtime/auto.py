@@ -371,7 +371,10 @@ class Observer(CheckpointHooks):
         def hard_exit_reporting(code: int) -> None:
             if os.getpid() == rank_pid:  # a forked child (a DataLoader worker) is not the rank
                 try:
-                    leave("completed", 0) if code == 0 else leave("error", code)
+                    if code == 0:
+                        leave("completed", 0)
+                    else:
+                        leave("error", code)
                 except Exception as e:
                     _report("reporting the exit", e)
             hard_exit(code)
