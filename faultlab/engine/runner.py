@@ -425,11 +425,15 @@ def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: Null
 
 def _undo(act: _Active, target: LocalTarget | None, records: list[FaultRecord],
           view: NullView) -> None:
+    # When the undo began: a continued rank can step before the undo call returns (seen: a
+    # group SIGCONTed at undo stepped 10 ms before a timestamp taken after it, under load),
+    # and nothing the fault held can move before this.
+    undone_t = time.time()
     try:
         details = act.fault.undo(target) if target is not None else {}  # type: ignore[arg-type]
     except FaultError as e:
         details = {"undo_error": str(e)}
-    undone = dataclasses.replace(act.record, undone_t=time.time(),
+    undone = dataclasses.replace(act.record, undone_t=undone_t,
                                  details={**act.record.details, "undo": details})
     records[records.index(act.record)] = undone
     act.record = undone

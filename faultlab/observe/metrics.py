@@ -357,7 +357,8 @@ def withhold_unfinished(metrics: Metrics, records: list[Record] | None = None,
 
 def reached_load(records: list[Record], since_t: float) -> bool:
     """Did a process get as far as loading a checkpoint (or deciding there was none to load)
-    after ``since_t``? A ``checkpoint_loaded``; a ``start`` of a trainer that writes its own
+    after ``since_t``? A ``checkpoint_loaded`` or ``checkpoint_load_failed`` (it tried: a
+    torn file that raised was not loaded); a ``start`` of a trainer that writes its own
     (level 1 and 2 write it after their load); or a step of a process that started after
     ``since_t`` (it went past its load to train). A level-0 ``start`` is not enough: the
     bootstrap writes it as the process starts, and a restart that hangs in
@@ -365,7 +366,7 @@ def reached_load(records: list[Record], since_t: float) -> bool:
     new_pids = {_key(r.get("pid")) for r in records
                 if r.get("kind") == "start" and r["t"] > since_t}
     return any(r["t"] > since_t and (
-        r.get("kind") == "checkpoint_loaded"
+        r.get("kind") in ("checkpoint_loaded", "checkpoint_load_failed")
         or (r.get("kind") == "start" and r.get("level") != 0)
         or (r.get("kind") == "step" and _key(r.get("pid")) in new_pids)) for r in records)
 

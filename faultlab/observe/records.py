@@ -31,7 +31,8 @@ class FaultRecord:
     injected_t: float
     """Wall-clock time (``time.time()``, like the events' ``t``) at which it was injected."""
     undone_t: float | None = None
-    """When ``undo`` ran; None if it was not (yet) undone or has nothing to undo."""
+    """When ``undo`` began (nothing the fault held can move before it, and a continued rank
+    may step before the call returns); None if it was not (yet) undone."""
     target: str = ""
     """What it hit, in words: ``rank 1``, ``node node0``."""
     details: dict[str, Any] = field(default_factory=dict)

@@ -227,7 +227,14 @@ class CheckpointHooks:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             t0, m0 = time.time(), time.monotonic()
             before = self._before_load() if kind == "load" else None
-            result = fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:  # CheckpointException is a BaseException
+                if kind == "load":
+                    where = kwargs.get("checkpoint_id") or kwargs.get("storage_reader") \
+                        or (args[1] if len(args) > 1 else None)
+                    self._load_failed(_ckpt_location(where), e)
+                raise
             try:
                 # checkpoint_id, or the storage writer/reader (the deprecated forms: 2nd arg)
                 where = kwargs.get("checkpoint_id") or kwargs.get("storage_writer") \
@@ -314,7 +321,12 @@ class CheckpointHooks:
             path = _file_path(f)
             before = self._before_load() if path is not None else None
             m0 = time.monotonic()
-            result = fn(f, *args, **kwargs)
+            try:
+                result = fn(f, *args, **kwargs)
+            except BaseException as e:
+                if path is not None:
+                    self._load_failed(path, e)
+                raise
             if path is not None:
                 try:
                     if is_checkpoint_object(result):
@@ -346,6 +358,16 @@ class CheckpointHooks:
         self._device_anchor = None  # an in-place load may have changed a device step tensor
         if self.level == 0:
             self._arm_at_next_forward()
+
+    def _load_failed(self, path: str | None, error: BaseException) -> None:
+        """A load raised: the trainer reached its load (``observe.metrics.reached_load``)."""
+        if self.level == 2:
+            return
+        try:
+            self._emit("checkpoint_load_failed", path=path,
+                       error=f"{type(error).__name__}: {error}"[:500])
+        except Exception as e:
+            report_once("reporting a failed load", e)
 
     def _settle_loads(self, optimizer: Any, *, after_step: bool) -> None:
         """Emit the pending ``checkpoint_loaded`` records (module docstring: checkpoints)."""

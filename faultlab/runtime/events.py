@@ -38,6 +38,8 @@ RECORD_KINDS: dict[str, str] = {
                         "emergency",
     "checkpoint_loaded": "a checkpoint was loaded: step, path, fell_back_from (newer ones found "
                          "invalid)",
+    "checkpoint_load_failed": "a load raised (written by level 0's wrappers: the trainer reached "
+                              "its load and it failed, e.g. on a torn file): path, error",
     "anomaly": "the trainer noticed something: what (nonfinite, straggler, ...), step, action",
     "preemption_notice": "a spot/preemption notice: provider, deadline, step",
     "fault_injected": "the runtime agent struck (written by faultlab's agent): fault, step",

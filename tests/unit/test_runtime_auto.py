@@ -268,6 +268,20 @@ def test_a_resume_continues_the_optimizers_step_and_names_the_checkpoint(
     assert loaded[0]["t"] < _records(tmp_path, "step")[-2]["t"]
 
 
+def test_a_load_that_raises_is_reported_and_still_raises(observe: Any, tmp_path: Path) -> None:
+    """A torn checkpoint (a full disk cut last.ckpt short): the trainer reached its load and
+    it failed. That is evidence its resume path ran (observe.metrics.reached_load), so the
+    failure is a record; the exception is the trainer's, unchanged."""
+    observe()
+    torn = tmp_path / "last.ckpt"
+    torn.write_bytes(b"PK\x03\x04 not a whole zip")
+    with pytest.raises(RuntimeError, match="PytorchStreamReader"):
+        torch.load(torn)
+    (failed,) = _records(tmp_path, "checkpoint_load_failed")
+    assert failed["path"] == str(torn) and "PytorchStreamReader" in failed["error"]
+    assert _records(tmp_path, "checkpoint_loaded") == []
+
+
 def test_without_a_step_in_the_state_steps_are_counted_from_the_checkpoints_path(
         observe: Any, tmp_path: Path) -> None:
     observe()

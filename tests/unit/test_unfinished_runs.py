@@ -178,6 +178,10 @@ def test_a_not_measured_sla_says_the_run_did_not_finish() -> None:
     ([ev(1016.0, "start", 1, pid=301, resumed_from_step=10)], True),
     ([ev(1016.0, "checkpoint_loaded", 1, pid=301, step=5, path="/run/checkpoints/step_5")],
      True),
+    # it tried, and the torn file raised (Lightning's last.ckpt after a full disk): not loaded
+    ([ev(1016.0, "start", 1, pid=301, level=0, resumed_from_step=None),
+      ev(1017.0, "checkpoint_load_failed", 1, pid=301, path="/run/checkpoints/last.ckpt",
+         error="RuntimeError: PytorchStreamReader failed reading zip archive")], True),
 ])
 def test_a_restart_that_never_reached_its_load_shows_nothing(after, expected) -> None:
     """Under plain torchrun, a restart after a bit flip hung in init_process_group until the
