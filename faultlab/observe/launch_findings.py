@@ -153,7 +153,9 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             "failed with RendezvousConnectionError: the job was lost with one node",
             "run the store outside the nodes: --rdzv-conf is_host=false on every node and a "
             "store of your own at the endpoint (faultlab's launcher, launch: faultlab, does "
-            f"this), or an etcd rendezvous; no {name} flag alone moves it out of the agent",
+            f"this), or an etcd rendezvous; no {name} flag alone moves it out of the agent. "
+            "That store is then the job's single point of failure (every agent reads it "
+            "while the workers train): run it supervised or replicated",
             ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
     survivors = [n for n in logs if n not in lost_nodes]
     nnodes = _flag(line, "--nnodes").replace("{nnodes}",
@@ -230,8 +232,9 @@ def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord
         if f.type != "service_kill" or f.details.get("error") or not isinstance(name, str):
             continue
         port = str(filled.get(service_placeholder(name), ""))
-        if not port or not any(f":{port}" in line and ("connect" in line.lower() or
-                                                        "error" in line.lower())
+        # host:port (gloo, gRPC), or port=NNNN (urllib3, the etcd client)
+        if not port or not any((f":{port}" in line or f"port={port}" in line)
+                               and ("connect" in line.lower() or "error" in line.lower())
                                for line in text.splitlines()):
             continue
         out.append(LaunchFinding(

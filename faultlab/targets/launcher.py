@@ -279,7 +279,8 @@ class LocalJob:
                                      preexec_fn=die_with_parent)
         node = _Node(name, popen, log_path, cmd)
         if index == 0 and self.launch_line is not None and self.nodes > 1 and \
-                not node_worlds(self.launch_line):
+                not node_worlds(self.launch_line) and \
+                placeholders_in(self.launch_line) & {"rdzv_endpoint", "master_port"}:
             self._await_first_listener(node, endpoint)
         return node
 
@@ -318,8 +319,11 @@ class LocalJob:
     def _await_first_listener(self, node: _Node, endpoint: str, timeout_s: float = 60) -> None:
         """Wait until node 0's launcher listens on the rendezvous port (it hosts the store),
         so that node 0 is the host on every launch, as on a cluster whose endpoint is node
-        0's address; with every agent on this host, any of them could bind it first. A line
-        whose rendezvous needs no listener (etcd ...) is not waited on past ``timeout_s``."""
+        0's address; with every agent on this host, any of them could bind it first. Only a
+        line with ``{rdzv_endpoint}`` or ``{master_port}`` is waited on: a rendezvous outside
+        the nodes (an etcd or a store run as a ``target.services`` entry, ``is_host=false``)
+        has no node that listens, and waiting held node 1 back for the whole ``timeout_s``,
+        so the job trained on one node and passed (seen by issue 38's probe)."""
         ports = {int(endpoint.rpartition(":")[2]), self._master_port}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and node.popen.poll() is None:

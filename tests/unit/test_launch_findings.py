@@ -145,3 +145,15 @@ def test_an_abort_at_exit_is_the_trainers_finding_with_its_fix() -> None:
     assert "pytorch/pytorch#190489" in finding.text and "7 of 60" in finding.text
     assert "os._exit(0)" in finding.change and "Python 3.14" in finding.change
     assert {"golden_run_fault_free", "max_restarts"} <= set(finding.affects)
+
+
+def test_a_killed_etcd_is_named_from_its_clients_port_form() -> None:
+    """The etcd client (urllib3) logs port=NNNN, not host:NNNN."""
+    etcd = FaultRecord(id="kill-etcd", type="service_kill", injected_t=10.0, target="all",
+                       details={"service": "etcd"})
+    line = {"launch": list(TORCHRUN_DEFAULT), "filled": {"etcd_port": "48571"}}
+    logs = {"node0": "urllib3.exceptions.MaxRetryError: HTTPConnectionPool(host='127.0.0.1', "
+                     "port=48571): Max retries exceeded (Caused by NewConnectionError: "
+                     "Failed to establish a new connection: [Errno 111] Connection refused)"}
+    assert causes(line, [etcd], logs) == ["service_lost"]
+

@@ -102,6 +102,21 @@ def test_each_node_gets_the_line_filled_in(tmp_path: Path) -> None:
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in job.node_environment("node0")
 
 
+def test_a_rendezvous_outside_the_nodes_holds_no_node_back(tmp_path: Path) -> None:
+    """A line whose store is a service of its own (is_host=false, etcd) names neither
+    {rdzv_endpoint} nor {master_port}: no node listens for the others, so node 1 starts at
+    once. (Waiting for node 0 to listen held node 1 back 60 s, and the job trained on one
+    node and passed.)"""
+    import time
+
+    line = (sys.executable, "-c", "import time; time.sleep(30)", "--port", "{run_dir}")
+    t0 = time.monotonic()
+    with LocalJob(command=["train.py"], run_dir=tmp_path, nodes=2, max_restarts=0,
+                  launch_line=line) as job:
+        assert job.agent_pid("node1") > 0
+        assert time.monotonic() - t0 < 20
+
+
 NVRX_LINE = ("[ft_launcher, --nnodes, '{nnodes}', --nproc-per-node, '1', --rdzv-backend, c10d, "
              "--rdzv-endpoint, '{rdzv_endpoint}', --max-restarts, '2', "
              "--ft-rank-heartbeat-timeout, '5']")
