@@ -205,6 +205,25 @@ def addressing_problem(line: Sequence[str], nodes: int) -> str | None:
             f"--node-rank {{node_rank}}); faultlab fills each with a free address per launch")
 
 
+def store_problem(line: Sequence[str]) -> tuple[int, str] | None:
+    """``(index, why)`` when the line makes every agent a client of a rendezvous store
+    (``--rdzv-conf is_host=false``) at faultlab's own per-launch endpoint, where nothing
+    listens: the job could never start. None: no such client, or the store is elsewhere."""
+    if not is_torchrun_like(line):
+        return None
+    conf = flag_value(line, ("--rdzv-conf", "--rdzv_conf"))
+    if conf is None or "is_host=false" not in conf[1].replace(" ", "").lower():
+        return None
+    endpoint = flag_value(line, _ENDPOINT_FLAGS)
+    if endpoint is None or "{rdzv_endpoint}" not in endpoint[1]:
+        return None
+    return endpoint[0], ("--rdzv-conf is_host=false makes every agent a client of a store that "
+                         "something else runs at the endpoint, but {rdzv_endpoint} is an "
+                         "address faultlab picks per launch, where nothing listens: run your "
+                         "store as a target.services entry (store: [...]) and point "
+                         "--rdzv-endpoint at it, 127.0.0.1:{store_port}")
+
+
 _LOOPBACK = re.compile(r"^(localhost|127(\.\d+){3}|::1|\[::1\])$")
 _LOCAL_ADDR_FLAGS = ("--local-addr", "--local_addr")
 

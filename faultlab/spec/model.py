@@ -29,6 +29,7 @@ from faultlab.spec.launch import (
     addressing_problem,
     docker_problems,
     node_worlds,
+    store_problem,
 )
 from faultlab.spec.observation import ObserveSpec
 from faultlab.spec.target import RunSpec, TargetSpec, Topology
@@ -93,6 +94,11 @@ class JobSpec(SpecModel):
         else:
             line = value.launch_line(topology.launcher)
             why = None if line is None else addressing_problem(line, topology.nodes)
+            store = None if line is None or why is not None else store_problem(line)
+            if store is not None:
+                own = isinstance(value.launch, tuple)
+                raise located([spec_error(("launch", store[0]) if own else ("launch",),
+                                          store[1], line[store[0]])])
             if line is not None and why is None and topology.launcher == "docker":
                 own = isinstance(value.launch, tuple)  # else a named line: torchrun
                 if node_worlds(line):

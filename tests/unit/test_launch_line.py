@@ -57,6 +57,13 @@ def test_the_teams_line_as_a_string_or_a_list() -> None:
     ("[no_such_launcher_here, -x]", "target.launch[0]",
      "'no_such_launcher_here' is not found: not on PATH"),
     ("faultlab", None, None),
+    # is_host=false: the agents are clients of a store at the endpoint; faultlab's own
+    # per-launch endpoint has none, so the job could never start (issue 38's bad input)
+    ("[torchrun, --nnodes, '{nnodes}', --rdzv-backend, c10d, --rdzv-endpoint, "
+     "'{rdzv_endpoint}', --rdzv-conf, 'is_host=false,last_call_timeout=1']",
+     "target.launch[6]",
+     "--rdzv-conf is_host=false makes every agent a client of a store that something else "
+     "runs at the endpoint, but {rdzv_endpoint} is an address faultlab picks per launch"),
 ])
 def test_a_bad_launch_line_is_one_located_error(line: str, where: str | None,
                                                 message: str | None) -> None:
@@ -66,6 +73,18 @@ def test_a_bad_launch_line_is_one_located_error(line: str, where: str | None,
         return
     _line, at, text = one_problem(launch(line))
     assert at == where and text.startswith(message), text
+
+
+def test_is_host_false_with_a_store_service_is_accepted() -> None:
+    """The store run as a service of the team's, at its own port: what is_host=false means."""
+    exp = experiment_from_dict({"name": "a", "target": {
+        "command": ["sleep", "1"],
+        "services": {"store": ["python", "-c", "import time; time.sleep(60)",
+                               "{store_port}"]},
+        "launch": ["torchrun", "--nnodes", "{nnodes}", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", "127.0.0.1:{store_port}", "--rdzv-conf",
+                   "is_host=false"]}})
+    assert exp.target.services["store"][0] == "python"
 
 
 def test_one_node_needs_no_address_and_a_static_master_is_an_address() -> None:
