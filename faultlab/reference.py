@@ -29,6 +29,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from faultlab.spec.schema import markdown as _md
+
 __all__ = ["cli_page", "document_models", "faults_page", "metric_definitions", "slas_page",
            "yaml_page"]
 
@@ -219,8 +221,6 @@ def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
 
 
 def yaml_page() -> str:
-    from faultlab.spec.schema import document_schema  # noqa: F401 - documented beside it
-
     models = document_models()
     out = [GENERATED, "# Experiment YAML\n\n",
            "Every field of the documents `faultlab run` and `faultlab validate` read: an "
@@ -304,12 +304,6 @@ def _arg_help(action: argparse.Action) -> str:
 
 
 # ------------------------------------------------------------------------------ formatting
-
-
-def _md(text: str) -> str:
-    """A docstring's reST literals (````x````) and roles (``:mod:`x```) as Markdown."""
-    text = re.sub(r":(?:mod|func|class|meth|attr):`~?([^`]+)`", r"`\1`", text)
-    return re.sub(r"``(.+?)``", r"`\1`", text, flags=re.S)
 
 
 def _cell(text: str) -> str:

@@ -21,9 +21,6 @@ class NullView:
     def start(self, name: str, total_steps: int | None) -> None: ...
     def on_events(self, records: list[dict[str, Any]]) -> None: ...
     def note(self, message: str) -> None: ...
-    def _of_total(self, step: int) -> str:
-        return f"{step}/{self.total}" if self.total else str(step)
-
     def stop(self) -> None: ...
 
 
@@ -80,7 +77,8 @@ class RunView(NullView):
                 self._say(f"rank {rank} exited: {r.get('reason')} "
                           f"{str(r.get('error', ''))[:70]}")
         top = max(self.rank_step.values(), default=0)
-        if self.live is None and top >= self._last_progress + max(1, (self.total or 40) // 4):
+        every = max(1, self.total // 4) if self.total else 10  # without a total: every 10
+        if self.live is None and top >= self._last_progress + every:
             self._last_progress = top
             self._say(f"step {self._of_total(top)}")
         self._refresh()

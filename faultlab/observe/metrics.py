@@ -329,10 +329,6 @@ def completion(records: list[Record]) -> tuple[bool, str]:
     return True, ""
 
 
-def _completes(records: list[Record]) -> bool:
-    return completion(records)[0]
-
-
 def withhold_unfinished(metrics: Metrics, records: list[Record] | None = None,
                         bad_since_t: float | None = None) -> None:
     """Withhold what a run that did not complete cannot show (module docstring, "A run that
@@ -358,8 +354,8 @@ def withhold_unfinished(metrics: Metrics, records: list[Record] | None = None,
 def reached_load(records: list[Record], since_t: float) -> bool:
     """Did a process get as far as loading a checkpoint (or deciding there was none to load)
     after ``since_t``? A ``checkpoint_loaded`` or ``checkpoint_load_failed`` (it tried: a
-    torn file that raised was not loaded); a ``start`` of a trainer that writes its own
-    (level 1 and 2 write it after their load); or a step of a process that started after
+    torn file that raised was not loaded); a ``start`` the trainer writes itself (level 2,
+    after its load); or a step of a process that started after
     ``since_t`` (it went past its load to train). A level-0 ``start`` is not enough: the
     bootstrap writes it as the process starts, and a restart that hangs in
     ``init_process_group`` never reaches the trainer's load."""
@@ -404,7 +400,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
     slowing = [f.straggler_detected_s for f in per_fault if f.type in SLOWING_FAULTS]
     slowdowns = [f.slowdown for f in per_fault if f.type in SLOWING_FAULTS]
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
-    completes = _completes(records)
+    completes = completion(records)[0]
     saves = save_failure_metrics(records, faults, _damaged(faults))
     healing = healing_metrics(records, faults)
     metrics = Metrics(

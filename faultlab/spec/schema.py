@@ -26,7 +26,7 @@ from pydantic.json_schema import models_json_schema
 
 from faultlab.faults import fault_types
 
-__all__ = ["SCHEMA_ID", "document_schema"]
+__all__ = ["SCHEMA_ID", "document_schema", "markdown"]
 
 SCHEMA_ID = "urn:faultlab:schema:document"
 """The schema's ``$id``: a name, not an address (editors read the file you point them at)."""
@@ -114,13 +114,16 @@ def _fault_types(defs: dict[str, Any]) -> None:
     defs.pop("FaultParams", None)
 
 
-_DOUBLE_TICKS = re.compile(r"``(.+?)``", re.S)
+def markdown(text: str) -> str:
+    """A docstring's reST literals (````x````) and roles (``:mod:`x```) as Markdown."""
+    text = re.sub(r":(?:mod|func|class|meth|attr):`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"``(.+?)``", r"`\1`", text, flags=re.S)
 
 
 def _plain_text(node: Any) -> Any:
-    """Docstrings' reST literals (````x````) as Markdown's (```x```) in every description."""
+    """Every description of the schema in Markdown (``markdown``), as editors show it."""
     if isinstance(node, dict):
-        return {k: (_DOUBLE_TICKS.sub(r"`\1`", v) if k == "description" and isinstance(v, str)
+        return {k: (markdown(v) if k == "description" and isinstance(v, str)
                     else _plain_text(v)) for k, v in node.items()}
     if isinstance(node, list):
         return [_plain_text(v) for v in node]
