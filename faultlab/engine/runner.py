@@ -344,7 +344,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     hung = timed_out and metrics.restarts > 0 and last_start is not None and not any(
         e.get("kind") == "step" and e["t"] > last_start for e in events)
     logs = node_logs(job_dir)
-    findings = launch_findings(launch, records, logs, hung_after_restart=hung) if launch else []
+    findings = launch_findings(launch, records, logs, hung_after_restart=hung,
+                               services=exp.target.services) if launch else []
     findings += abort_at_exit(logs)  # the trainer's, under any launcher
     # Stopped before the launch: no SLA was measured, and a table of "not measured" would
     # only bury the reason (the error).

@@ -17,7 +17,8 @@ slow_rendezvous
     once fewer than ``--nnodes``' maximum are back, and a dead node stays a participant until it
     misses ``keep_alive_max_attempt`` heartbeats of ``keep_alive_interval`` (3 x 5 s).
     ``--rdzv-conf last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3`` is what
-    faultlab's launcher runs with.
+    faultlab's launcher runs with; on torch 2.13 it needs ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    beside it (``faultlab.observe.launch_fixes``: a node that starts late would hang).
 stale_worker_store
     After a restart, a new worker failed to build its process group against an address of the
     group before (``Gloo connectFullMesh failed`` / ``Connection refused``): torchrun lets the
@@ -60,13 +61,14 @@ restart_hung
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from faultlab.observe.launch_fixes import NO_FIX, apply_fix, fix_yaml
 from faultlab.observe.records import FaultRecord
 from faultlab.spec.launch import flag_value, is_torchrun_like, launcher_index, service_placeholder
 
-__all__ = ["ABORT_AT_EXIT", "LaunchFinding", "abort_at_exit", "launch_findings"]
+__all__ = ["ABORT_AT_EXIT", "LaunchFinding", "abort_at_exit", "launch_findings", "with_fix"]
 
 ABORT_AT_EXIT = "terminate called without an active exception"
 """What a rank's log shows when torch 2.13's gloo race aborts it at interpreter exit."""
@@ -99,6 +101,12 @@ class LaunchFinding:
     """The setting that changes it."""
     affects: tuple[str, ...]
     """The SLAs whose verdict it explains."""
+    fix: str = ""
+    """The change as YAML to paste under ``target:`` (the team's line with it made), the
+    change ``faultlab run --with-fix`` applies and proves (``faultlab.observe.launch_fixes``);
+    empty when there is none."""
+    no_fix: str = ""
+    """Why there is no ``fix`` (empty when there is one)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,12 +133,34 @@ def _flag(line: Sequence[str], *names: str) -> str:
 
 
 def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
-                    logs: Mapping[str, str], *, hung_after_restart: bool = False
+                    logs: Mapping[str, str], *, hung_after_restart: bool = False,
+                    services: Mapping[str, Sequence[str]] | None = None
                     ) -> list[LaunchFinding]:
-    """The findings of one run (module docstring). ``launch`` is the run's ``run.launch``
-    (the line and what faultlab filled), ``logs`` each node's log text by node name;
-    ``hung_after_restart``: faultlab stopped the job at its timeout with no step since its
-    last restart."""
+    """The findings of one run (module docstring), each with its fix. ``launch`` is the run's
+    ``run.launch`` (the line and what faultlab filled), ``logs`` each node's log text by node
+    name; ``hung_after_restart``: faultlab stopped the job at its timeout with no step since
+    its last restart; ``services``: the experiment's ``target.services``."""
+    found = _findings(launch, faults, logs, hung_after_restart)
+    line = (launch or {}).get("launch")
+    return [with_fix(f, line if isinstance(line, list | tuple) else None, services or {})
+            for f in found]
+
+
+def with_fix(finding: LaunchFinding, line: Sequence[str] | None,
+             services: Mapping[str, Sequence[str]]) -> LaunchFinding:
+    """``finding`` with its fix (``faultlab.observe.launch_fixes``) or the reason for none."""
+    fixed = apply_fix(finding.cause, line, services) if line is not None else None
+    if fixed is not None:
+        return replace(finding, fix=fix_yaml(services, fixed))
+    why = NO_FIX.get(finding.cause) or (
+        "no change of the launch line fixes it under ft_launcher 0.4.1 (its rendezvous "
+        "handler hard-codes what would)" if line is not None and is_torchrun_like(line)
+        and _launcher_name(line) == "ft_launcher" else "no change of the launch line to apply")
+    return replace(finding, no_fix=why)
+
+
+def _findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
+              logs: Mapping[str, str], hung_after_restart: bool) -> list[LaunchFinding]:
     text = "\n".join(logs.values())
     out: list[LaunchFinding] = _service_lost(launch, faults, text)
     line = (launch or {}).get("launch")
@@ -151,11 +181,14 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             f"the c10d rendezvous store lived in node0's {name} agent (the agent that binds "
             "--rdzv-endpoint hosts it); node0's loss took the store, and the survivors' agents "
             "failed with RendezvousConnectionError: the job was lost with one node",
-            "run the store outside the nodes: --rdzv-conf is_host=false on every node and a "
-            "store of your own at the endpoint (faultlab's launcher, launch: faultlab, does "
-            f"this), or an etcd rendezvous; no {name} flag alone moves it out of the agent. "
-            "That store is then the job's single point of failure (every agent reads it "
-            "while the workers train): run it supervised or replicated",
+            "run the store outside the nodes: a TCPStore of your own as a service, "
+            "--rdzv-conf is_host=false on every node (faultlab's launcher, launch: faultlab, "
+            "does this) with the rendezvous settings of faultlab's launcher and "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or an etcd "
+            f"rendezvous (--rdzv-backend etcd-v2); no {name} flag alone moves it out of the "
+            "agent (the fix below; faultlab run --with-fix proves it). That store is then the "
+            "job's single point of failure (every agent reads it while the workers train): run "
+            "it supervised or replicated",
             ("completes", "resume_time_s", "recovery_time_s", "lost_steps")))
     survivors = [n for n in logs if n not in lost_nodes]
     nnodes = _flag(line, "--nnodes").replace("{nnodes}",
@@ -182,7 +215,10 @@ def launch_findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultReco
             f"after {', '.join(lost_nodes)} left, the survivors' re-rendezvous ran on "
             f"torchrun's defaults: a last call of 30 s for the missing node, and a dead node "
             f"kept as a participant until 3 missed heartbeats of 5 s",
-            f"--rdzv-conf {RECOMMENDED_RDZV_CONF} (faultlab's launcher's settings)",
+            f"--rdzv-conf {RECOMMENDED_RDZV_CONF} (faultlab's launcher's settings), with "
+            f"{_OWN_WORKER_STORE}: with a last call of 1 s a node that starts more than a "
+            f"second after the first joins a second round, and torch 2.13's shared worker "
+            f"store leaves it waiting for MASTER_ADDR until its timeout",
             ("resume_time_s", "recovery_time_s")))
     if not env_fixed and not nvrx and hung_after_restart and not [f for f in out
                                                                  if f.cause != "service_lost"]:
@@ -220,7 +256,7 @@ def abort_at_exit(logs: Mapping[str, str]) -> list[LaunchFinding]:
         "end the trainer with os._exit(0) after a clean finish, stdout and stderr flushed "
         "(sys.stdout.flush(); sys.stderr.flush(); os._exit(0)), or run it on Python 3.14",
         ("golden_run_fault_free", "max_restarts", "completes", "resume_time_s",
-         "recovery_time_s", "survivor_restarts"))]
+         "recovery_time_s", "survivor_restarts"), no_fix=NO_FIX["abort_at_exit"])]
 
 
 def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],

@@ -106,6 +106,22 @@ def _ts(t: float | None) -> str:
         f".{int((t % 1) * 1000):03d}"
 
 
+def findings_markdown(findings: list[dict[str, Any]]) -> list[str]:
+    """The run's launch findings, each with its fix as the YAML to paste (or why none)."""
+    if not findings:
+        return []
+    lines = ["", "## Findings and their fixes", ""]
+    for f in findings:
+        lines += [f"- **{f['cause']}**: {f['text']}.", f"  To change it: {f['change']}."]
+        if f.get("fix"):
+            lines += ["  The fix, to paste (`faultlab run --with-fix` runs the experiment again "
+                      "with it and sets both side by side):", "", "  ```yaml",
+                      *(f"  {x}" for x in f["fix"].splitlines()), "  ```"]
+        elif f.get("no_fix"):
+            lines.append(f"  No fix to apply: {f['no_fix']}.")
+    return lines
+
+
 def render_markdown(journal: dict[str, Any]) -> str:
     exp, run = journal["experiment"], journal["run"]
     lines = [f"# {exp['name']}: {journal['verdict'].upper()}", ""]
@@ -123,6 +139,7 @@ def render_markdown(journal: dict[str, Any]) -> str:
         note = f" ({s['note']})" if s.get("note") else ""
         lines.append(f"| {s['name']} | {_fmt(s['bound'])} | {_fmt(s['measured'])}{note} | "
                      f"{'pass' if s['passed'] else '**FAIL**'} |")
+    lines += findings_markdown(run.get("launch_findings") or [])
     lines += ["", "## Faults", "",
               "| id | type | target | injected | landed | undone | details |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
