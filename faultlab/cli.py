@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--bar", action="store_true",
                      help="also run each experiment under faultlab's tuned launcher (launch: "
                           "faultlab) and show both side by side; the verdict stays the team's")
+    run.add_argument("--with-fix", action="store_true",
+                     help="run each experiment a second time with the fixes of the first run's "
+                          "launch findings applied to target.launch and target.services, and "
+                          "show both side by side (fix.md); the verdict stays the team's")
     sub.add_parser("init", add_help=False,
                    help="write a starter experiment for your trainer from one fault-free run: "
                         "faultlab init --name NAME -- torchrun ... train.py ...")
@@ -463,6 +467,8 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
     repeat = getattr(args, "repeat", 1)
     if getattr(args, "bar", False):
         _refuse_bar(experiments)
+    if getattr(args, "with_fix", False):
+        _refuse_with_fix(experiments, repeat=repeat)
     for index, (path, exp) in enumerate(experiments):
         if repeat > 1:
             code = _run_repeated(exp, path, args, console, index=index,
@@ -520,6 +526,12 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
             try:
                 _run_bar(exp, path, result, args, console, report_dir=report_dir,
                          golden_cache=golden_cache)
+            except KeyboardInterrupt as e:
+                return _interrupted(e, "run_folder", "journal in", index, None, console)
+        if getattr(args, "with_fix", False) and campaign is None:
+            try:
+                _run_with_fix(exp, path, result, args, console, report_dir=report_dir,
+                              golden_cache=golden_cache)
             except KeyboardInterrupt as e:
                 return _interrupted(e, "run_folder", "journal in", index, None, console)
         verdicts.append((exp.name, result.passed))
@@ -587,6 +599,117 @@ def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no
     lines += [f"- {f['cause']}: {f['text']}; to change it: {f['change']}" for f in findings]
     (team.run_folder / "bar.md").write_text("\n".join(lines) + "\n")
     console.print(f"side by side: {team.run_folder / 'bar.md'}")
+
+
+def _refuse_with_fix(experiments: list, *, repeat: int) -> None:  # type: ignore[type-arg]
+    """``--with-fix`` where there is nothing faultlab could fix is refused before anything
+    runs: the fixes change the team's torchrun line and services (launch findings)."""
+    from faultlab.errors import Problem
+    from faultlab.spec import load_campaign
+    from faultlab.spec._yaml import read_yaml
+    from faultlab.spec.launch import is_torchrun_like
+
+    problems = []
+    for path, exp in experiments:
+        line = exp.target.launch_line(exp.topology.launcher)
+        if repeat > 1:
+            why = "--repeat and --with-fix: run the fix once, then repeat the fixed experiment"
+        elif load_campaign(path) is not None:
+            why = ("a campaign's faults are drawn per run; --with-fix proves a fix on one "
+                   "experiment: run the experiment its finding came from")
+        elif line is None:
+            why = (f"{exp.name!r} runs under faultlab's own launcher (no target.launch of the "
+                   f"team's, or launch: faultlab): there is nothing of the team's launch to fix")
+        elif not is_torchrun_like(line):
+            why = (f"{exp.name!r}'s launch line starts {line[0]!r}: the fixes faultlab knows "
+                   f"are torchrun's and ft_launcher's (launch findings)")
+        else:
+            continue
+        try:
+            at = read_yaml(Path(path).read_text(), path).line_of(("target", "launch"))
+        except (OSError, ValueError):
+            at = None
+        problems.append(Problem(Path(path), at, "target.launch",
+                                f"--with-fix has nothing to fix: {why}"))
+    if problems:
+        raise InvalidExperimentError(problems)
+
+
+def fixed_target(exp, findings: list[dict[str, Any]]  # type: ignore[no-untyped-def]
+                 ) -> tuple[Any, list[str], list[str]]:
+    """``exp``'s target with the fix of every finding that has one applied in turn, the
+    causes applied, and why each other finding's fix was not (``--with-fix``)."""
+    from faultlab.observe.launch_fixes import apply_fix
+
+    line = exp.target.launch_line(exp.topology.launcher)
+    services = dict(exp.target.services)
+    applied, skipped = [], []
+    for f in findings:
+        cause = f["cause"]
+        if not f.get("fix"):
+            skipped.append(f"{cause}: {f.get('no_fix') or 'no fix'}")
+            continue
+        fixed = apply_fix(cause, line, services)
+        if fixed is None:  # another fix already made this change
+            continue
+        if set(fixed.services) - set(services) and exp.topology.launcher != "local":
+            skipped.append(f"{cause}: its fix adds a service, and faultlab runs target.services "
+                           f"beside local nodes only (this experiment's nodes are "
+                           f"{exp.topology.launcher}): paste it on the cluster")
+            continue
+        if cause not in applied:
+            applied.append(cause)
+        line, services = fixed.launch, fixed.services
+    target = exp.target.model_copy(update={
+        "launch": tuple(line), "services": {k: tuple(v) for k, v in services.items()}})
+    return target, applied, skipped
+
+
+def _run_with_fix(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+                  console: Console, *, report_dir: Path | None,
+                  golden_cache: Path | None) -> None:
+    """Run ``exp`` again with the fixes of the team's run's launch findings applied, and set
+    the two runs side by side: printed, and as ``fix.md`` in the team's run folder."""
+    from faultlab.engine import RunView, run_experiment
+    from faultlab.observe.launch_fixes import target_yaml
+
+    journal = json.loads(team.journal_path.read_text()) if team.journal_path.exists() else {}
+    findings = (journal.get("run") or {}).get("launch_findings") or []
+    target, applied, skipped = fixed_target(exp, findings)
+    head = [f"# {exp.name}: the team's launch line against the same line with its findings' "
+            f"fixes", ""]
+    if not applied:
+        why = ("; ".join(skipped) if skipped else
+               "the run had no launch finding" + (" (it passed)" if team.passed else ""))
+        console.print(f"[bold]{escape(exp.name)}[/]: --with-fix has nothing to fix: "
+                      f"{escape(why)}; no second run")
+        (team.run_folder / "fix.md").write_text("\n".join(
+            [*head, f"Nothing to fix: {why}. No second run.", "",
+             f"- team's run: `{team.run_folder}`"]) + "\n")
+        return
+    fixed_exp = exp.model_copy(update={"target": target})
+    console.print(f"[bold]{escape(exp.name)}[/]: the same experiment with the fix of "
+                  f"{', '.join(applied)} applied")
+    fix = run_experiment(fixed_exp, source=path, report_dir=report_dir or args.report_dir,
+                         golden_cache=golden_cache or args.golden_cache, view=RunView(console))
+    rows = bar_rows(team, fix)
+    table = Table(title=f"{exp.name}: the team's launch line against it fixed "
+                        f"({', '.join(applied)})")
+    for col in ("", "team's launch line", "with the fix"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*map(escape, row))
+    console.print(table)
+    pasted = target_yaml(target.launch, target.services)
+    lines = [*head, "| | team's launch line | with the fix |", "| --- | --- | --- |",
+             *(f"| {a} | {b} | {c} |" for a, b, c in rows), "",
+             f"- team's run: `{team.run_folder}`", f"- the fixed run: `{fix.run_folder}`", "",
+             "## The fix, as run", "", f"Applied: {', '.join(applied)}.", "", "```yaml",
+             pasted, "```", ""]
+    lines += [f"- {f['cause']}: {f['text']}; to change it: {f['change']}" for f in findings]
+    lines += [f"- not applied: {s}" for s in skipped]
+    (team.run_folder / "fix.md").write_text("\n".join(lines) + "\n")
+    console.print(f"side by side: {team.run_folder / 'fix.md'}")
 
 
 def bar_rows(team, bar) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
