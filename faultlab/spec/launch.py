@@ -67,7 +67,8 @@ from typing import Any
 __all__ = ["LAUNCHERS", "NODE_WORLD_PLACEHOLDERS", "PLACEHOLDERS", "SERVICE_NAME",
            "TORCHRUN_DEFAULT", "addressing_problem", "docker_node_paths", "docker_problems",
            "fill", "fixed_port", "flag_value", "is_torchrun_like", "launcher_index",
-           "node_worlds", "placeholders_in", "program", "service_placeholder", "trainer_argv",
+           "node_worlds", "placeholders_in", "program", "service_placeholder",
+           "service_problem", "trainer_argv",
            "unknown_placeholders"]
 
 LAUNCHERS = ("torchrun", "faultlab")
@@ -222,6 +223,54 @@ def store_problem(line: Sequence[str]) -> tuple[int, str] | None:
                          "address faultlab picks per launch, where nothing listens: run your "
                          "store as a target.services entry (store: [...]) and point "
                          "--rdzv-endpoint at it, 127.0.0.1:{store_port}")
+
+
+_ETCD_BACKENDS = ("etcd", "etcd-v2")
+
+
+def service_problem(line: Sequence[str], services: Mapping[str, Sequence[str]]
+                    ) -> tuple[tuple[str | int, ...], str] | None:
+    """``(path under target, why)`` when the line's rendezvous points at something that will
+    not answer: a service's ``{NAME_port}`` that the service's own line never listens on, an
+    etcd backend at faultlab's per-launch ``{rdzv_endpoint}`` (where nothing runs etcd), or an
+    etcd service that does not serve the v2 API torch 2.13's etcd backends speak. None: fine,
+    or nothing faultlab can tell."""
+    if not is_torchrun_like(line):
+        return None
+    endpoint = flag_value(line, _ENDPOINT_FLAGS)
+    backend = flag_value(line, ("--rdzv-backend", "--rdzv_backend"))
+    etcd = backend is not None and backend[1] in _ETCD_BACKENDS
+    if endpoint is None:
+        return None
+    named = [n for n in services if "{" + service_placeholder(n) + "}" in endpoint[1]]
+    if etcd and not named:
+        return ("launch", endpoint[0]), (
+            f"--rdzv-backend {backend[1]} needs an etcd server at the endpoint, and "  # type: ignore[index]
+            f"{endpoint[1]!r} is not one: run etcd as a target.services entry (etcd: [etcd, "
+            f"--enable-v2=true, --listen-client-urls, \"http://127.0.0.1:{{etcd_port}}\", ...]) "
+            f"and point --rdzv-endpoint at it, 127.0.0.1:{{etcd_port}}")
+    for name in named:
+        own = list(services[name])
+        port = "{" + service_placeholder(name) + "}"
+        program_name = own[0].rsplit("/", 1)[-1] if own else ""
+        if etcd and program_name == "etcd":
+            urls = flag_value(own, ("--listen-client-urls",))
+            if urls is None or port not in urls[1]:
+                return ("services", name, urls[0] if urls else 0), (
+                    f"the etcd service {name!r} does not listen where the rendezvous looks: "
+                    f"its --listen-client-urls must carry {port} (http://127.0.0.1:{port}), the "
+                    f"port faultlab gives it and the one --rdzv-endpoint names")
+            if "--enable-v2=true" not in own and "--enable-v2" not in own:
+                return ("services", name, 0), (
+                    f"the etcd service {name!r} does not serve the v2 API that torch's "
+                    f"--rdzv-backend {backend[1]} speaks: etcd 3.4 serves it only with "  # type: ignore[index]
+                    f"--enable-v2=true (add it to the service's line)")
+        elif not any(port in a for a in own):
+            return ("services", name, 0), (
+                f"--rdzv-endpoint points at the service {name!r}'s port {port}, but its line "
+                f"never names {port}: it would not listen there (faultlab picks the port and "
+                f"fills it into the service's line)")
+    return None
 
 
 _LOOPBACK = re.compile(r"^(localhost|127(\.\d+){3}|::1|\[::1\])$")

@@ -29,6 +29,7 @@ from faultlab.spec.launch import (
     addressing_problem,
     docker_problems,
     node_worlds,
+    service_problem,
     store_problem,
 )
 from faultlab.spec.observation import ObserveSpec
@@ -99,6 +100,13 @@ class JobSpec(SpecModel):
                 own = isinstance(value.launch, tuple)
                 raise located([spec_error(("launch", store[0]) if own else ("launch",),
                                           store[1], line[store[0]])])
+            unanswered = None if line is None or why is not None else service_problem(
+                line, value.services)
+            if unanswered is not None:
+                at, problem = unanswered
+                shown: object = (line[at[1]] if at[0] == "launch" else  # type: ignore[index]
+                                 value.services[str(at[1])][int(at[2])])
+                raise located([spec_error(at, problem, shown)])
             if line is not None and why is None and topology.launcher == "docker":
                 own = isinstance(value.launch, tuple)  # else a named line: torchrun
                 if node_worlds(line):

@@ -87,6 +87,47 @@ def test_is_host_false_with_a_store_service_is_accepted() -> None:
     assert exp.target.services["store"][0] == "python"
 
 
+ETCD_LINE = ("[torchrun, --nnodes, '{nnodes}', --rdzv-backend, etcd-v2, --rdzv-endpoint, "
+             "'127.0.0.1:{etcd_port}']")
+
+
+@pytest.mark.parametrize("services,line,where,message", [
+    # etcd that listens on another port than the one the rendezvous dials
+    ("{etcd: [etcd, --enable-v2=true, --listen-client-urls, 'http://127.0.0.1:2379', "
+     "--advertise-client-urls, 'http://127.0.0.1:{etcd_port}']}", ETCD_LINE,
+     "target.services.etcd[3]", "the etcd service 'etcd' does not listen where the rendezvous "
+                                "looks: its --listen-client-urls must carry {etcd_port}"),
+    # etcd 3.4 without the v2 API: torch's etcd backends would get 404s
+    ("{etcd: [etcd, --listen-client-urls, 'http://127.0.0.1:{etcd_port}']}", ETCD_LINE,
+     "target.services.etcd[0]", "the etcd service 'etcd' does not serve the v2 API"),
+    # an etcd backend at faultlab's own per-launch endpoint, where no etcd runs
+    ("{}", "[torchrun, --nnodes, '{nnodes}', --rdzv-backend, etcd, --rdzv-endpoint, "
+           "'{rdzv_endpoint}']",
+     "target.launch[6]", "--rdzv-backend etcd needs an etcd server at the endpoint"),
+    # a store whose own line never names its port: it would listen elsewhere
+    ("{store: [python, -c, 'import time; time.sleep(60)']}",
+     "[torchrun, --nnodes, '{nnodes}', --rdzv-backend, c10d, --rdzv-endpoint, "
+     "'127.0.0.1:{store_port}', --rdzv-conf, is_host=false]",
+     "target.services.store[0]", "--rdzv-endpoint points at the service 'store''s port"),
+])
+def test_a_rendezvous_service_that_would_not_answer_is_refused_at_load(
+        services: str, line: str, where: str, message: str) -> None:
+    text = doc(target=f"target: {{command: {TRAIN}, services: {services}, launch: {line}}}",
+               topology="topology: {nodes: 2, procs_per_node: 1}")
+    _line, at, problem = one_problem(text)
+    assert at == where and problem.startswith(message), problem
+
+
+def test_the_etcd_service_faultlab_benchmarks_is_accepted() -> None:
+    from faultlab.observe.launch_fixes import ETCD_SERVICE
+
+    exp = experiment_from_dict({"name": "a", "topology": {"nodes": 2}, "target": {
+        "command": ["sleep", "1"], "services": {"etcd": list(ETCD_SERVICE)},
+        "launch": ["torchrun", "--nnodes", "{nnodes}", "--rdzv-backend", "etcd-v2",
+                   "--rdzv-endpoint", "127.0.0.1:{etcd_port}"]}})
+    assert exp.target.services["etcd"][0] == "etcd"
+
+
 def test_one_node_needs_no_address_and_a_static_master_is_an_address() -> None:
     assert addressing_problem(["torchrun", "--nproc-per-node", "2"], 1) is None
     assert addressing_problem(["torchrun", "--master-addr", "{master_addr}"], 2) is None
