@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.faultlab-installed
 
-.PHONY: demo test bench lint clean chromium docker-engine fuse docs
+.PHONY: demo test bench lint clean chromium docker-engine fuse docs etcd
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,12 +66,23 @@ fuse:
 	    --no-install-recommends fuse3 libfuse3-3 && \
 	  echo "installed fuse3 and libfuse3-3 in $$(( $$(date +%s) - start_s )) s"; }
 
+# torchrun's etcd rendezvous (examples/fsdp2_dcp/experiments/node0_loss_etcd.yaml, the etcd
+# stack of bench_launchers.py) runs an etcd server as a target.services entry: install Debian's
+# etcd-server (3.4, which serves the v2 API with --enable-v2=true) when missing. From the
+# distribution's packages, never a downloaded binary.
+etcd:
+	@command -v etcd >/dev/null || { \
+	  start_s=$$(date +%s); \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    --no-install-recommends etcd-server && \
+	  echo "installed etcd-server in $$(( $$(date +%s) - start_s )) s"; }
+
 # The docker target's tests and experiments need a Docker engine (optional for users): install
 # Debian's docker.io and start it when none answers. In CI (CI=true) they must run, not skip.
 docker-engine:
 	@bash scripts/docker-engine.sh
 
-test: $(STAMP) chromium docker-engine fuse
+test: $(STAMP) chromium docker-engine fuse etcd
 	$(if $(filter true,$(CI)),FAULTLAB_REQUIRE_DOCKER=1 )$(PY) -m pytest -n 2 --durations=25 \
 	  tests $(SHIPPED)
 
@@ -80,7 +91,7 @@ test: $(STAMP) chromium docker-engine fuse
 # Each benchmark's tables also land in docs/results/latest.md, with command, date, commit and
 # machine (benchmarks/_table.py).
 bench: export FAULTLAB_RESULTS_PAGE = $(CURDIR)/docs/results/latest.md
-bench: $(STAMP) docker-engine fuse
+bench: $(STAMP) docker-engine fuse etcd
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/bench_runtime.py
