@@ -23,6 +23,7 @@ from faultlab.spec.launch import (
     SERVICE_NAME,
     TORCHRUN_DEFAULT,
     fixed_port,
+    flag_value,
     launcher_index,
     program,
     service_placeholder,
@@ -236,10 +237,23 @@ class TargetSpec(SpecModel):
         fixed = fixed_port(value)
         if fixed is not None:
             i, literal = fixed
-            errors.append(spec_error((i,), f"{literal!r} is a fixed port: the golden run, every "
-                                     f"run and runs in parallel would all bind it; write "
-                                     f"{'{rdzv_endpoint}' if ':' in literal else '{master_port}'}"
-                                     f" and faultlab gives each launch a free one", literal))
+            service = "{" + service_placeholder(services[0] if services else "store") + "}"
+            conf = flag_value(value, ("--rdzv-conf", "--rdzv_conf"))
+            backend = flag_value(value, ("--rdzv-backend", "--rdzv_backend"))
+            client = (conf is not None and "is_host=false" in conf[1].replace(" ", "").lower()) \
+                or (backend is not None and backend[1] in ("etcd", "etcd-v2"))
+            if ":" in literal and client:  # the agents dial a store or etcd that is not theirs
+                why = (f"{literal!r} is a fixed port: the golden run, every run and runs in "
+                       f"parallel would share the store or etcd there, and each other's "
+                       f"rendezvous with it; run it as a target.services entry and write "
+                       f"127.0.0.1:{service} (faultlab gives each launch's service a free port)")
+            else:
+                why = (f"{literal!r} is a fixed port: the golden run, every run and runs in "
+                       f"parallel would all bind it; write "
+                       f"{'{rdzv_endpoint}' if ':' in literal else '{master_port}'} and "
+                       f"faultlab gives each launch a free one (a store or etcd of your own: a "
+                       f"target.services entry, at 127.0.0.1:{service})")
+            errors.append(spec_error((i,), why, literal))
         at = launcher_index(value)
         exe = value[at] if at < len(value) else value[0]
         if program(exe) is None:

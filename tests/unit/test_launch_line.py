@@ -51,6 +51,11 @@ def test_the_teams_line_as_a_string_or_a_list() -> None:
      "all bind it; write {rdzv_endpoint}"),
     ("[torchrun, --nnodes, '2', --master-addr, '{master_addr}', --master-port, '29500']",
      "target.launch[6]", "'29500' is a fixed port"),
+    # a client of an etcd of its own at a fixed address: the fix is a service, not a free port
+    ("[torchrun, --nnodes, '2', --rdzv-backend, etcd-v2, --rdzv-endpoint, '127.0.0.1:2379']",
+     "target.launch[6]", "'127.0.0.1:2379' is a fixed port: the golden run, every run and runs "
+     "in parallel would share the store or etcd there, and each other's rendezvous with it; run "
+     "it as a target.services entry and write 127.0.0.1:{store_port}"),
     ("[torchrun, --nnodes, '2', --nproc-per-node, '1']", "target.launch",
      "2 nodes, but nothing in the line tells them where to meet: give the rendezvous "
      "(--rdzv-endpoint {rdzv_endpoint}, with --rdzv-backend c10d) or a static master"),
