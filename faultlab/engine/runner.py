@@ -105,21 +105,6 @@ def _training_done(stream: Any) -> bool:
                                for r in ranks)
 
 
-def _reacted(events: list[dict[str, Any]], since_t: float, known_pids: set[int]) -> bool:
-    """Did the job show any sign of noticing since ``since_t`` (DESIGN.md's detection)?"""
-    for e in reversed(events):
-        if e["t"] <= since_t:
-            return False
-        kind = e.get("kind")
-        if kind == "anomaly" or kind == "checkpoint_loaded":
-            return True
-        if kind == "exit" and e.get("reason") not in ("completed", "stopped"):
-            return True
-        if kind == "start" and e.get("pid") not in known_pids:
-            return True
-    return False
-
-
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """SIGTERM behaves like Ctrl-C (so ``finally`` blocks run) while the experiment runs."""
@@ -262,9 +247,8 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 runtime.open_due_gates([state.fired for state in states])
                 for act in list(active):
                     if (act.deadline is not None and now >= act.deadline) or (
-                            act.until_reaction and _reacted(target.stream.events,
-                                                            act.record.injected_t,
-                                                            act.known_pids)):
+                            act.until_reaction and target.stream.reacted_since(
+                                act.record.injected_t, act.known_pids)):
                         _undo(act, target, records, view)
                         active.remove(act)
                 if target.finished():
@@ -408,7 +392,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: Null
     fault = prepared or spec.build()
     if isinstance(fault, RuntimeFault | GpuFault):
         fault.fault_id = fid  # the agents echo it in their fault_injected events
-    known = {e["pid"] for e in target.stream.events if e.get("kind") == "start"}
+    known = {e["pid"] for e in target.stream.of_kind("start")}
     injected_t = time.time()
     try:
         details = fault.inject(target, victim)
@@ -445,11 +429,9 @@ def _struck(exp: Experiment, index: int, target: LocalTarget,
             records: list[FaultRecord]) -> bool:
     """Record a planned runtime fault once a rank reports it struck (its ``fault_injected``)."""
     spec = exp.faults[index]
-    hits = [e for e in target.stream.events
-            if e.get("kind") == "fault_injected" and e.get("fault_id") == spec.id]
-    if not hits:
+    first = target.stream.first("fault_injected", fault_id=spec.id)
+    if first is None:
         return False
-    first = hits[0]
     details = {"planned": True, "step": first.get("step"), "rank": first.get("rank"),
                **{k: v for k, v in first.items() if k not in (
                    "t", "kind", "rank", "world_size", "pid", "restart", "node", "fault_id",

@@ -24,6 +24,7 @@ import json
 import math
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,11 @@ class EventStream:
 
     ``poll()`` returns the records that appeared since the previous poll; ``events`` holds
     everything read so far. The query helpers (``max_step``, ``latest_start``,
-    ``current_ranks``, ``count``) answer from indexes kept up to date by ``poll`` and never
-    touch the disk: call ``poll()`` first.
+    ``current_ranks``, ``count``, ``first``, ``reacted_since``) answer from indexes kept up to
+    date by ``poll`` and never touch the disk: call ``poll()`` first. The engine asks them on
+    every loop, so none of them costs more with the number of records already read: a repeated
+    ``count`` or ``first`` reads only the records of its kind that arrived since it was last
+    asked, and ``current_ranks`` is recomputed only after a new ``start``.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
@@ -70,6 +74,9 @@ class EventStream:
         self._starts: list[Record] = []  # sorted by t; a handful per process restart
         self._latest_start: dict[Any, Record] = {}
         self._max_step = 0
+        self._ranks: list[int] | None = None  # current_ranks, until the next start
+        self._counted: dict[tuple[str, str], list[int]] = {}  # query → [records seen, count]
+        self._found: dict[tuple[str, str], tuple[int, Record | None]] = {}  # first's cursor
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -153,6 +160,7 @@ class EventStream:
                 if isinstance(step, int) and not isinstance(step, bool):
                     self._max_step = max(self._max_step, step)
             elif kind == "start":
+                self._ranks = None
                 bisect.insort(self._starts, record, key=_t)
                 rank = record.get("rank")
                 latest = self._latest_start.get(rank)
@@ -179,6 +187,8 @@ class EventStream:
         group). While a restarted group is still coming up, the answer holds only the ranks
         that have started so far.
         """
+        if self._ranks is not None:
+            return list(self._ranks)
         ranks: set[int] = set()
         world_size: Any = None
         for record in self._starts:
@@ -188,19 +198,67 @@ class EventStream:
                 world_size = record.get("world_size")
             if isinstance(rank, int):
                 ranks.add(rank)
-        return sorted(ranks)
+        self._ranks = sorted(ranks)
+        return list(self._ranks)
 
-    def of_kind(self, kind: str) -> list[Record]:
-        """Every record of ``kind`` so far, in time order of arrival (a read-only view)."""
-        return list(self._by_kind.get(kind, ()))
+    def of_kind(self, kind: str) -> Sequence[Record]:
+        """Every record of ``kind`` so far, in order of arrival. The live list, not a copy:
+        do not modify it."""
+        return self._by_kind.get(kind, ())
 
     def count(self, kind: str, **match: Any) -> int:
         """How many records of ``kind`` have every field of ``match`` equal to the given value.
 
-        ``count("exit", reason="error")``; ``count("step", rank=0)``.
+        ``count("exit", reason="error")``; ``count("step", rank=0)``. Asked again, it reads
+        only the records of ``kind`` that arrived since.
         """
         records = self._by_kind.get(kind, ())
         if not match:
             return len(records)
+        cursor = self._counted.setdefault((kind, repr(sorted(match.items()))), [0, 0])
         items = match.items()
-        return sum(1 for r in records if all(k in r and r[k] == v for k, v in items))
+        cursor[1] += sum(1 for r in records[cursor[0]:]
+                         if all(k in r and r[k] == v for k, v in items))
+        cursor[0] = len(records)
+        return cursor[1]
+
+    def first(self, kind: str, **match: Any) -> Record | None:
+        """The earliest (by ``t``) record of ``kind`` whose fields equal ``match``, or None.
+        Asked again, it reads only the records of ``kind`` that arrived since."""
+        records = self._by_kind.get(kind, ())
+        key = (kind, repr(sorted(match.items())))
+        seen, best = self._found.get(key, (0, None))
+        for r in records[seen:]:
+            if all(k in r and r[k] == v for k, v in match.items()) and (
+                    best is None or r["t"] < best["t"]):
+                best = r
+        self._found[key] = (len(records), best)
+        return best
+
+    REACTION_KINDS = ("anomaly", "checkpoint_loaded", "exit", "start")
+    """The kinds of record in which a job shows that it noticed a fault (DESIGN.md's
+    detection)."""
+
+    LATE_S = 5.0
+    """How much older than the newest record of its kind a late-flushed line can be and still
+    be looked at by :meth:`reacted_since` (files are read concurrently; a line can reach the
+    reader one poll after a younger one from another file)."""
+
+    def reacted_since(self, since_t: float, known_pids: set[int]) -> bool:
+        """Did the job show any sign of noticing since ``since_t``: an anomaly, a checkpoint
+        load, an exit that was not a finish, or a process that was not running then? Reads
+        only the records of those kinds from the last :attr:`LATE_S` seconds before
+        ``since_t`` on, newest first."""
+        for kind in self.REACTION_KINDS:
+            for e in reversed(self._by_kind.get(kind, ())):
+                t = e["t"]
+                if t <= since_t - self.LATE_S:
+                    break
+                if t <= since_t:
+                    continue
+                if kind == "exit":
+                    if e.get("reason") not in ("completed", "stopped"):
+                        return True
+                elif kind != "start" or e.get("pid") not in known_pids:
+                    return True
+        return False

@@ -265,8 +265,8 @@ class JobContext(ABC):
     def checkpoints(self) -> list[tuple[int | None, Path]]:
         self.refresh()
         by_path: dict[str, tuple[int | None, float]] = {}
-        for e in self.stream.events:
-            if e.get("kind") == "checkpoint_saved" and isinstance(e.get("path"), str):
+        for e in self.stream.of_kind("checkpoint_saved"):
+            if isinstance(e.get("path"), str):
                 step = e.get("step")
                 by_path[e["path"]] = (step if isinstance(step, int) else None, float(e["t"]))
         found = [(step, t, self.host_path(Path(path))) for path, (step, t) in by_path.items()]

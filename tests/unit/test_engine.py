@@ -14,7 +14,6 @@ import pytest
 
 from faultlab.cli import main as cli_main
 from faultlab.engine.golden import GoldenRun, golden_key
-from faultlab.engine.runner import _reacted
 from faultlab.engine.triggers import TriggerState
 from faultlab.judge import judge
 from faultlab.observe import FaultRecord, compute_metrics
@@ -105,6 +104,21 @@ def test_every_fires_at_the_seeded_arrivals_up_to_max_count() -> None:
 # --- reaction, judge ------------------------------------------------------------------------
 
 
+def _reacted(records: list[dict[str, object]], since_t: float, pids: set[int]) -> bool:
+    import json
+    import tempfile
+
+    from faultlab.observe.stream import EventStream
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "events").mkdir()
+        (Path(tmp) / "events" / "rank0.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records))
+        stream = EventStream(tmp)
+        stream.poll()
+        return stream.reacted_since(since_t, pids)
+
+
 def test_reacted_sees_the_signs_of_detection_only_after_injection() -> None:
     before = [{"kind": "start", "pid": 10, "t": 1.0}, {"kind": "step", "t": 2.0}]
     assert not _reacted(before, 2.5, {10})
@@ -116,6 +130,9 @@ def test_reacted_sees_the_signs_of_detection_only_after_injection() -> None:
     assert not _reacted(before + [{"kind": "start", "pid": 10, "t": 3.0}], 2.5, {10})
     # an anomaly from before the injection does not count
     assert not _reacted([{"kind": "anomaly", "t": 1.0}], 2.5, set())
+    # a sign that arrives after younger records of its kind still counts
+    assert _reacted([{"kind": "exit", "reason": "completed", "t": 4.0},
+                     {"kind": "exit", "reason": "watchdog", "t": 3.0}], 2.5, set())
 
 
 def _run_events(digest: str = "abc") -> list[dict[str, Any]]:

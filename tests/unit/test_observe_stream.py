@@ -173,6 +173,31 @@ def test_count_and_max_step(tmp_path: Path) -> None:
     assert stream.count("anomaly") == 0
 
 
+def test_repeated_queries_read_only_what_arrived_since(tmp_path: Path) -> None:
+    """count, first and current_ranks are asked on every engine loop: each keeps its place,
+    and its answers stay those of a fresh scan as records arrive, late ones included."""
+    path = tmp_path / "events" / "a.jsonl"
+    stream = EventStream(tmp_path)
+    assert stream.first("fault_injected", fault_id="f") is None
+    assert stream.count("exit", reason="error") == 0
+    append(path, line(1.0, "start") + line(2.0, "fault_injected", fault_id="g")
+           + line(3.0, "exit", reason="error"))
+    stream.poll()
+    assert stream.first("fault_injected", fault_id="f") is None
+    assert stream.count("exit", reason="error") == 1 and stream.current_ranks() == [0]
+    append(path, line(5.0, "fault_injected", fault_id="f", step=7)
+           + line(6.0, "exit", reason="error") + line(7.0, "exit", reason="completed"))
+    append(tmp_path / "events" / "b.jsonl",
+           line(4.0, "fault_injected", fault_id="f", step=6, rank=1)
+           + line(4.5, "start", rank=1, world_size=2))
+    stream.poll()
+    first = stream.first("fault_injected", fault_id="f")
+    assert first is not None and first["step"] == 6  # the earliest by t, not by arrival
+    assert stream.count("exit", reason="error") == 2 and stream.count("exit") == 3
+    assert stream.count("exit", reason="error") == 2  # asked twice: not counted twice
+    assert stream.current_ranks() == [1]  # a new world size: a new incarnation
+
+
 def test_polling_a_large_run_is_cheap(tmp_path: Path) -> None:
     events = tmp_path / "events"
     for f in range(8):
