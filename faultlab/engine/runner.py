@@ -216,11 +216,10 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             view.start(exp.name, exp.planned_steps)
             # The guard first: faultlab may die while the job is still starting.
             pidfile = run_folder / ".job-pids.json"
-            reaper = _start_reaper(pidfile, getattr(target, "run_id", None),
-                                   getattr(target, "guard_path", None), gpu_dir,
+            reaper = _start_reaper(pidfile, target.run_id, target.guard_path, gpu_dir,
                                    storage.guard_path if storage else None)
             target.start()
-            launch = target.launch_summary() if hasattr(target, "launch_summary") else None
+            launch = target.launch_summary()
             if launch:
                 view.note(launch["note"])
             t0 = time.monotonic()
@@ -313,8 +312,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             view.note(f"{fid} (at_step {at_step}) landed after step {after}: the trainer "
                       f"ran past its step gate (a level-2 trainer calls rt.step_done(n) "
                       f"after its record of step n)")
-    slurm_view = (target.scheduler_view()  # type: ignore[attr-defined]
-                  if target is not None and hasattr(target, "scheduler_view") else None)
+    slurm_view = target.scheduler_view() if target is not None else None
     if slurm_view is not None:
         _scheduler_metrics(metrics, slurm_view, records)
     scan = None

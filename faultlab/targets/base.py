@@ -131,6 +131,24 @@ class Target(Protocol):
         those its ``checkpoint_saved`` events name (any trainer's saves, seen by the runtime
         agent), else the ``step_N`` directories of ``run_dir/checkpoints``."""
 
+    # -- what the engine asks of every target (``JobContext`` answers "nothing") ----------------
+
+    run_id: str | None
+    """The label of what the target made outside this process tree (docker: its containers
+    and network), for the guard to remove if faultlab dies; None: nothing."""
+    guard_path: Path | None
+    """A file the guard reads to undo what the target changed on a cluster (Slurm: drained
+    nodes, held jobs); None: nothing."""
+
+    def launch_summary(self) -> dict[str, Any] | None:
+        """Which launch line started the nodes and what faultlab filled in (the journal's
+        ``run.launch``); None where the target has no launch line of its own (Slurm's batch
+        script, an attached job)."""
+
+    def scheduler_view(self) -> dict[str, Any] | None:
+        """What the scheduler saw of the job (Slurm: requeues, node states), for the metrics;
+        None where there is no scheduler."""
+
 
 class JobResult(Protocol):
     """What ``Target.result`` returns (``faultlab.targets.launcher.JobResult``)."""
@@ -170,6 +188,17 @@ class JobContext(ABC):
     def refresh(self) -> None:
         """Bring ``stream`` up to date before answering about ranks (default: the caller
         polls it)."""
+        return None
+
+    # -- what the engine asks of every target (``Target``), with the answer "nothing" --------
+
+    run_id: str | None = None
+    guard_path: Path | None = None
+
+    def launch_summary(self) -> dict[str, Any] | None:
+        return None
+
+    def scheduler_view(self) -> dict[str, Any] | None:
         return None
 
     # -- FaultContext ---------------------------------------------------------------------------

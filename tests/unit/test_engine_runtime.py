@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.runner import _struck
 from faultlab.engine.runtime_plan import RuntimeSetup, planned_victim_ranks, read_secret
-from faultlab.observe import FaultRecord
+from faultlab.observe import EventStream, FaultRecord
 from faultlab.spec import experiment_from_dict
 from reference_trainer.checkpoint import CheckpointManager
 
@@ -91,17 +91,26 @@ def test_checkpoint_scan_finds_a_saved_nan_and_skips_what_does_not_verify(
     assert scan_checkpoints(tmp_path / "empty").all_finite is None
 
 
-def test_a_struck_window_fault_records_its_planned_step_window() -> None:
+def test_a_struck_window_fault_records_its_planned_step_window(tmp_path: Path) -> None:
     """The journal's record of a windowed collective_delay carries its window, which is what
     ``slowdown`` compares with the steps before it (tests/unit/test_observe_metrics.py)."""
     exp = experiment_from_dict(DOC)
     strike = {"t": 5.0, "kind": "fault_injected", "fault_id": "window", "type": "collective_delay",
               "step": 6, "rank": 1, "source": "plan", "op": "all_reduce"}
-    target = SimpleNamespace(stream=SimpleNamespace(events=[strike]))
+
+    def target(*events: dict[str, object]) -> SimpleNamespace:
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        (run / "events").mkdir(parents=True)
+        (run / "events" / "rank1.jsonl").write_text("".join(json.dumps(e) + "\n"
+                                                            for e in events))
+        stream = EventStream(run)
+        stream.poll()
+        return SimpleNamespace(stream=stream)
+
     records: list[FaultRecord] = []
-    assert _struck(exp, 5, target, records)  # type: ignore[arg-type]
+    assert _struck(exp, 5, target(strike), records)  # type: ignore[arg-type]
     assert records[0].details["window_steps"] == [6, 8]
     assert records[0].details["ranks"] == [1] and records[0].injected_t == 5.0
-    assert _struck(exp, 0, SimpleNamespace(stream=SimpleNamespace(events=[  # type: ignore[arg-type]
-        {**strike, "fault_id": "nan", "type": "grad_nan", "step": 12}])), records)
+    assert _struck(exp, 0, target(  # type: ignore[arg-type]
+        {**strike, "fault_id": "nan", "type": "grad_nan", "step": 12}), records)
     assert "window_steps" not in records[1].details  # a one-step fault has no window
