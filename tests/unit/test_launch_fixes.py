@@ -134,3 +134,29 @@ def test_with_fix_with_nothing_to_fix_is_refused_before_anything_runs(
     assert code == 2, err
     assert f"{exp}:4 target.launch: --with-fix has nothing to fix" in err and why in err
     assert "nothing was run." in err and not reports.exists()
+
+
+def test_a_run_with_no_finding_to_fix_says_so_and_runs_nothing_more(tmp_path: Path) -> None:
+    """After the team's run: no finding with a fix (here the trainer's own abort at exit, which
+    no launch line fixes), so there is no second run, and fix.md says why."""
+    import argparse
+    import json
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from faultlab.cli import _run_with_fix
+
+    folder = tmp_path / "team"
+    folder.mkdir()
+    abort = abort_at_exit({"node1": "terminate called without an active exception"})[0]
+    (folder / "journal.json").write_text(json.dumps({"run": {"launch_findings": [
+        abort.to_dict()]}}))
+    team = SimpleNamespace(journal_path=folder / "journal.json", run_folder=folder, passed=False)
+    console = Console(record=True, width=200)
+    _run_with_fix(_exp(), folder / "x.yaml", team, argparse.Namespace(report_dir=tmp_path),
+                  console, report_dir=tmp_path, golden_cache=None)
+    text = (folder / "fix.md").read_text()
+    assert "Nothing to fix: abort_at_exit: the fix is in the trainer's code" in text
+    assert "--with-fix has nothing to fix" in console.export_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["team"]  # no second run folder
