@@ -97,7 +97,16 @@ class Passthrough:
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-        os.utime(_rel(path), ns=times, dir_fd=self.root, follow_symlinks=False)
+        """``touch`` through the mount: libfuse passes utimensat's ``UTIME_NOW`` and
+        ``UTIME_OMIT`` as a timespec of 0 s and that many ns, which mfusepy sums; None is
+        "now" for both."""
+        from faultlab.storage.nfs_client import UTIME_NOW, UTIME_OMIT
+
+        st = os.lstat(_rel(path), dir_fd=self.root)
+        now, old = time.time_ns(), (st.st_atime_ns, st.st_mtime_ns)
+        atime, mtime = (now if t is None or t == UTIME_NOW else was if t == UTIME_OMIT else t
+                        for t, was in zip(times or (None, None), old, strict=True))
+        os.utime(_rel(path), ns=(atime, mtime), dir_fd=self.root, follow_symlinks=False)
         return 0
 
     def access(self, path: str, amode: int) -> int:

@@ -44,6 +44,20 @@ def test_errors_reach_os_write_and_torch_save(mount: StorageMount) -> None:
     assert torch.load(d / "b.pt")["w"].sum() == 3
 
 
+def test_touch_through_the_mount_sets_the_times_it_asks_for(mount: StorageMount) -> None:
+    """utimensat's "now" and "omit" arrive through libfuse as special nanosecond values (and
+    no times at all as None): each means what it means on a plain disk."""
+    f = mount.path / "t.txt"
+    f.write_text("x")
+    os.utime(f, ns=(1_000_000_000, 2_000_000_000))
+    assert (f.stat().st_atime_ns, f.stat().st_mtime_ns) == (1_000_000_000, 2_000_000_000)
+    os.utime(f)  # touch: now, for both
+    assert f.stat().st_mtime_ns > 2_000_000_000 and f.stat().st_atime_ns > 1_000_000_000
+    mtime = f.stat().st_mtime_ns
+    os.utime(f, ns=(5_000_000_000, mtime))
+    assert f.stat().st_atime_ns == 5_000_000_000 and f.stat().st_mtime_ns == mtime
+
+
 def test_disk_full_then_stop_keeps_every_byte_in_the_directory(mount: StorageMount) -> None:
     d = mount.path
     mount.set_rule({"id": "full", "free_bytes": 8192, "ops": []})
