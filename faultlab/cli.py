@@ -547,11 +547,21 @@ BAR_METRICS = ("completes", "restarts", "detection_latency_s", "resume_time_s",
 """What ``--bar`` sets side by side, beside every SLA's result."""
 
 
+def _at_launch(path: Path | str, message: str):  # type: ignore[no-untyped-def]
+    """A problem located at the experiment file's ``target.launch`` (its line when found)."""
+    from faultlab.errors import Problem
+    from faultlab.spec._yaml import read_yaml
+
+    try:
+        at = read_yaml(Path(path).read_text(), path).line_of(("target", "launch"))
+    except (OSError, ValueError):
+        at = None
+    return Problem(Path(path), at, "target.launch", message)
+
+
 def _refuse_bar(experiments: list) -> None:  # type: ignore[type-arg]
     """``--bar`` for a trainer that needs its own launcher is refused before anything runs:
     a failed set-up must never be printed as a bar."""
-    from faultlab.errors import Problem
-    from faultlab.spec._yaml import read_yaml
     from faultlab.spec.launch import bar_refusal
 
     problems = []
@@ -560,14 +570,9 @@ def _refuse_bar(experiments: list) -> None:  # type: ignore[type-arg]
         why = bar_refusal(line)
         if why is None:
             continue
-        try:
-            at = read_yaml(Path(path).read_text(), path).line_of(("target", "launch"))
-        except (OSError, ValueError):
-            at = None
-        problems.append(Problem(Path(path), at, "target.launch",
-                                f"--bar cannot run {exp.name!r} under faultlab's launcher: "
-                                f"{why}; run it without --bar (the team's run stands on its "
-                                f"own)"))
+        problems.append(_at_launch(path, f"--bar cannot run {exp.name!r} under faultlab's "
+                                         f"launcher: {why}; run it without --bar (the team's run "
+                                         f"stands on its own)"))
     if problems:
         raise InvalidExperimentError(problems)
 
@@ -604,9 +609,7 @@ def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no
 def _refuse_with_fix(experiments: list, *, repeat: int) -> None:  # type: ignore[type-arg]
     """``--with-fix`` where there is nothing faultlab could fix is refused before anything
     runs: the fixes change the team's torchrun line and services (launch findings)."""
-    from faultlab.errors import Problem
     from faultlab.spec import load_campaign
-    from faultlab.spec._yaml import read_yaml
     from faultlab.spec.launch import is_torchrun_like
 
     problems = []
@@ -625,12 +628,7 @@ def _refuse_with_fix(experiments: list, *, repeat: int) -> None:  # type: ignore
                    f"are torchrun's and ft_launcher's (launch findings)")
         else:
             continue
-        try:
-            at = read_yaml(Path(path).read_text(), path).line_of(("target", "launch"))
-        except (OSError, ValueError):
-            at = None
-        problems.append(Problem(Path(path), at, "target.launch",
-                                f"--with-fix has nothing to fix: {why}"))
+        problems.append(_at_launch(path, f"--with-fix has nothing to fix: {why}"))
     if problems:
         raise InvalidExperimentError(problems)
 

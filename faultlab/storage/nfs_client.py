@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from faultlab.storage.ops import rel, set_times, statfs
+
 __all__ = ["NfsClient", "NfsOptions"]
 
-UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
-"""utimensat(2)'s special tv_nsec values (Linux)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,8 +56,7 @@ class NfsOptions:
                 for a in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))]
 
 
-def _rel(path: str) -> str:
-    return path.lstrip("/") or "."
+_rel = rel
 
 
 def _parent(path: str) -> str:
@@ -292,10 +291,7 @@ class NfsClient:
         return os.readlink(_rel(path), dir_fd=self.root)
 
     def statfs(self, path: str) -> dict[str, int]:
-        st = os.fstatvfs(self.root)
-        return {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree",
-                                            "f_bavail", "f_files", "f_ffree", "f_favail",
-                                            "f_flag", "f_namemax")}
+        return statfs(self.root)
 
     def _setattr(self, path: str, op: Callable[[], None]) -> int:
         with self._lock:
@@ -314,13 +310,7 @@ class NfsClient:
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
         """libfuse passes utimensat's ``UTIME_NOW`` and ``UTIME_OMIT`` (``touch``) as a
         timespec of 0 s and that many ns, which mfusepy sums: undone here."""
-        def op() -> None:
-            st = os.lstat(_rel(path), dir_fd=self.root)
-            now, old = time.time_ns(), (st.st_atime_ns, st.st_mtime_ns)
-            atime, mtime = (now if t is None or t == UTIME_NOW else was if t == UTIME_OMIT else t
-                            for t, was in zip(times or (None, None), old, strict=True))
-            os.utime(_rel(path), ns=(atime, mtime), dir_fd=self.root, follow_symlinks=False)
-        return self._setattr(path, op)
+        return self._setattr(path, lambda: set_times(self.root, path, times))
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         with self._lock:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultlab.storage.ops import rel, set_times, statfs
 from faultlab.storage.rules import Rule, RuleSet
 
 MAX_THREADS = 64
@@ -43,8 +44,7 @@ writes hung, a write to another file still went through). libfuse 3.14's ``fuse_
 "Ignoring invalid max threads value" at start: harmless, its own default is then used."""
 
 
-def _rel(path: str) -> str:
-    return path.lstrip("/") or "."
+_rel = rel
 
 
 class Passthrough:
@@ -83,10 +83,7 @@ class Passthrough:
         return os.readlink(_rel(path), dir_fd=self.root)
 
     def statfs(self, path: str) -> dict[str, int]:
-        st = os.fstatvfs(self.root)
-        return {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree",
-                                            "f_bavail", "f_files", "f_ffree", "f_favail",
-                                            "f_flag", "f_namemax")}
+        return statfs(self.root)
 
     def chmod(self, path: str, mode: int) -> int:
         os.chmod(_rel(path), mode, dir_fd=self.root, follow_symlinks=False)
@@ -100,13 +97,7 @@ class Passthrough:
         """``touch`` through the mount: libfuse passes utimensat's ``UTIME_NOW`` and
         ``UTIME_OMIT`` as a timespec of 0 s and that many ns, which mfusepy sums; None is
         "now" for both."""
-        from faultlab.storage.nfs_client import UTIME_NOW, UTIME_OMIT
-
-        st = os.lstat(_rel(path), dir_fd=self.root)
-        now, old = time.time_ns(), (st.st_atime_ns, st.st_mtime_ns)
-        atime, mtime = (now if t is None or t == UTIME_NOW else was if t == UTIME_OMIT else t
-                        for t, was in zip(times or (None, None), old, strict=True))
-        os.utime(_rel(path), ns=(atime, mtime), dir_fd=self.root, follow_symlinks=False)
+        set_times(self.root, path, times)
         return 0
 
     def access(self, path: str, amode: int) -> int:
