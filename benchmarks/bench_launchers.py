@@ -55,6 +55,7 @@ faultlab's interposer waits.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -194,11 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                                        golden_cache=Path(tmp) / ".golden")
                     m = r.metrics
                     results[(stack, fault)].append(r)
+                    found = [f["cause"] for f in json.loads(r.journal_path.read_text())
+                             ["run"].get("launch_findings") or []] \
+                        if r.journal_path.exists() else []
                     print(f"round {round_ + 1} {fault:5} {stack:16} completes={m.completes} "
                           f"restarts={m.restarts} detection={m.detection_latency_s} "
                           f"resume={m.resume_time_s} lost={m.lost_steps} "
-                          f"heal={m.heal_time_s} survivors_lost={m.survivor_lost_steps}",
-                          flush=True)
+                          f"heal={m.heal_time_s} survivors_lost={m.survivor_lost_steps} "
+                          f"findings={','.join(found) or '-'}", flush=True)
     rows = []
     for fault in faults:
         for stack in [s for s in stacks if applies(s, fault)]:
