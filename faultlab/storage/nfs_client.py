@@ -330,7 +330,16 @@ class NfsClient:
     def _namespace(self, op: Callable[[], None], *paths: str) -> None:
         with self._lock:
             pre = self._changing(*(_parent(p) for p in paths))
-            op()
+            try:
+                op()
+            except OSError:
+                # The server's answer is news about these names: Linux's NFS client drops the
+                # dentry of a failed create (d_drop), so a mkdir that got EEXIST for a name
+                # cached as missing sees the directory at once (os.makedirs(exist_ok=True)
+                # from two nodes, DCP's save, relies on it).
+                for p in paths:
+                    self._store(p, self._fetch(p))
+                raise
             self._changed(pre)
             for p in paths:
                 self._store(p, self._fetch(p))

@@ -79,6 +79,21 @@ def test_a_name_b_found_missing_stays_missing_until_bs_directory_ttl(
     assert (b / "gates/step5").read_text() == "open"
 
 
+def test_a_create_the_server_refuses_refreshes_the_name(views: tuple[Path, Path, Path]) -> None:
+    """Two nodes' os.makedirs(exist_ok=True) of one directory (DCP's save): B cached the name
+    as missing, A created it; B's mkdir gets EEXIST from the server, and, as Linux's NFS client
+    drops the dentry of a failed create, B sees the directory at once (found by running
+    experiments/slurm_rank_kill.yaml on the NFS cluster: FileExistsError from makedirs)."""
+    import os
+
+    backing, a, b = views
+    assert not (b / "ckpt").exists()
+    (a / "ckpt").mkdir()
+    assert not (b / "ckpt").exists()  # still B's negative entry
+    os.makedirs(b / "ckpt", exist_ok=True)  # EEXIST, then isdir: True
+    assert (b / "ckpt").is_dir() and (backing / "ckpt").is_dir()
+
+
 def test_appends_of_a_writer_that_keeps_its_file_open_stay_in_its_client(
         views: tuple[Path, Path, Path]) -> None:
     backing, a, b = views
