@@ -8,6 +8,15 @@
 #   scripts/slurm-cluster.sh env          # the lines to eval: SLURM_CONF, the shared directory
 #   scripts/slurm-cluster.sh down         # jobs cancelled, nodes, network, image, daemons gone
 #
+# FAULTLAB_SLURM_NFS=1 scripts/slurm-cluster.sh up [NODES]: the shared directory as NFS clients
+# see it. Its files live in nfs/server/ (the "server"), and each node, and the submit host at
+# shared/, sees them through a client layer of its own (python -m faultlab.storage.nfs: attributes
+# cached for acregmin 3 s / acdirmin 30 s growing to 60 s, negative lookups cached until the
+# parent's attributes expire, another client's writes visible only after the writer closes or
+# fsyncs; faultlab/storage/nfs.py lists what it does not reproduce). The mode is part of the
+# cluster's state: `up` in the other mode replaces the nodes. The storage faults' FUSE
+# passthrough mounted under shared/ on the host does not reach the nodes in this mode.
+#
 # Everything lives under $FAULTLAB_SLURM_LAB (default /var/lib/faultlab-slurm): a munge key,
 # slurm.conf and node image made per cluster, the daemons' state and logs, and shared/ -- the
 # "shared filesystem", mounted at the same path on every node. Debian's slurmctld, slurmd,
@@ -31,6 +40,12 @@ die() { echo "slurm cluster: $*" >&2; exit 1; }
 log() { echo "slurm cluster: $*"; }
 # the checkout a node mounts (its venv runs the jobs): a node of another checkout is replaced
 node_checkout() { docker inspect -f '{{index .Config.Labels "faultlab.checkout"}}' "$1" 2>/dev/null; }
+# the shared directory's mode a node was started in (no label: coherent)
+node_mode() {
+  local m
+  m=$(docker inspect -f '{{index .Config.Labels "faultlab.shared-mode"}}' "$1" 2>/dev/null)
+  echo "${m:-coherent}"
+}
 # How a node container sees the shared directory: rslave, so that a mount made under it on the
 # host later (the storage faults' FUSE passthrough over a job's checkpoints) reaches the node.
 shared_propagation() {
@@ -43,6 +58,44 @@ ensure_shared_mount() {
   mountpoint -q "$LAB/shared" || mount --bind "$LAB/shared" "$LAB/shared" ||
     die "cannot bind-mount $LAB/shared onto itself"
   mount --make-shared "$LAB/shared" || die "cannot make $LAB/shared a shared mount"
+}
+# The shared directory's mode: "nfs" (FAULTLAB_SLURM_NFS=1 at up) or "coherent" (one bind).
+wanted_mode() { [ "${FAULTLAB_SLURM_NFS:-0}" = 1 ] && echo nfs || echo coherent; }
+current_mode() { cat "$LAB/run/shared-mode" 2>/dev/null || echo coherent; }
+NFS_ARGS=(--acregmin "${FAULTLAB_NFS_ACREGMIN:-3}" --acdirmin "${FAULTLAB_NFS_ACDIRMIN:-30}")
+nfs_pidfile() { echo "$LAB/run/nfs-$1.pid"; }
+# one client layer over nfs/server at MOUNTPOINT, by NAME (host, node1 ...), in the background
+start_nfs_client() {  # NAME MOUNTPOINT
+  local pidfile mountpoint=$2
+  pidfile=$(nfs_pidfile "$1")
+  if pid_alive "$pidfile" && mountpoint -q "$mountpoint"; then
+    mount --make-shared "$mountpoint" || die "cannot make $mountpoint a shared mount"
+    return 0
+  fi
+  mountpoint -q "$mountpoint" && umount -l "$mountpoint"
+  mkdir -p "$mountpoint"
+  nohup "$HERE/.venv/bin/python" -m faultlab.storage.nfs "$LAB/nfs/server" "$mountpoint" \
+    "${NFS_ARGS[@]}" >"$LAB/log/nfs-$1.log" 2>&1 &
+  echo $! >"$pidfile"
+  local deadline=$((SECONDS + 20))
+  until mountpoint -q "$mountpoint"; do
+    pid_alive "$pidfile" || die "the NFS client layer $1 exited ($LAB/log/nfs-$1.log)"
+    ((SECONDS < deadline)) || die "the NFS client layer $1 did not mount ($LAB/log/nfs-$1.log)"
+    sleep 0.1
+  done
+  # a node binds it rslave, which Docker allows only from a shared or slave mount
+  mount --make-shared "$mountpoint" || die "cannot make $mountpoint a shared mount"
+}
+stop_nfs_clients() {
+  local f
+  for f in "$LAB"/run/nfs-*.pid; do
+    [ -f "$f" ] && pid_alive "$f" && kill "$(cat "$f")" 2>/dev/null
+    rm -f "$f"
+  done
+  for f in "$LAB"/nfs/node* "$LAB/shared"; do
+    [ -d "$f" ] && mountpoint -q "$f" && { fusermount3 -u "$f" 2>/dev/null || umount -l "$f"; }
+  done
+  return 0
 }
 controller_answers() { timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'; }
 idle_nodes() { timeout 5 sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
@@ -114,8 +167,16 @@ write_config() {  # NODES
   local n=$1 i
   mkdir -p "$LAB"/{etc/slurm,etc/munge,run/munge,state,log,bin,shared}
   chmod 0755 "$LAB" "$LAB/etc" "$LAB/run"
-  chmod 1777 "$LAB/shared"
-  ensure_shared_mount
+  if [ "$(wanted_mode)" = nfs ]; then
+    [ -x "$HERE/.venv/bin/python" ] || die "FAULTLAB_SLURM_NFS=1 needs the project's .venv"
+    mountpoint -q "$LAB/shared" && [ "$(current_mode)" != nfs ] && umount -l "$LAB/shared"
+    mkdir -p "$LAB/nfs/server" && chmod 1777 "$LAB/nfs/server"
+    start_nfs_client host "$LAB/shared"
+  else
+    [ "$(current_mode)" = nfs ] && stop_nfs_clients
+    chmod 1777 "$LAB/shared"
+    ensure_shared_mount
+  fi
   if [ ! -s "$LAB/etc/munge/munge.key" ]; then  # a key of this cluster's own
     head -c 1024 /dev/urandom >"$LAB/etc/munge/munge.key"
   fi
@@ -196,20 +257,27 @@ start_nodes() {  # NODES CONFIG_CHANGED
   for i in $(seq 1 "$n"); do
     name=node$i
     if [ "$2" = 0 ] && [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ] &&
-        [ "$(node_checkout "$name")" = "$HERE" ] && [ "$(shared_propagation "$name")" = rslave ]
+        [ "$(node_checkout "$name")" = "$HERE" ] && [ "$(shared_propagation "$name")" = rslave ] &&
+        [ "$(node_mode "$name")" = "$(wanted_mode)" ]
     then
       continue
     fi
     docker rm -f "$name" >/dev/null 2>&1
     mkdir -p "$LAB/log/$name"
+    local source=$LAB/shared
+    if [ "$(wanted_mode)" = nfs ]; then  # the node's own client layer over nfs/server
+      source=$LAB/nfs/$name
+      start_nfs_client "$name" "$source"
+    fi
     local mounts=(-v /usr:/usr:ro -v /etc:/etc:ro -v "$LAB/etc:$LAB/etc:ro"
                   -v "$LAB/etc/slurm:/etc/slurm:ro" -v "$LAB/bin:$LAB/bin:ro"
-                  -v "$LAB/log/$name:/var/log/slurm" -v "$LAB/shared:$LAB/shared:rslave"
+                  -v "$LAB/log/$name:/var/log/slurm" -v "$source:$LAB/shared:rslave"
                   -v "$HERE:$HERE:ro" --tmpfs "$LAB/run/munge")
     [ -n "$python_root" ] && [ -d "$python_root" ] && [ "${python_root#/usr/}" = "$python_root" ] &&
       mounts+=(-v "$python_root:$python_root:ro")
     docker run -d --name "$name" --hostname "$name" --label "$LABEL=1" \
-      --label "faultlab.checkout=$HERE" --network "$NETWORK" \
+      --label "faultlab.checkout=$HERE" --label "faultlab.shared-mode=$(wanted_mode)" \
+      --network "$NETWORK" \
       --ip "$SUBNET_PREFIX.$((10 + i))" "${mounts[@]}" "$IMAGE" \
       /usr/bin/tini -- "$LAB/bin/node-entry.sh" >/dev/null || die "cannot start $name"
   done
@@ -220,9 +288,10 @@ cmd_up() {
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "up NODES: 1 to 99 nodes, got '$n'"
   if [ -f "$CONF" ] && [ "$(render_config "$n")" = "$(cat "$CONF")" ] &&
       [ "$(node_checkout node1)" = "$HERE" ] && [ "$(shared_propagation node1)" = rslave ] &&
+      [ "$(node_mode node1)" = "$(wanted_mode)" ] && [ "$(current_mode)" = "$(wanted_mode)" ] &&
       mountpoint -q "$LAB/shared" && controller_answers &&
       [ "$(idle_nodes)" = "$n" ]; then
-    log "up: $n nodes idle (already)"; return 0
+    log "up: $n nodes idle (already; shared directory: $(current_mode))"; return 0
   fi
   local t_start
   t_start=$(date +%s.%N)
@@ -235,6 +304,7 @@ cmd_up() {
   start_munged
   start_slurmctld "$changed"
   start_nodes "$n" "$changed"
+  wanted_mode >"$LAB/run/shared-mode"
   local deadline=$((SECONDS + 60))
   until [ "$(idle_nodes)" = "$n" ]; do
     if ((SECONDS >= deadline)); then
@@ -244,7 +314,7 @@ cmd_up() {
     sleep 0.1
   done
   log "up: $n nodes idle in $(awk -v a="$t_start" -v b="$(date +%s.%N)" \
-    'BEGIN {printf "%.2f", b - a}') s (SLURM_CONF=$CONF)"
+    'BEGIN {printf "%.2f", b - a}') s (SLURM_CONF=$CONF; shared directory: $(wanted_mode))"
 }
 
 cmd_down() {
@@ -262,8 +332,9 @@ cmd_down() {
     pid_alive "$LAB/run/slurmctld.bgpid" || pid_alive "$LAB/run/munged.pid" || break
     sleep 0.1
   done
+  stop_nfs_clients
   mountpoint -q "$LAB/shared" && umount -l "$LAB/shared"
-  rm -rf "$LAB/state" "$LAB/run" "$LAB/log" "$LAB/shared"
+  rm -rf "$LAB/state" "$LAB/run" "$LAB/log" "$LAB/shared" "$LAB/nfs"
   log "down"
 }
 
