@@ -589,16 +589,9 @@ def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no
                   f"launcher (the bar)")
     bar = run_experiment(tuned, source=path, report_dir=report_dir or args.report_dir,
                          golden_cache=golden_cache or args.golden_cache, view=RunView(console))
-    rows = bar_rows(team, bar)
-    table = Table(title=f"{exp.name}: the team's launch line against faultlab's launcher")
-    for col in ("", "team's launch line", "faultlab's launcher (the bar)"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*map(escape, row))
-    console.print(table)
-    lines = [f"# {exp.name}: the team's launch line against faultlab's launcher", "",
-             "| | team's launch line | faultlab's launcher (the bar) |", "| --- | --- | --- |",
-             *(f"| {a} | {b} | {c} |" for a, b, c in rows), "",
+    title = f"{exp.name}: the team's launch line against faultlab's launcher"
+    lines = [f"# {title}", "",
+             *_side_by_side(console, title, "faultlab's launcher (the bar)", team, bar), "",
              f"- team's run: `{team.run_folder}`", f"- the bar's run: `{bar.run_folder}`"]
     findings = json.loads(team.journal_path.read_text())["run"].get("launch_findings") or []
     lines += [f"- {f['cause']}: {f['text']}; to change it: {f['change']}" for f in findings]
@@ -648,7 +641,7 @@ def fixed_target(exp, findings: list[dict[str, Any]]  # type: ignore[no-untyped-
             skipped.append(f"{cause}: {f.get('no_fix') or 'no fix'}")
             continue
         fixed = apply_fix(cause, line, services)
-        if fixed is None:  # another fix already made this change
+        if fixed is None:  # nothing left to change in the line as the fixes before left it
             continue
         if set(fixed.services) - set(services) and exp.topology.launcher != "local":
             skipped.append(f"{cause}: its fix adds a service, and faultlab runs target.services "
@@ -690,17 +683,10 @@ def _run_with_fix(exp, path: Path, team, args: argparse.Namespace,  # type: igno
                   f"{', '.join(applied)} applied")
     fix = run_experiment(fixed_exp, source=path, report_dir=report_dir or args.report_dir,
                          golden_cache=golden_cache or args.golden_cache, view=RunView(console))
-    rows = bar_rows(team, fix)
-    table = Table(title=f"{exp.name}: the team's launch line against it fixed "
-                        f"({', '.join(applied)})")
-    for col in ("", "team's launch line", "with the fix"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*map(escape, row))
-    console.print(table)
+    table = _side_by_side(console, f"{exp.name}: the team's launch line against it fixed "
+                                   f"({', '.join(applied)})", "with the fix", team, fix)
     pasted = target_yaml(target.launch, target.services)
-    lines = [*head, "| | team's launch line | with the fix |", "| --- | --- | --- |",
-             *(f"| {a} | {b} | {c} |" for a, b, c in rows), "",
+    lines = [*head, *table, "",
              f"- team's run: `{team.run_folder}`", f"- the fixed run: `{fix.run_folder}`", "",
              "## The fix, as run", "", f"Applied: {', '.join(applied)}.", "", "```yaml",
              pasted, "```", ""]
@@ -708,6 +694,21 @@ def _run_with_fix(exp, path: Path, team, args: argparse.Namespace,  # type: igno
     lines += [f"- not applied: {s}" for s in skipped]
     (team.run_folder / "fix.md").write_text("\n".join(lines) + "\n")
     console.print(f"side by side: {team.run_folder / 'fix.md'}")
+
+
+def _side_by_side(console: Console, title: str, right: str, team,  # type: ignore[no-untyped-def]
+                  other) -> list[str]:
+    """Print the team's run beside ``other`` (``bar_rows``) and return it as Markdown rows,
+    for ``--bar`` and ``--with-fix``."""
+    rows = bar_rows(team, other)
+    table = Table(title=title)
+    for col in ("", "team's launch line", right):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*map(escape, row))
+    console.print(table)
+    return [f"| | team's launch line | {right} |", "| --- | --- | --- |",
+            *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
 
 
 def bar_rows(team, bar) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]

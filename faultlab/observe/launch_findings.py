@@ -64,11 +64,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from faultlab.observe.launch_fixes import NO_FIX, apply_fix, fix_yaml
+from faultlab.observe.launch_fixes import (
+    NO_FIX,
+    OWN_STORE_ENV,
+    RECOMMENDED_RDZV_CONF,
+    apply_fix,
+    fix_yaml,
+)
 from faultlab.observe.records import FaultRecord
-from faultlab.spec.launch import flag_value, is_torchrun_like, launcher_index, service_placeholder
+from faultlab.spec.launch import (
+    BACKEND_FLAGS,
+    CONF_FLAGS,
+    flag_value,
+    is_host_false,
+    is_torchrun_like,
+    launcher_index,
+    service_placeholder,
+)
 
-__all__ = ["ABORT_AT_EXIT", "LaunchFinding", "abort_at_exit", "launch_findings", "with_fix"]
+__all__ = ["ABORT_AT_EXIT", "RECOMMENDED_RDZV_CONF", "LaunchFinding", "abort_at_exit",
+           "launch_findings", "with_fix"]
 
 ABORT_AT_EXIT = "terminate called without an active exception"
 """What a rank's log shows when torch 2.13's gloo race aborts it at interpreter exit."""
@@ -79,9 +94,7 @@ ABORT_AT_EXIT_RATE = ("measured on examples/fsdp2_dcp, fault-free, without the f
                       "(benchmarks/bench_exit_abort.py)")
 """Its measured rate, for the finding's text (the benchmark prints the current figures)."""
 
-RECOMMENDED_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
-"""The rendezvous settings of faultlab's tuned launcher, as a torchrun flag value."""
-_OWN_WORKER_STORE = ("env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in front of torchrun (a store of "
+_OWN_WORKER_STORE = (f"env {OWN_STORE_ENV}=1 in front of torchrun (a store of "
                      "the workers' own per round)")
 
 _NODE_FAULTS = frozenset({"node_kill", "spot_preemption", "node_pause", "network_partition",
@@ -169,12 +182,12 @@ def _findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
     line = [str(a) for a in line]
     name = _launcher_name(line)
     nvrx = name == "ft_launcher"
-    conf = _flag(line, "--rdzv-conf", "--rdzv_conf")
-    c10d = (_flag(line, "--rdzv-backend", "--rdzv_backend") or "static") == "c10d"
-    env_fixed = any(a.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") for a in line)
+    conf = _flag(line, *CONF_FLAGS)
+    c10d = (_flag(line, *BACKEND_FLAGS) or "static") == "c10d"
+    env_fixed = any(a.startswith(f"{OWN_STORE_ENV}=1") for a in line)
     lost_nodes = [n for f in faults if f.type in _NODE_FAULTS and not f.details.get("error")
                   for n in [_node_of(f)] if n]
-    if c10d and "is_host=false" not in conf.replace(" ", "").lower() and "node0" in lost_nodes \
+    if c10d and not is_host_false(line) and "node0" in lost_nodes \
             and "RendezvousConnectionError" in text:
         out.append(LaunchFinding(
             "store_lost",

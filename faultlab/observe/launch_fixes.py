@@ -43,13 +43,26 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from faultlab.spec.launch import flag_value, is_torchrun_like, launcher_index, service_placeholder
+from faultlab.spec.launch import (
+    BACKEND_FLAGS,
+    CONF_FLAGS,
+    ENDPOINT_FLAGS,
+    flag_value,
+    is_torchrun_like,
+    launcher_index,
+    service_placeholder,
+)
 
-__all__ = ["ETCD_SERVICE", "FIXABLE", "NO_FIX", "STORE_SERVICE", "Fixed", "apply_fix",
+__all__ = ["ETCD_SERVICE", "FIXABLE", "NO_FIX", "OWN_STORE_ENV", "RECOMMENDED_RDZV_CONF",
+           "STORE_SERVICE", "Fixed", "apply_fix",
            "fix_yaml", "flow_list", "target_yaml"]
 
 RECOMMENDED = {"last_call_timeout": "1", "keep_alive_interval": "1", "keep_alive_max_attempt": "3"}
-"""faultlab's launcher's rendezvous settings (``launch_findings.RECOMMENDED_RDZV_CONF``)."""
+"""The rendezvous settings of faultlab's tuned launcher, which the fixes set."""
+RECOMMENDED_RDZV_CONF = ",".join(f"{k}={v}" for k, v in RECOMMENDED.items())
+"""The same, as a ``--rdzv-conf`` value."""
+OWN_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""Set to 1, torchrun's workers get a store of their own per round instead of the agent's."""
 
 STORE_SERVICE: tuple[str, ...] = (
     "python", "-c", "import time, torch.distributed as d; s = d.TCPStore(\"127.0.0.1\", "
@@ -80,9 +93,6 @@ NO_FIX = {
 }
 """Why a cause has no fix for ``--with-fix`` to apply."""
 
-_CONF = ("--rdzv-conf", "--rdzv_conf")
-_ENDPOINT = ("--rdzv-endpoint", "--rdzv_endpoint")
-_OWN_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 class Fixed:
@@ -110,14 +120,14 @@ def _set_flag(line: list[str], flags: tuple[str, ...], value: str) -> list[str]:
 
 def _merge_conf(line: list[str], values: Mapping[str, str]) -> list[str]:
     """``--rdzv-conf`` with ``values`` set, every other key of the line's kept."""
-    found = flag_value(line, _CONF)
+    found = flag_value(line, CONF_FLAGS)
     pairs: dict[str, str] = {}
     for item in (found[1] if found else "").split(","):
         key, eq, value = item.strip().partition("=")
         if key and eq:
             pairs[key] = value
     pairs.update(values)
-    return _set_flag(line, _CONF, ",".join(f"{k}={v}" for k, v in pairs.items()))
+    return _set_flag(line, CONF_FLAGS, ",".join(f"{k}={v}" for k, v in pairs.items()))
 
 
 def _with_env(line: list[str], name: str, value: str) -> list[str]:
@@ -143,26 +153,26 @@ def apply_fix(cause: str, launch: Sequence[str], services: Mapping[str, Sequence
         return None
     nvrx = line[launcher_index(line)].rsplit("/", 1)[-1] == "ft_launcher"
     if cause == "slow_rendezvous":
-        conf = flag_value(line, _CONF)
+        conf = flag_value(line, CONF_FLAGS)
         if nvrx:
             if conf is not None and "last_call_timeout" in conf[1]:
                 return None  # the keep-alive is hard-coded: nothing left to change
             return Fixed(_merge_conf(line, {"last_call_timeout": "1"}), services)
-        return Fixed(_with_env(_merge_conf(line, RECOMMENDED), _OWN_STORE_ENV, "1"), services)
+        return Fixed(_with_env(_merge_conf(line, RECOMMENDED), OWN_STORE_ENV, "1"), services)
     if cause in ("restart_hung", "stale_worker_store"):
         if nvrx:
             return None
-        return Fixed(_with_env(line, _OWN_STORE_ENV, "1"), services)
+        return Fixed(_with_env(line, OWN_STORE_ENV, "1"), services)
     # store_lost: a store of the team's own outside the nodes
     if nvrx:
         return None  # ft_launcher's own rendezvous handler: not measured with is_host=false
     name = _store_name(services)
     store = [a.replace("{store_port}", "{" + service_placeholder(name) + "}")
              for a in STORE_SERVICE]
-    line = _set_flag(line, ("--rdzv-backend", "--rdzv_backend"), "c10d")
-    line = _set_flag(line, _ENDPOINT, "127.0.0.1:{" + service_placeholder(name) + "}")
+    line = _set_flag(line, BACKEND_FLAGS, "c10d")
+    line = _set_flag(line, ENDPOINT_FLAGS, "127.0.0.1:{" + service_placeholder(name) + "}")
     line = _merge_conf(line, {"is_host": "false", **RECOMMENDED})
-    return Fixed(_with_env(line, _OWN_STORE_ENV, "1"), {**services, name: store})
+    return Fixed(_with_env(line, OWN_STORE_ENV, "1"), {**services, name: store})
 
 
 def fix_yaml(before_services: Mapping[str, Sequence[str]], fixed: Fixed) -> str:

@@ -64,9 +64,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LAUNCHERS", "NODE_WORLD_PLACEHOLDERS", "PLACEHOLDERS", "SERVICE_NAME",
+__all__ = ["BACKEND_FLAGS", "CONF_FLAGS", "ENDPOINT_FLAGS", "ETCD_BACKENDS", "LAUNCHERS",
+           "NODE_WORLD_PLACEHOLDERS", "PLACEHOLDERS", "SERVICE_NAME",
            "TORCHRUN_DEFAULT", "addressing_problem", "docker_node_paths", "docker_problems",
-           "fill", "fixed_port", "flag_value", "is_torchrun_like", "launcher_index",
+           "fill", "fixed_port", "flag_value", "is_host_false", "is_torchrun_like",
+           "launcher_index", "rendezvous_client",
            "node_worlds", "placeholders_in", "program", "service_placeholder",
            "service_problem", "trainer_argv",
            "unknown_placeholders"]
@@ -110,6 +112,14 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TORCHRUN_NAMES = ("torchrun", "ft_launcher")
 _ADDRESSING = {"rdzv_endpoint", "master_addr", "master_port", *NODE_WORLD_PLACEHOLDERS}
 _ENDPOINT_FLAGS = ("--rdzv-endpoint", "--rdzv_endpoint")
+ENDPOINT_FLAGS = _ENDPOINT_FLAGS
+"""torchrun's rendezvous endpoint flag, in both spellings."""
+CONF_FLAGS = ("--rdzv-conf", "--rdzv_conf")
+"""torchrun's rendezvous settings flag, in both spellings."""
+BACKEND_FLAGS = ("--rdzv-backend", "--rdzv_backend")
+"""torchrun's rendezvous backend flag, in both spellings."""
+ETCD_BACKENDS = ("etcd", "etcd-v2")
+"""torch 2.13's rendezvous backends that speak to an etcd server."""
 _PORT_FLAGS = ("--master-port", "--master_port")
 _ADDR_FLAGS = ("--master-addr", "--master_addr")
 
@@ -210,10 +220,7 @@ def store_problem(line: Sequence[str]) -> tuple[int, str] | None:
     """``(index, why)`` when the line makes every agent a client of a rendezvous store
     (``--rdzv-conf is_host=false``) at faultlab's own per-launch endpoint, where nothing
     listens: the job could never start. None: no such client, or the store is elsewhere."""
-    if not is_torchrun_like(line):
-        return None
-    conf = flag_value(line, ("--rdzv-conf", "--rdzv_conf"))
-    if conf is None or "is_host=false" not in conf[1].replace(" ", "").lower():
+    if not is_torchrun_like(line) or not is_host_false(line):
         return None
     endpoint = flag_value(line, _ENDPOINT_FLAGS)
     if endpoint is None or "{rdzv_endpoint}" not in endpoint[1]:
@@ -225,7 +232,17 @@ def store_problem(line: Sequence[str]) -> tuple[int, str] | None:
                          "--rdzv-endpoint at it, 127.0.0.1:{store_port}")
 
 
-_ETCD_BACKENDS = ("etcd", "etcd-v2")
+def is_host_false(line: Sequence[str]) -> bool:
+    """``--rdzv-conf is_host=false``: no agent hosts the store, every one is its client."""
+    conf = flag_value(line, CONF_FLAGS)
+    return conf is not None and "is_host=false" in conf[1].replace(" ", "").lower()
+
+
+def rendezvous_client(line: Sequence[str]) -> bool:
+    """The agents are clients of a rendezvous that something outside them serves (a store with
+    ``is_host=false``, or etcd): no node binds the endpoint."""
+    backend = flag_value(line, BACKEND_FLAGS)
+    return is_host_false(line) or (backend is not None and backend[1] in ETCD_BACKENDS)
 
 
 def service_problem(line: Sequence[str], services: Mapping[str, Sequence[str]]
@@ -238,8 +255,8 @@ def service_problem(line: Sequence[str], services: Mapping[str, Sequence[str]]
     if not is_torchrun_like(line):
         return None
     endpoint = flag_value(line, _ENDPOINT_FLAGS)
-    backend = flag_value(line, ("--rdzv-backend", "--rdzv_backend"))
-    etcd = backend is not None and backend[1] in _ETCD_BACKENDS
+    backend = flag_value(line, BACKEND_FLAGS)
+    etcd = backend is not None and backend[1] in ETCD_BACKENDS
     if endpoint is None:
         return None
     named = [n for n in services if "{" + service_placeholder(n) + "}" in endpoint[1]]

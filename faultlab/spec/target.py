@@ -23,9 +23,9 @@ from faultlab.spec.launch import (
     SERVICE_NAME,
     TORCHRUN_DEFAULT,
     fixed_port,
-    flag_value,
     launcher_index,
     program,
+    rendezvous_client,
     service_placeholder,
     split_line,
     unknown_placeholders,
@@ -238,11 +238,8 @@ class TargetSpec(SpecModel):
         if fixed is not None:
             i, literal = fixed
             service = "{" + service_placeholder(services[0] if services else "store") + "}"
-            conf = flag_value(value, ("--rdzv-conf", "--rdzv_conf"))
-            backend = flag_value(value, ("--rdzv-backend", "--rdzv_backend"))
-            client = (conf is not None and "is_host=false" in conf[1].replace(" ", "").lower()) \
-                or (backend is not None and backend[1] in ("etcd", "etcd-v2"))
-            if ":" in literal and client:  # the agents dial a store or etcd that is not theirs
+            # the agents dial a store or etcd that is not theirs
+            if ":" in literal and rendezvous_client(value):
                 why = (f"{literal!r} is a fixed port: the golden run, every run and runs in "
                        f"parallel would share the store or etcd there, and each other's "
                        f"rendezvous with it; run it as a target.services entry and write "

@@ -23,7 +23,6 @@ from faultlab.storage.ops import rel, set_times, statfs
 __all__ = ["NfsClient", "NfsOptions"]
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NfsOptions:
     """The client's mount options (nfs(5) names and defaults, in seconds)."""
@@ -54,9 +53,6 @@ class NfsOptions:
         """These options as ``faultlab.storage.nfs`` command-line flags."""
         return [a for f in fields(self)
                 for a in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))]
-
-
-_rel = rel
 
 
 def _parent(path: str) -> str:
@@ -149,7 +145,7 @@ class NfsClient:
     def _list(self, path: str) -> list[tuple[str, int, int]]:
         """``(name, inode, file type)`` of each entry: readdir needs the inode, for with
         ``use_ino`` an entry of inode 0 is one that readdir(3) skips."""
-        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.root)
+        fd = os.open(rel(path), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.root)
         try:
             with os.scandir(fd) as it:
                 return [(e.name, e.inode(), stat.S_IFDIR if e.is_dir(follow_symlinks=False) else
@@ -194,7 +190,7 @@ class NfsClient:
 
     def _fetch(self, path: str, fd: int | None = None) -> os.stat_result | None:
         try:
-            return os.fstat(fd) if fd is not None else os.lstat(_rel(path), dir_fd=self.root)
+            return os.fstat(fd) if fd is not None else os.lstat(rel(path), dir_fd=self.root)
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -235,7 +231,7 @@ class NfsClient:
 
     def _changing(self, *directories: str) -> dict[str, tuple[Any, ...]]:
         """Pre-operation change attributes of the directories an operation of ours changes."""
-        return {d: self._change(os.lstat(_rel(d), dir_fd=self.root))
+        return {d: self._change(os.lstat(rel(d), dir_fd=self.root))
                 for d in dict.fromkeys(directories)}
 
     def _changed(self, pre: dict[str, tuple[Any, ...]]) -> None:
@@ -288,7 +284,7 @@ class NfsClient:
                     [(".", ino, stat.S_IFDIR), ("..", ino, stat.S_IFDIR), *d.listing]]
 
     def readlink(self, path: str) -> str:
-        return os.readlink(_rel(path), dir_fd=self.root)
+        return os.readlink(rel(path), dir_fd=self.root)
 
     def statfs(self, path: str) -> dict[str, int]:
         return statfs(self.root)
@@ -300,11 +296,11 @@ class NfsClient:
             return 0
 
     def chmod(self, path: str, mode: int) -> int:
-        return self._setattr(path, lambda: os.chmod(_rel(path), mode, dir_fd=self.root,
+        return self._setattr(path, lambda: os.chmod(rel(path), mode, dir_fd=self.root,
                                                     follow_symlinks=False))
 
     def chown(self, path: str, uid: int, gid: int) -> int:
-        return self._setattr(path, lambda: os.chown(_rel(path), uid, gid, dir_fd=self.root,
+        return self._setattr(path, lambda: os.chown(rel(path), uid, gid, dir_fd=self.root,
                                                     follow_symlinks=False))
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
@@ -315,7 +311,7 @@ class NfsClient:
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         with self._lock:
             h = self._handles.get(fh) if fh is not None else None
-            fd = h.fd if h else os.open(_rel(path), os.O_WRONLY, dir_fd=self.root)
+            fd = h.fd if h else os.open(rel(path), os.O_WRONLY, dir_fd=self.root)
             try:
                 st = os.fstat(fd)
                 self._writeback((st.st_dev, st.st_ino))  # NFS flushes before a SETATTR
@@ -345,20 +341,20 @@ class NfsClient:
                 self._store(p, self._fetch(p))
 
     def mkdir(self, path: str, mode: int) -> int:
-        self._namespace(lambda: os.mkdir(_rel(path), mode, dir_fd=self.root), path)
+        self._namespace(lambda: os.mkdir(rel(path), mode, dir_fd=self.root), path)
         return 0
 
     def rmdir(self, path: str) -> int:
-        self._namespace(lambda: os.rmdir(_rel(path), dir_fd=self.root), path)
+        self._namespace(lambda: os.rmdir(rel(path), dir_fd=self.root), path)
         return 0
 
     def unlink(self, path: str) -> int:
-        self._namespace(lambda: os.unlink(_rel(path), dir_fd=self.root), path)
+        self._namespace(lambda: os.unlink(rel(path), dir_fd=self.root), path)
         return 0
 
     def rename(self, old: str, new: str) -> int:
         def op() -> None:
-            os.rename(_rel(old), _rel(new), src_dir_fd=self.root, dst_dir_fd=self.root)
+            os.rename(rel(old), rel(new), src_dir_fd=self.root, dst_dir_fd=self.root)
             for p in (old, new):
                 if p in self._dirs:
                     self._forget_below(p)
@@ -366,11 +362,11 @@ class NfsClient:
         return 0
 
     def symlink(self, target: str, source: str) -> int:
-        self._namespace(lambda: os.symlink(source, _rel(target), dir_fd=self.root), target)
+        self._namespace(lambda: os.symlink(source, rel(target), dir_fd=self.root), target)
         return 0
 
     def link(self, target: str, source: str) -> int:
-        self._namespace(lambda: os.link(_rel(source), _rel(target), src_dir_fd=self.root,
+        self._namespace(lambda: os.link(rel(source), rel(target), src_dir_fd=self.root,
                                         dst_dir_fd=self.root), target)
         return 0
 
@@ -392,7 +388,7 @@ class NfsClient:
         strip = os.O_APPEND | os.O_TRUNC | os.O_CREAT | os.O_EXCL
         with self._lock:
             try:
-                fd = os.open(_rel(path), flags & ~strip, dir_fd=self.root)
+                fd = os.open(rel(path), flags & ~strip, dir_fd=self.root)
             except FileNotFoundError:
                 self._store(path, None)
                 raise
@@ -401,7 +397,7 @@ class NfsClient:
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
         with self._lock:
             pre = self._changing(_parent(path))
-            fd = os.open(_rel(path), (flags | os.O_CREAT) & ~(os.O_APPEND | os.O_TRUNC), mode,
+            fd = os.open(rel(path), (flags | os.O_CREAT) & ~(os.O_APPEND | os.O_TRUNC), mode,
                          dir_fd=self.root)
             self._changed(pre)
             return self._open(path, fd, flags)

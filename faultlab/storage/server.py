@@ -44,9 +44,6 @@ writes hung, a write to another file still went through). libfuse 3.14's ``fuse_
 "Ignoring invalid max threads value" at start: harmless, its own default is then used."""
 
 
-_rel = rel
-
-
 class Passthrough:
     """mfusepy operations over a directory descriptor, each through ``RuleSet.gate``."""
 
@@ -60,37 +57,37 @@ class Passthrough:
         from mfusepy import FuseOSError, fuse_get_context
 
         caller = fuse_get_context()[2] if self.rules.needs_caller() else None
-        err = self.rules.gate(op, _rel(path), nbytes, caller)
+        err = self.rules.gate(op, rel(path), nbytes, caller)
         if err:
             raise FuseOSError(err)
 
     # -- metadata
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        st = os.fstat(fh) if fh is not None else os.lstat(_rel(path), dir_fd=self.root)
+        st = os.fstat(fh) if fh is not None else os.lstat(rel(path), dir_fd=self.root)
         return {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_uid", "st_gid",
                                             "st_size", "st_ino", "st_blocks",
                                             "st_atime_ns", "st_mtime_ns", "st_ctime_ns")} | {
             "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns}
 
     def readdir(self, path: str, fh: int) -> list[str]:
-        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.root)
+        fd = os.open(rel(path), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.root)
         try:
             return [".", "..", *os.listdir(fd)]
         finally:
             os.close(fd)
 
     def readlink(self, path: str) -> str:
-        return os.readlink(_rel(path), dir_fd=self.root)
+        return os.readlink(rel(path), dir_fd=self.root)
 
     def statfs(self, path: str) -> dict[str, int]:
         return statfs(self.root)
 
     def chmod(self, path: str, mode: int) -> int:
-        os.chmod(_rel(path), mode, dir_fd=self.root, follow_symlinks=False)
+        os.chmod(rel(path), mode, dir_fd=self.root, follow_symlinks=False)
         return 0
 
     def chown(self, path: str, uid: int, gid: int) -> int:
-        os.chown(_rel(path), uid, gid, dir_fd=self.root, follow_symlinks=False)
+        os.chown(rel(path), uid, gid, dir_fd=self.root, follow_symlinks=False)
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
@@ -101,7 +98,7 @@ class Passthrough:
         return 0
 
     def access(self, path: str, amode: int) -> int:
-        if not os.access(_rel(path), amode, dir_fd=self.root):
+        if not os.access(rel(path), amode, dir_fd=self.root):
             from mfusepy import FuseOSError
             raise FuseOSError(errno.EACCES)
         return 0
@@ -109,40 +106,40 @@ class Passthrough:
     # -- namespace
     def mkdir(self, path: str, mode: int) -> int:
         self._gate("mkdir", path)
-        os.mkdir(_rel(path), mode, dir_fd=self.root)
+        os.mkdir(rel(path), mode, dir_fd=self.root)
         return 0
 
     def rmdir(self, path: str) -> int:
         self._gate("unlink", path)
-        os.rmdir(_rel(path), dir_fd=self.root)
+        os.rmdir(rel(path), dir_fd=self.root)
         return 0
 
     def unlink(self, path: str) -> int:
         self._gate("unlink", path)
-        os.unlink(_rel(path), dir_fd=self.root)
+        os.unlink(rel(path), dir_fd=self.root)
         return 0
 
     def rename(self, old: str, new: str) -> int:
         self._gate("rename", old)
-        os.rename(_rel(old), _rel(new), src_dir_fd=self.root, dst_dir_fd=self.root)
+        os.rename(rel(old), rel(new), src_dir_fd=self.root, dst_dir_fd=self.root)
         return 0
 
     def symlink(self, target: str, source: str) -> int:
-        os.symlink(source, _rel(target), dir_fd=self.root)
+        os.symlink(source, rel(target), dir_fd=self.root)
         return 0
 
     def link(self, target: str, source: str) -> int:
-        os.link(_rel(source), _rel(target), src_dir_fd=self.root, dst_dir_fd=self.root)
+        os.link(rel(source), rel(target), src_dir_fd=self.root, dst_dir_fd=self.root)
         return 0
 
     # -- files
     def open(self, path: str, flags: int) -> int:
         self._gate("open", path)
-        return os.open(_rel(path), flags, dir_fd=self.root)
+        return os.open(rel(path), flags, dir_fd=self.root)
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
         self._gate("create", path)
-        return os.open(_rel(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode,
+        return os.open(rel(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode,
                        dir_fd=self.root)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -157,7 +154,7 @@ class Passthrough:
         if fh is not None:
             os.ftruncate(fh, length)
         else:
-            fd = os.open(_rel(path), os.O_WRONLY, dir_fd=self.root)
+            fd = os.open(rel(path), os.O_WRONLY, dir_fd=self.root)
             try:
                 os.ftruncate(fd, length)
             finally:
