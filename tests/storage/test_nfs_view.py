@@ -163,6 +163,7 @@ def test_listings_are_cached_and_own_changes_are_seen_at_once(
     assert sorted(os.listdir(a / "ls")) == ["w", "x"]
     assert os.listdir(b / "ls") == ["x"]  # B's cached listing
     assert not (a / "ls/y").exists()  # A caches y as missing
+    assert (a / "ls/x").read_text() == "1"  # and x's attributes
     (b / "ls/y").write_text("2")  # B's own create, rename, mkdir, removal: seen by B at once
     os.rename(b / "ls/y", b / "ls/z")
     (b / "ls/sub").mkdir()
