@@ -28,6 +28,7 @@ from typing import Any
 from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.engine.golden import GoldenRun, golden_run
+from faultlab.engine.hub import Hub, control_plane
 from faultlab.engine.runtime_plan import RuntimeSetup
 from faultlab.engine.shared_checkpoints import (
     SharedCheckpoint,
@@ -175,6 +176,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     prepared: dict[int, Fault] = {}
     lingering: list[str] = []
     runtime: RuntimeSetup | None = None
+    hub: Hub | None = None
     storage: StorageMount | None = None
     storage_undo: list[str] = []
     stopped = False  # before the launch, for checkpoints shared between runs
@@ -209,6 +211,13 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                     node_env[node].update(gpu_node_env(job_dir, node,
                                                        exp.topology.procs_per_node))
             target = make_target(exp, job_dir, node_env=node_env)
+            if runtime.channel == "socket":
+                hub = runtime.hub = Hub(runtime.secret)
+                target.attach_hub(hub)
+                if not target.stream.attached:  # the nodes cannot reach this host
+                    runtime.channel = "file"
+                    view.note("the node relays use the file channel: no address of this "
+                              "host reaches the nodes")
             if needs_storage_mount(exp):  # before the job opens a file there
                 storage = StorageMount.start(storage_dir(exp, job_dir, source),
                                              run_folder / ".storage")
@@ -281,9 +290,15 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
             for act in active:
                 _undo(act, target, records, view)
             _release(exp, prepared, records, view)
+            if hub is not None:
+                hub.ending()
             if target is not None:
                 target.continue_all()
                 target.stop()
+            if hub is not None:  # the relays flush, push their last batch and exit
+                hub.close()
+                if target is not None:
+                    target.stream.detach()
             if storage is not None:  # after the job: nothing holds a file open any more
                 storage_undo = storage.stop()
                 view.note(f"storage passthrough: {'; '.join(storage_undo)}")
@@ -343,6 +358,9 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         view.note(f"this run saved {len(saved_outside)} checkpoint(s) outside its run "
                   f"directory ({saved_outside[0]} ...): the next run given the same path "
                   f"would resume from them")
+    control = control_plane(runtime, hub, records)
+    if control.get("lost") and slas:
+        slas.append(SLAResult("control_plane_intact", True, False, False, control["lost"]))
     verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"
     journal = {
         "verdict": verdict,
@@ -368,6 +386,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
                 "stopped_after_completion": lingering,
                 "checkpoints_outside": saved_outside,
                 "slurm": slurm_view,
+                "control_plane": control,
                 "storage_mount": ({"path": str(storage.path), "undo": storage_undo}
                                   if storage else None)},
         "environment": environment(),

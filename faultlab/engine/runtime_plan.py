@@ -37,6 +37,7 @@ from faultlab.runtime.auto import STEP_DIGEST_ENV
 from faultlab.runtime.client import new_secret, read_secret
 from faultlab.runtime.gates import gate_env, open_gate
 from faultlab.runtime.plan import write_plan
+from faultlab.runtime.relay import CHANNEL_ENV, GATES_FILE
 from faultlab.spec import Experiment
 
 __all__ = ["RuntimeSetup", "planned_victim_ranks", "read_secret"]
@@ -71,12 +72,18 @@ class RuntimeSetup:
     opened: set[int] = field(default_factory=set)
     step_digest: bool = False
     """``observe.step_digest``: every step record carries the weights' digest."""
+    channel: str = "socket"
+    """``run.control_channel``: how the node relays reach the engine (``runtime.relay``)."""
+    hub: Any = None
+    """The engine's hub (socket channel), told of every gate opened."""
 
     @classmethod
     def create(cls, exp: Experiment, job_dir: Path) -> RuntimeSetup:
         root = job_dir / "runtime"
         root.mkdir(parents=True, exist_ok=True)
-        setup = cls(job_dir, new_secret(), step_digest=bool(exp.observe.step_digest))
+        setup = cls(job_dir, new_secret(), step_digest=bool(exp.observe.step_digest),
+                    channel=exp.run.control_channel)
+        (root / GATES_FILE).touch()  # before any node looks it up (NFS caches a miss)
         fd = os.open(root / "secret", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(setup.secret)
@@ -103,7 +110,7 @@ class RuntimeSetup:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"FAULTLAB_RUNTIME_SECRET": self.secret,
+        return {"FAULTLAB_RUNTIME_SECRET": self.secret, CHANNEL_ENV: self.channel,
                 "FAULTLAB_RUNTIME_PLAN": str(self.job_dir / "runtime" / "plan.json"),
                 **gate_env(self.gates),
                 **({STEP_DIGEST_ENV: "1"} if self.step_digest else {})}
@@ -114,15 +121,19 @@ class RuntimeSetup:
         now = [step for step, faults in self.gates.items()
                if step not in self.opened and all(fired[i] for i in faults)]
         for step in now:
-            open_gate(self.job_dir, step)
-            self.opened.add(step)
+            self._open(step)
         return now
+
+    def _open(self, step: int) -> None:
+        if self.hub is not None:
+            self.hub.open_gate(step)
+        open_gate(self.job_dir, step)
+        self.opened.add(step)
 
     def open_all_gates(self) -> None:
         """The run is over: no rank may wait for a gate any more."""
         for step in self.gates:
             if step not in self.opened:
-                open_gate(self.job_dir, step)
-                self.opened.add(step)
+                self._open(step)
 
 

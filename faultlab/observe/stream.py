@@ -12,6 +12,12 @@ What a reader can see, and what it does about it:
   newline are kept and retried next poll; they are never parsed early.
 - **A corrupt complete line** (not JSON, not an object, no finite numeric ``t``) is counted in
   :attr:`EventStream.malformed` and skipped: one bad line must not stop the experiment.
+- **A hub** (``attach``: the engine's end of the node relays, ``faultlab.engine.hub``). The
+  relays push each batch of their node's file (``<node>-relay.jsonl``) as they write it, with
+  its offset; ``poll`` then takes those bytes through the same parser and advances that file's
+  offset, and touches the disk only every ``SCAN_EVERY_S`` (a rank whose relay is down writes a
+  file of its own). ``detach`` goes back to reading files, from the offsets the hub reached:
+  the final read after the run gets only what the hub did not deliver.
 - **Order.** Files are written concurrently, so the records of one poll are sorted by ``t``,
   and :attr:`EventStream.events` stays sorted by ``t`` even when a late-flushed line from one
   file is older than lines already seen from another.
@@ -23,13 +29,19 @@ import bisect
 import json
 import math
 import os
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EventStream"]
+from faultlab.runtime.relay import RELAY_FILE_SUFFIX as _RELAY
+
+__all__ = ["SCAN_EVERY_S", "EventStream"]
+
+SCAN_EVERY_S = 2.0
+"""With a hub attached: how often ``poll`` still lists the events directory."""
 
 Record = dict[str, Any]
 
@@ -46,6 +58,8 @@ class _Tail:
     """Bytes consumed so far (complete lines and the kept partial line)."""
     partial: bytes = b""
     """Bytes after the last newline: an incomplete line, retried on the next poll."""
+    fed: bool = False
+    """A relay's file whose bytes the hub delivers (not read from disk while attached)."""
 
 
 class EventStream:
@@ -77,6 +91,8 @@ class EventStream:
         self._ranks: list[int] | None = None  # current_ranks, until the next start
         self._counted: dict[tuple[str, str], list[int]] = {}  # query → [records seen, count]
         self._found: dict[tuple[str, str], tuple[int, Record | None]] = {}  # first's cursor
+        self._hub: Any = None
+        self._next_scan = 0.0
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -85,24 +101,74 @@ class EventStream:
         """Every record read so far, sorted by ``t``. The live list: do not modify it."""
         return self._events
 
+    def attach(self, hub: Any) -> None:
+        """Take the relays' batches from ``hub`` (its ``drain()``) instead of scanning."""
+        self._hub = hub
+        self._next_scan = time.monotonic() + SCAN_EVERY_S
+
+    @property
+    def attached(self) -> bool:
+        return self._hub is not None
+
+    def detach(self) -> None:
+        """Back to files: the next ``poll`` reads what the hub did not deliver."""
+        if self._hub is not None:
+            new: list[Record] = []
+            self._take_hub(new)
+            if new:
+                new.sort(key=_t)
+                self._index(new)
+        self._hub = None
+
     def poll(self) -> list[Record]:
         """Read what was appended since the last poll; return those new records sorted by t."""
         new: list[Record] = []
-        try:
-            entries = sorted((e.name, e.path) for e in os.scandir(self.events_dir)
-                             if e.name.endswith(".jsonl"))
-        except (FileNotFoundError, NotADirectoryError):
-            return new  # the job has not created its events directory yet
-        for name, path in entries:
-            tail = self._tails.get(name)
-            if tail is None:
-                tail = self._tails[name] = _Tail()
-            self._read_appended(path, tail, new)
+        if self._hub is not None:
+            self._take_hub(new)
+            now = time.monotonic()
+            if now >= self._next_scan:
+                self._next_scan = now + SCAN_EVERY_S
+                self._scan(new, skip_fed=True)
+            if new:
+                new.sort(key=_t)
+                self._index(new)
+            return new
+        self._scan(new, skip_fed=False)
         if not new:
             return new
         new.sort(key=_t)  # stable: equal times keep file order, then line order
         self._index(new)
         return new
+
+    def _take_hub(self, out: list[Record]) -> None:
+        for name, start, data in self._hub.drain():
+            tail = self._tails.get(name)
+            if tail is None:
+                tail = self._tails[name] = _Tail(fed=True)
+            if start > tail.offset:  # a gap the hub did not get: read it from the file
+                try:
+                    with open(self.events_dir / name, "rb") as f:
+                        f.seek(tail.offset)
+                        self._take(tail, f.read(start - tail.offset), out)
+                except OSError:
+                    tail.offset = start
+            elif start < tail.offset:
+                data = data[tail.offset - start:]
+            self._take(tail, data, out)
+
+    def _scan(self, new: list[Record], *, skip_fed: bool) -> None:
+        try:
+            entries = sorted((e.name, e.path) for e in os.scandir(self.events_dir)
+                             if e.name.endswith(".jsonl"))
+        except (FileNotFoundError, NotADirectoryError):
+            return  # the job has not created its events directory yet
+        for name, path in entries:
+            tail = self._tails.get(name)
+            if tail is None:
+                tail = self._tails[name] = _Tail(fed=skip_fed and name.endswith(_RELAY))
+            if skip_fed and tail.fed:
+                continue  # the hub delivers it
+            self._read_appended(path, tail, new)
 
     def _read_appended(self, path: str, tail: _Tail, out: list[Record]) -> None:
         try:
@@ -114,6 +180,9 @@ class EventStream:
                 chunk = f.read(size - tail.offset)
         except OSError:
             return  # vanished or unreadable right now: try again next poll
+        self._take(tail, chunk, out)
+
+    def _take(self, tail: _Tail, chunk: bytes, out: list[Record]) -> None:
         tail.offset += len(chunk)
         data = tail.partial + chunk
         end = data.rfind(b"\n")

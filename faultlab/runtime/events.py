@@ -2,9 +2,14 @@
 
 One append-only JSON-lines file per process under ``RUN_DIR/events/`` (``FAULTLAB_RUN_DIR``),
 flushed per line, so a reader tailing the directory sees every record the moment the rank wrote
-it and a SIGKILL loses at most the line being written. Every record carries ``t`` (wall clock,
-seconds), ``kind``, ``rank``, ``world_size``, ``pid``, ``restart``
-(``TORCHELASTIC_RESTART_COUNT``) and ``node`` (``FAULTLAB_NODE``)::
+it and a SIGKILL loses at most the line being written. Under faultlab's engine
+(``FAULTLAB_CHANNEL`` set) the same records go instead to the node's relay over a node-local
+socket (``faultlab.runtime.relay``), which writes one file per node and pushes it to the
+engine: no rank touches the shared filesystem for its events. If the relay cannot be reached,
+the emitter falls back to its own file, so no record is lost.
+
+Every record carries ``t`` (wall clock, seconds), ``kind``, ``rank``, ``world_size``, ``pid``,
+``restart`` (``TORCHELASTIC_RESTART_COUNT``) and ``node`` (``FAULTLAB_NODE``)::
 
     from faultlab.runtime.events import EventLog
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -62,6 +68,10 @@ class EventLog:
             f"{node}-rank{rank}-restart{restart}-pid{os.getpid()}{suffix}.jsonl")
         self._file: Any = None
         self._lock = threading.Lock()
+        from faultlab.runtime.relay import uplink_for
+
+        self._uplink = uplink_for(Path(events_dir).parent) \
+            if Path(events_dir).name == "events" else None
 
     @classmethod
     def from_env(cls, suffix: str = "") -> EventLog | None:
@@ -78,6 +88,15 @@ class EventLog:
     def emit(self, kind: str, **fields: Any) -> None:
         record = {"t": time.time(), "kind": kind, **self.base, **fields}
         line = json.dumps(record, separators=(",", ":"), allow_nan=True, default=str) + "\n"
+        if self._uplink is not None and not self._uplink.down:
+            from faultlab.runtime.relay import RelayDown
+
+            try:
+                self._uplink.emit_line(line)
+                return
+            except RelayDown as e:  # the record goes to this process's own file instead
+                print(f"faultlab: {e}; rank {self.base['rank']} writes {self.path}",
+                      file=sys.stderr, flush=True)
         with self._lock:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

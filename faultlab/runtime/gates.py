@@ -9,7 +9,11 @@ steps in ``FAULTLAB_STEP_GATES`` (``9,10``), and the level-0 observer of every r
 it has written the record of step N, waits until the engine opens gate N: the file
 ``RUN_DIR/runtime/gates/step{N}``, created once every fault due at step N has been injected (or
 has failed). The gate stays open, so a rank that replays step N after a restart passes at once.
-A gate not opened within ``FAULTLAB_STEP_GATE_TIMEOUT_S`` (60 s: faultlab died, or the fault
+Under faultlab's engine the
+wait is on the node relay's socket instead (``faultlab.runtime.relay``): the engine opens the
+gate once, and every waiting rank wakes without touching the shared filesystem; the file is
+the fallback when the relay cannot be reached. A gate not opened within
+``FAULTLAB_STEP_GATE_TIMEOUT_S`` (60 s: faultlab died, or the fault
 never came) is passed with one ``faultlab bootstrap:`` line; the wait never raises.
 
 The pause sits between two steps, outside any collective, so every rank waits at the same
@@ -41,10 +45,13 @@ def gate_path(run_dir: Path, step: int) -> Path:
 
 
 def open_gate(run_dir: Path, step: int) -> None:
-    """Open gate ``step`` (idempotent)."""
+    """Open gate ``step`` (idempotent): its file, and a line in ``runtime/gates.txt``, which the
+    node relays read on the file channel (appended and closed: NFS close-to-open)."""
     path = gate_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
+    with open(path.parent.parent / "gates.txt", "a", encoding="utf-8") as f:
+        f.write(f"{step}\n")
 
 
 def gate_env(steps: Iterable[int], timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, str]:
@@ -89,6 +96,14 @@ class StepGates:
         while waiting: a trainer's own step watchdog must not take the pause for a hang."""
         if step not in self.steps:
             return None
+        from faultlab.runtime.relay import RelayDown, uplink_for
+
+        uplink = uplink_for(self.run_dir)
+        if uplink is not None and not uplink.down:
+            try:
+                return uplink.wait_gate(step, self.timeout_s, beat, _BEAT_EVERY_S)
+            except RelayDown:
+                pass  # the gate file below
         path = gate_path(self.run_dir, step)
         t0 = last_beat = time.monotonic()
         while not os.path.exists(path):

@@ -447,3 +447,9 @@ class RunSpec(SpecModel):
     """Checkpoint after every N steps."""
     timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock limit of the whole experiment; past it the job is stopped and fails."""
+    control_channel: Literal["socket", "file"] = "socket"
+    """How each node's relay (``faultlab.runtime.relay``) reaches faultlab. ``socket``: a
+    connection per node to faultlab's host, events pushed, gates and commands broadcast;
+    ``file``, for a cluster whose nodes reach the submit host only through the shared
+    filesystem: one batched event file per node, read by faultlab, and one gates file. Either
+    way no rank touches the shared filesystem for faultlab's control plane."""

@@ -149,6 +149,10 @@ class Target(Protocol):
         """What the scheduler saw of the job (Slurm: requeues, node states), for the metrics;
         None where there is no scheduler."""
 
+    def attach_hub(self, hub: Any) -> None:
+        """Before ``start``: the node relays push to ``hub`` (``faultlab.engine.hub``). The
+        target gives the nodes ``FAULTLAB_HUB`` at the address they reach this host at."""
+
 
 class JobResult(Protocol):
     """What ``Target.result`` returns (``faultlab.targets.launcher.JobResult``)."""
@@ -200,6 +204,11 @@ class JobContext(ABC):
 
     def scheduler_view(self) -> dict[str, Any] | None:
         return None
+
+    def attach_hub(self, hub: Any) -> None:
+        """Have the node relays push to ``hub`` (``faultlab.engine.hub.Hub``): the nodes get
+        its address, and ``stream`` takes its batches instead of scanning files."""
+        self.stream.attach(hub)
 
     # -- FaultContext ---------------------------------------------------------------------------
 

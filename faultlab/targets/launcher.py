@@ -24,12 +24,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from faultlab.runtime.relay import HUB_ENV
 from faultlab.spec.launch import (
     TORCHRUN_DEFAULT,
     fill,
@@ -115,6 +117,9 @@ class LocalJob:
     """Processes the team runs beside the nodes (``target.services``: torchft's lighthouse),
     by name: started before the nodes with a free port each in ``{NAME_port}``, reaped with
     the job, untouched by a node's loss (``faultlab.targets.services``)."""
+    hub_address: Callable[[str], str] | None = None
+    """The engine's hub (``faultlab.engine.hub.Hub.address``): given the address the nodes
+    reach this host at (``control_host``), where the node relays connect. None: no hub."""
     _nodes: list[_Node] = field(default_factory=list, init=False)
     _services: Services | None = field(default=None, init=False)
     _store: subprocess.Popen[bytes] | None = field(default=None, init=False)
@@ -344,11 +349,17 @@ class LocalJob:
             env["FAULTLAB_RANK_OFFSET"] = str(int(name.removeprefix("node")) *
                                               self.procs_per_node)
             env["FAULTLAB_WORLD_SIZE"] = str(world)
+        if self.hub_address is not None:
+            env[HUB_ENV] = self.hub_address(self.control_host())
         if self.launch_line is None:
             # torch 2.13: when the node holding group rank 0 dies, survivors disagree on
             # MASTER_PORT if the rendezvous store is shared with the workers, and hang.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         return env
+
+    def control_host(self) -> str:
+        """The address the nodes reach faultlab's host at: loopback for local nodes."""
+        return "127.0.0.1"
 
     def agent_argv(self, endpoint: str, conf: str, local_addr: str) -> list[str]:
         """A node's agent command line after the interpreter (``-m ...``)."""

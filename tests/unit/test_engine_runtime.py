@@ -54,7 +54,7 @@ def test_only_step_triggered_numeric_faults_on_known_ranks_are_planned(tmp_path:
     secret_file = tmp_path / "runtime" / "secret"
     assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
     assert read_secret(tmp_path) == setup.secret and len(setup.secret) >= 32
-    assert setup.env == {"FAULTLAB_RUNTIME_SECRET": setup.secret,
+    assert setup.env == {"FAULTLAB_RUNTIME_SECRET": setup.secret, "FAULTLAB_CHANNEL": "socket",
                          "FAULTLAB_RUNTIME_PLAN": str(tmp_path / "runtime" / "plan.json"),
                          # the faults injected live by step: "slow" at 4, "live-nan" at 7
                          "FAULTLAB_STEP_GATES": "4,7", "FAULTLAB_STEP_GATE_TIMEOUT_S": "60"}

@@ -120,6 +120,10 @@ class DockerJob(LocalJob):
         self._gateway = self._network.attrs["IPAM"]["Config"][0]["Gateway"].split("/")[0]
         return self._gateway
 
+    def control_host(self) -> str:
+        """The host's address on the run's network: where the node relays reach the hub."""
+        return self._gateway
+
     def _start_rendezvous(self, host: str = "127.0.0.1") -> tuple[str, str]:
         """The team's line runs its own rendezvous at node 0 (by its name on the run's
         network); faultlab's launcher, a store of its own on the gateway."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
+from faultlab.runtime.relay import CHANNEL_ENV, HUB_ENV
 from faultlab.spec import Experiment
 from faultlab.targets.base import JobContext
 from faultlab.targets.slurm.guard import ClusterChanges
@@ -70,6 +72,44 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
         self.action_t: float | None = None
         """When the last signal sent on a node went out (the node's clock): a fault's
         injection time, not the moment faultlab started the step that sent it."""
+
+    def attach_hub(self, hub: Any) -> None:
+        """The node relays connect to ``hub`` at ``control_host``; where no address of this
+        host can be named, the job runs on the file channel (one events file per node)."""
+        try:
+            host = self.control_host()
+        except TargetError as e:
+            print(f"faultlab: {e}; the node relays use the file channel", file=sys.stderr)
+            self.env[CHANNEL_ENV] = "file"
+            return
+        self.stream.attach(hub)
+        self.env[HUB_ENV] = hub.address(host)
+
+    def control_host(self) -> str:
+        """The address the compute nodes reach this host at: ``FAULTLAB_CONTROL_HOST``, else
+        this host's address on its route to slurmctld (``scontrol show config``)."""
+        if os.environ.get("FAULTLAB_CONTROL_HOST"):
+            return os.environ["FAULTLAB_CONTROL_HOST"]
+        try:
+            config = run(["scontrol", "show", "config"], timeout_s=10).stdout
+        except SlurmError as e:
+            raise TargetError(f"cannot find the controller's address: {e}") from None
+        ctld = ""
+        for line in config.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip().startswith(("SlurmctldAddr", "SlurmctldHost[0]")) and value.strip():
+                value = value.strip()
+                ctld = value[value.index("(") + 1:-1] if value.endswith(")") else value
+                if key.strip().startswith("SlurmctldAddr"):
+                    break
+        if not ctld:
+            raise TargetError("scontrol show config names no SlurmctldHost")
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((socket.gethostbyname(ctld), 6817))  # no packet is sent
+                return str(probe.getsockname()[0])
+        except OSError as e:
+            raise TargetError(f"no route to the controller at {ctld}: {e}") from None
 
     @classmethod
     def attach(cls, job_id: int, run_dir: Path | None = None, *,

@@ -1,0 +1,586 @@
+"""The node relay: one process per node between that node's ranks and faultlab's engine.
+
+Why: a rank must never signal faultlab through the shared filesystem. On NFS another client's
+new file can stay invisible for a minute and appends arrive only after the writer closes; on
+Lustre a 2 ms poll per rank is a ban. So every rank talks to the relay of its own node over an
+abstract Unix socket (node-local, no file, gone with the process), and the relay is the node's
+only link to the engine:
+
+- **events** (``E <record>``): the relay appends them, in batches, to ``events/<node>-relay.jsonl``
+  (each batch one ``write`` of whole lines, the file opened and closed per batch, so NFS
+  close-to-open makes every batch visible), *then* pushes the same bytes to the engine's hub
+  with the file offset they end at. The file is the durable record (journal, report, Chaos
+  Toolkit probes, post-mortem); the push is how the engine sees it at once.
+- **step gates** (``G <step>``): a rank waits on its socket; the engine opens a gate once, the
+  hub tells each relay once, and the relay wakes every rank waiting there. A gate stays open.
+- **channels.** ``socket`` (``FAULTLAB_HUB`` = host:port): push to the hub, gates from it.
+  ``file``, for clusters whose nodes reach the submit host only through the shared filesystem:
+  the engine tails one file per node, and the relay reads ``runtime/gates.txt`` (one open and
+  read every 0.1 s, only while a rank waits at a gate).
+- **authentication.** A rank's first line carries ``FAULTLAB_RUNTIME_SECRET`` (compared in
+  constant time), and so does the relay's hello to the hub; the hub binds the address the
+  target names, never a wildcard. Anything else is closed.
+- **lifetime.** The first rank of a node that finds no relay starts one (``Uplink``), in a
+  session of its own, so torchrun's stop of a worker group does not take it along; a second
+  one that loses the race to bind the name exits at once. The relay stays through rank restarts
+  and exits when the node's agent (the parent of the rank that started it) is gone, when the
+  hub says ``bye`` (the run is over), when it has had neither a hub nor a rank for ``ORPHAN_S``
+  (faultlab died: the guard reaped the ranks), or after ``HUBLESS_S`` without a hub at all. On
+  the file channel it exits after ``IDLE_S`` without a rank. Leaving on purpose, it tells the
+  hub (``X``), so only a relay that dies is counted as lost.
+
+    python -m faultlab.runtime.relay --run-dir DIR --node NAME   (the Uplink starts it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+__all__ = ["CHANNEL_ENV", "HUB_ENV", "RELAY_FILE_SUFFIX", "RelayDown", "Uplink", "relay_file",
+           "socket_name", "uplink_for"]
+
+CHANNEL_ENV = "FAULTLAB_CHANNEL"
+"""``socket`` or ``file``: which channel the relays use (unset: every process writes its own
+events file and polls gate files, as outside the engine)."""
+HUB_ENV = "FAULTLAB_HUB"
+"""host:port of the engine's hub (the socket channel)."""
+SECRET_ENV = "FAULTLAB_RUNTIME_SECRET"
+RELAY_FILE_SUFFIX = "-relay.jsonl"
+GATES_FILE = "gates.txt"
+"""``runtime/gates.txt``: the gates opened so far, one step a line (the file channel)."""
+
+BATCH_S = 0.01
+"""How long the relay gathers records before it writes and pushes them."""
+FILE_GATE_POLL_S = 0.1
+ORPHAN_S = 5.0
+HUBLESS_S = 300.0
+IDLE_S = 120.0
+MAX_LINE = 1 << 20
+
+
+def socket_name(run_dir: str | os.PathLike[str], node: str) -> bytes:
+    """The abstract Unix socket name of ``node``'s relay for the job in ``run_dir`` (one per
+    network namespace: a container's is its own; local nodes differ by name)."""
+    key = hashlib.sha256(f"{os.fspath(run_dir)}\0{node}".encode()).hexdigest()[:24]
+    return f"\0faultlab-relay-{key}".encode()
+
+
+def relay_file(run_dir: Path, node: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in node)
+    return Path(run_dir) / "events" / f"{safe}{RELAY_FILE_SUFFIX}"
+
+
+class RelayDown(OSError):
+    """The node's relay cannot be reached (and could not be started)."""
+
+
+# --- the rank's side ------------------------------------------------------------------------
+
+
+class Uplink:
+    """One process's connection to its node's relay: events out, gates in. Thread-safe."""
+
+    def __init__(self, run_dir: Path, node: str, secret: str, *, rank: int,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.run_dir, self.node, self.rank = Path(run_dir), node, rank
+        self._secret = secret
+        self._env = dict(os.environ if env is None else env)
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()  # writes
+        self._rlock = threading.Lock()  # reads (a gate wait)
+        self._buf = b""
+        self._opened: set[int] = set()
+        self.spawned: subprocess.Popen[bytes] | None = None
+        self.down = False
+        """The relay could not be reached: the caller falls back to its own file."""
+
+    def _connect(self) -> socket.socket:
+        name = socket_name(self.run_dir, self.node)
+        deadline = time.monotonic() + 10.0
+        spawned = False
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(name)
+                hello = {"secret": self._secret, "rank": self.rank, "pid": os.getpid()}
+                s.sendall(b"H " + json.dumps(hello).encode() + b"\n")
+                return s
+            except OSError:
+                s.close()
+                if not spawned:
+                    self._spawn()
+                    spawned = True
+                if time.monotonic() > deadline:
+                    raise RelayDown(f"the relay of node {self.node} did not come up within "
+                                    f"10 s (its log: {self._log_path()})") from None
+                time.sleep(0.02)
+
+    def _log_path(self) -> Path:
+        return self.run_dir / "logs" / f"relay-{self.node}.log"
+
+    def _spawn(self) -> None:
+        env = {k: v for k, v in self._env.items() if k != "FAULTLAB_BOOTSTRAP"}
+        log = self._log_path()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            self.spawned = subprocess.Popen(
+                [sys.executable, "-m", "faultlab.runtime.relay", "--run-dir",
+                 str(self.run_dir), "--node", self.node, "--watch-pid", str(os.getppid())],
+                env=env, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        threading.Thread(target=self.spawned.wait, daemon=True,
+                         name="faultlab-relay-reaper").start()
+
+    def _send(self, data: bytes) -> None:
+        with self._lock:
+            for attempt in (0, 1):
+                try:
+                    if self._sock is None:
+                        self._sock = self._connect()
+                    self._sock.sendall(data)
+                    return
+                except RelayDown:
+                    self.down = True
+                    raise
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        if self._sock is not None:
+                            self._sock.close()
+                    self._sock = None  # the relay died: the next try starts a new one
+                    if attempt:
+                        self.down = True
+                        raise RelayDown(f"the relay of node {self.node} is gone") from None
+
+    def emit_line(self, line: str) -> None:
+        """Send one record (a JSON line with its newline)."""
+        self._send(b"E " + line.encode())
+
+    def wait_gate(self, step: int, timeout_s: float, beat: Callable[[], None] | None,
+                  beat_every_s: float = 0.5) -> tuple[float, bool]:
+        """Wait until the relay says gate ``step`` is open; (seconds, opened)."""
+        t0 = time.monotonic()
+        if step in self._opened:
+            return 0.0, True
+        self._send(f"G {step}\n".encode())
+        with self._rlock:
+            while step not in self._opened:
+                now = time.monotonic()
+                if now - t0 >= timeout_s:
+                    return now - t0, False
+                sock = self._sock
+                if sock is None:
+                    self._send(f"G {step}\n".encode())  # reconnected: ask again
+                    continue
+                sock.settimeout(min(beat_every_s, max(0.01, timeout_s - (now - t0))))
+                try:
+                    data = sock.recv(4096)
+                except TimeoutError:
+                    if beat is not None:
+                        beat()
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # the relay died: reconnect (a new relay) and ask again
+                    with self._lock:
+                        with contextlib.suppress(OSError):
+                            sock.close()
+                        if self._sock is sock:
+                            self._sock = None
+                    self._send(f"G {step}\n".encode())
+                    continue
+                self._buf += data
+                *lines, self._buf = self._buf.split(b"\n")
+                for line in lines:
+                    if line.startswith(b"G "):
+                        with contextlib.suppress(ValueError):
+                            self._opened.add(int(line[2:]))
+        return time.monotonic() - t0, True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.close()
+                self._sock = None
+
+
+_UPLINKS: dict[tuple[str, str], Uplink] = {}
+_UPLINKS_LOCK = threading.Lock()
+
+
+def uplink_for(run_dir: Path, env: Mapping[str, str] | None = None) -> Uplink | None:
+    """This process's uplink for the job in ``run_dir``, or None when the job has no relay
+    channel (``FAULTLAB_CHANNEL`` unset, or the run dir is another job's, or no secret)."""
+    from faultlab.runtime.records import Identity
+
+    env = os.environ if env is None else env
+    if env.get(CHANNEL_ENV) not in ("socket", "file") or not env.get(SECRET_ENV):
+        return None
+    if not env.get("FAULTLAB_RUN_DIR") or \
+            os.path.abspath(env["FAULTLAB_RUN_DIR"]) != os.path.abspath(run_dir):
+        return None
+    ident = Identity.from_env(env)
+    key = (os.fspath(run_dir), ident.node)
+    with _UPLINKS_LOCK:
+        up = _UPLINKS.get(key)
+        if up is None or up.down:
+            up = _UPLINKS[key] = Uplink(Path(env["FAULTLAB_RUN_DIR"]), ident.node,
+                                        env[SECRET_ENV], rank=ident.rank, env=env)
+        return up
+
+
+def _forget_uplinks_after_fork() -> None:
+    _UPLINKS.clear()  # a forked child (a dataloader worker) opens its own connection
+
+
+os.register_at_fork(after_in_child=_forget_uplinks_after_fork)
+
+
+# --- the relay ------------------------------------------------------------------------------
+
+
+class _Rank:
+    __slots__ = ("buf", "ok", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf, self.ok = sock, b"", False
+
+
+class Relay:
+    """The node's relay process (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, node: str, secret: str, hub: str | None,
+                 watch_pid: int | None = None) -> None:
+        self.run_dir, self.node = Path(run_dir), node
+        self.watch_pid = watch_pid
+        self.next_watch = 0.0
+        self._secret = secret.encode()
+        self.hub_addr = hub
+        self.path = relay_file(self.run_dir, node)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(socket_name(self.run_dir, node))  # EADDRINUSE: one is running
+        self.listener.listen(1024)
+        self.listener.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ, "listen")
+        self.ranks: dict[socket.socket, _Rank] = {}
+        self.pending: list[bytes] = []
+        self.first_pending_t = 0.0
+        self.open_gates: set[int] = set()
+        self.waiters: dict[int, list[socket.socket]] = {}
+        self.size = self._prepare_file()
+        self.hub: socket.socket | None = None
+        self.hub_in = b""
+        self.hub_out = bytearray()
+        self.hub_ready = False
+        self.hub_since = self.rank_since = time.monotonic()
+        self.next_hub_try = 0.0
+        self.next_gate_read = 0.0
+        self.stop = False
+
+    def _prepare_file(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab+") as f:  # a relay before this one may have died mid-line
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+                    size += 1
+        return size
+
+    # the loop
+
+    def run(self) -> None:
+        while not self.stop:
+            now = time.monotonic()
+            if self.hub_addr and self.hub is None and now >= self.next_hub_try:
+                self._hub_connect()
+            timeout = BATCH_S if self.pending or self.waiters else 0.2
+            for key, mask in self.sel.select(timeout):
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "hub":
+                    self._hub_io(mask)
+                else:
+                    self._rank_read(key.fileobj)  # type: ignore[arg-type]
+            now = time.monotonic()
+            if self.pending and now - self.first_pending_t >= BATCH_S:
+                self._flush()
+            if not self.hub_addr and self.waiters and now >= self.next_gate_read:
+                self._read_gates_file()
+                self.next_gate_read = now + FILE_GATE_POLL_S
+            self._maybe_exit(now)
+        self._flush()
+        self._hub_drain()
+
+    def _maybe_exit(self, now: float) -> None:
+        if self.watch_pid and now >= self.next_watch:
+            self.next_watch = now + 0.5
+            if not _alive(self.watch_pid):
+                print(f"faultlab relay {self.node}: the node's agent {self.watch_pid} is gone: "
+                      f"exiting", flush=True)
+                self._flush()
+                if self.hub is not None and self.hub_ready:
+                    self._hub_send(b"X agent-gone\n")
+                self.stop = True
+                return
+        if self.ranks:
+            self.rank_since = now
+        if self.hub is not None and self.hub_ready:
+            self.hub_since = now
+        if self.hub_addr:
+            no_hub = now - self.hub_since
+            if (no_hub > ORPHAN_S and now - self.rank_since > ORPHAN_S) or no_hub > HUBLESS_S:
+                print(f"faultlab relay {self.node}: no hub for {no_hub:.0f} s and no rank for "
+                      f"{now - self.rank_since:.0f} s: exiting", flush=True)
+                self.stop = True
+        elif now - self.rank_since > IDLE_S:
+            self.stop = True
+
+    # ranks
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            conn.setblocking(False)
+            self.ranks[conn] = _Rank(conn)
+            self.sel.register(conn, selectors.EVENT_READ, "rank")
+
+    def _drop(self, conn: socket.socket) -> None:
+        self.ranks.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        for waiting in self.waiters.values():
+            if conn in waiting:
+                waiting.remove(conn)
+        conn.close()
+
+    def _rank_read(self, conn: socket.socket) -> None:
+        r = self.ranks.get(conn)
+        if r is None:
+            return
+        try:
+            data = conn.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            if r.buf and r.ok and r.buf.startswith(b"E "):
+                pass  # a torn record of a killed rank: never written
+            self._drop(conn)
+            return
+        r.buf += data
+        if b"\n" not in data:
+            if len(r.buf) > MAX_LINE:
+                self._drop(conn)
+            return
+        *lines, r.buf = r.buf.split(b"\n")
+        for line in lines:
+            if not r.ok:
+                if not self._hello(line):
+                    self._drop(conn)
+                    return
+                r.ok = True
+            elif line.startswith(b"E "):
+                if not self.pending:
+                    self.first_pending_t = time.monotonic()
+                self.pending.append(line[2:] + b"\n")
+            elif line.startswith(b"G "):
+                try:
+                    step = int(line[2:])
+                except ValueError:
+                    continue
+                if step in self.open_gates:
+                    self._tell(conn, step)
+                else:
+                    self.waiters.setdefault(step, []).append(conn)
+                    self.next_gate_read = 0.0
+
+    def _hello(self, line: bytes) -> bool:
+        if not line.startswith(b"H "):
+            return False
+        try:
+            hello = json.loads(line[2:])
+            secret = str(hello["secret"]).encode()
+        except (ValueError, KeyError, TypeError):
+            return False
+        return hmac.compare_digest(secret, self._secret)
+
+    def _tell(self, conn: socket.socket, step: int) -> None:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(1.0)
+            conn.sendall(f"G {step}\n".encode())
+            conn.setblocking(False)
+        except OSError:
+            self._drop(conn)
+
+    def _open_gate(self, step: int) -> None:
+        self.open_gates.add(step)
+        for conn in self.waiters.pop(step, []):
+            self._tell(conn, step)
+
+    def _read_gates_file(self) -> None:
+        try:
+            with open(self.run_dir / "runtime" / GATES_FILE, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            return
+        for word in text.split():
+            with contextlib.suppress(ValueError):
+                if int(word) not in self.open_gates:
+                    self._open_gate(int(word))
+
+    # the durable file, then the hub
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        data = b"".join(self.pending)
+        self.pending = []
+        with open(self.path, "ab") as f:  # opened and closed per batch: NFS close-to-open
+            f.write(data)
+        self.size += len(data)
+        if self.hub is not None and self.hub_ready:
+            self._hub_send(f"B {self.size} {len(data)}\n".encode() + data)
+
+    def _hub_connect(self) -> None:
+        assert self.hub_addr is not None
+        host, _, port = self.hub_addr.rpartition(":")
+        self.next_hub_try = time.monotonic() + 0.5
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=2.0)
+        except OSError:
+            return
+        sock.setblocking(False)
+        self.hub, self.hub_in, self.hub_out, self.hub_ready = sock, b"", bytearray(), False
+        hello = {"secret": self._secret.decode(), "node": self.node, "file": self.path.name,
+                 "pid": os.getpid(), "size": self.size}
+        self._hub_send(b"H " + json.dumps(hello).encode() + b"\n")
+        self.sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, "hub")
+
+    def _hub_lost(self) -> None:
+        if self.hub is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(self.hub)
+            self.hub.close()
+        self.hub, self.hub_ready = None, False
+
+    def _hub_send(self, data: bytes) -> None:
+        self.hub_out += data
+        if self.hub is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.modify(self.hub, selectors.EVENT_READ | selectors.EVENT_WRITE, "hub")
+
+    def _hub_io(self, mask: int) -> None:
+        assert self.hub is not None
+        if mask & selectors.EVENT_WRITE and self.hub_out:
+            try:
+                sent = self.hub.send(self.hub_out)
+                del self.hub_out[:sent]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                self._hub_lost()
+                return
+        if not self.hub_out:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.modify(self.hub, selectors.EVENT_READ, "hub")
+        if mask & selectors.EVENT_READ:
+            try:
+                data = self.hub.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._hub_lost()
+                return
+            self.hub_in += data
+            *lines, self.hub_in = self.hub_in.split(b"\n")
+            for line in lines:
+                self._hub_message(line)
+
+    def _hub_message(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        op = msg.get("op")
+        if op == "have":  # the hub's reply to hello: push what it has not had from the file
+            have = int(msg.get("off", 0))
+            self.hub_ready = True
+            if have < self.size:
+                with open(self.path, "rb") as f:
+                    f.seek(have)
+                    data = f.read(self.size - have)
+                self._hub_send(f"B {have + len(data)} {len(data)}\n".encode() + data)
+            for step in msg.get("gates", []):
+                self._open_gate(int(step))
+        elif op == "gate":
+            self._open_gate(int(msg["step"]))
+        elif op == "bye":
+            self.stop = True
+
+    def _hub_drain(self) -> None:
+        if self.hub is None or not self.hub_out:
+            return
+        with contextlib.suppress(OSError):
+            self.hub.setblocking(True)
+            self.hub.settimeout(2.0)
+            self.hub.sendall(bytes(self.hub_out))
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` alive and not a zombie (``/proc``; no dependency)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m faultlab.runtime.relay")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--watch-pid", type=int, default=None,
+                        help="the node's agent: the relay exits when it is gone")
+    args = parser.parse_args(argv)
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        print(f"faultlab relay: {SECRET_ENV} is not set", file=sys.stderr)
+        return 2
+    hub = os.environ.get(HUB_ENV) if os.environ.get(CHANNEL_ENV) == "socket" else None
+    try:
+        relay = Relay(args.run_dir, args.node, secret, hub, args.watch_pid)
+    except OSError as e:
+        if e.errno == 98:  # EADDRINUSE: another rank's relay won the race; it serves the node
+            return 0
+        raise
+    print(f"faultlab relay {args.node}: pid {os.getpid()}, channel "
+          f"{'socket to ' + hub if hub else 'file'}, writing {relay.path}", flush=True)
+    relay.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
