@@ -5,7 +5,9 @@ of a container network, the submit host's address on a cluster), never a wildcar
 a relay only after its hello carries the run's secret. From each relay it gets batches of the
 node's event file as the relay wrote them, with the offset they end at; ``drain`` hands them
 to the engine's ``EventStream`` (``feed``), which so reads the node's file without touching the
-disk. Toward the relays it sends each opened gate once, and ``bye`` at the end of the run.
+disk. Toward the relays it sends each opened gate once, each live fault as one message per
+node (``control``: the relay asks its ranks' control servers and answers for all of them),
+and ``bye`` at the end of the run.
 
 A relay that reconnects (a network partition of its node, a new relay after one died) says its
 file's size; the hub answers with what it has (``have``), and the relay sends the rest from
@@ -83,6 +85,11 @@ class Hub:
         self._out: list[tuple[str, int, bytes]] = []
         self.gates: set[int] = set()
         self.relays: dict[str, RelayInfo] = {}
+        self.rank_node: dict[int, str] = {}
+        """Which node's relay reaches each rank's control server (the latest to say so)."""
+        self._next_id = 0
+        self._answers: dict[int, dict[str, Any] | None] = {}
+        self._answered = threading.Condition(self._lock)
         self.refused = 0
         self._closing = False
         self._stop = threading.Event()
@@ -132,6 +139,44 @@ class Hub:
         stopped)."""
         with self._lock:
             self._closing = True
+
+    def control(self, messages: dict[int, dict[str, Any]], timeout_s: float = 10.0
+                ) -> tuple[dict[int, dict[str, Any]], list[int]]:
+        """Send each rank its message through its node's relay: one message per node, sent at
+        once, answered together. Returns (rank -> the agent's reply, or ``{"ok": false,
+        "unreachable": why}``) and the ranks no relay has registered (the caller reaches
+        them another way)."""
+        by_node: dict[str, dict[str, dict[str, Any]]] = {}
+        unrouted = []
+        with self._lock:
+            conns = {c.info.node: c for c in self._conns.values() if c.info is not None}
+            for rank, msg in messages.items():
+                node = self.rank_node.get(rank)
+                if node is None or node not in conns:
+                    unrouted.append(rank)
+                else:
+                    by_node.setdefault(node, {})[str(rank)] = msg
+            ids = {}
+            for node in by_node:
+                self._next_id += 1
+                ids[node] = self._next_id
+                self._answers[self._next_id] = None
+        for node, msgs in by_node.items():
+            self._send(conns[node], json.dumps({"op": "control", "id": ids[node],
+                                                "msgs": msgs}).encode() + b"\n")
+        replies: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            for node, rid in ids.items():
+                while self._answers.get(rid) is None and time.monotonic() < deadline:
+                    self._answered.wait(max(0.0, deadline - time.monotonic()))
+                got = self._answers.pop(rid, None) or {}
+                for rank_text in by_node[node]:
+                    reply = got.get(rank_text)
+                    replies[int(rank_text)] = reply if isinstance(reply, dict) else {
+                        "ok": False, "unreachable": f"{node}'s relay did not answer within "
+                                                    f"{timeout_s:g} s"}
+        return replies, unrouted
 
     def close(self) -> None:
         """Say ``bye`` to every relay (they flush and exit), then stop listening. Idempotent."""
@@ -241,6 +286,8 @@ class Hub:
                     return
             elif line.startswith(b"X"):
                 c.quit = True
+            elif line.startswith((b"C ", b"A ")):
+                self._relay_says(c, line)
             elif line.startswith(b"B "):
                 try:
                     _, end, n = line.split()
@@ -276,6 +323,22 @@ class Hub:
         self._send(c, json.dumps({"op": "have", "off": have, "gates": gates}).encode() + b"\n")
         return True
 
+    def _relay_says(self, c: _Conn, line: bytes) -> None:
+        assert c.info is not None
+        try:
+            msg = json.loads(line[2:])
+        except ValueError:
+            return
+        if not isinstance(msg, dict):
+            return
+        with self._lock:
+            if line.startswith(b"C ") and isinstance(msg.get("rank"), int):
+                self.rank_node[msg["rank"]] = c.info.node
+            elif line.startswith(b"A ") and msg.get("id") in self._answers:
+                replies = msg.get("replies")
+                self._answers[msg["id"]] = replies if isinstance(replies, dict) else {}
+                self._answered.notify_all()
+
     def _batch(self, c: _Conn, body: bytes) -> None:
         assert c.info is not None
         name = c.info.file
@@ -294,26 +357,45 @@ class Hub:
             c.info.bytes += len(body)
 
 
-def control_plane(runtime: Any, hub: Hub | None, records: list[Any]) -> dict[str, Any]:
+LATE_GRACE_S = 1.0
+"""A record the engine read only after the run counts as missed if it was written this long
+before the engine stopped watching the job (the last moments' records race the nodes' end)."""
+
+
+def control_plane(runtime: Any, hub: Hub | None, late: dict[str, list[float]],
+                  watched_until: float | None = None) -> dict[str, Any]:
     """The journal's ``run.control_plane``: the channel, each relay as the hub saw it, and
-    ``lost``: a sentence naming every node whose relay went away during the run and did not
-    come back, on a node that no fault struck (a finding about faultlab: that node's events
-    after that moment reached the engine only from its file, after the run). Empty without a
-    runtime (the run stopped before the launch)."""
+    ``lost``: a sentence naming every node whose records reached the engine only from its file
+    after the run (``EventStream.late``: its relay died, or its connection did, and no relay
+    took over). The run's triggers, gates and reaction checks did not see those records: a
+    finding about faultlab. A relay that went away with its node (a container stopped, a
+    machine lost) left nothing behind, and is no finding; nor is a record written in the last
+    ``LATE_GRACE_S`` before ``watched_until`` (when the engine stopped watching). Empty without
+    a runtime."""
     if runtime is None:
         return {}
     out: dict[str, Any] = {"channel": runtime.channel}
     if hub is None:
         return out
     out.update(hub.summary())
-    struck = " ".join(f"{r.target} {r.details.get('node', '')} {r.details.get('nodes', '')}"
-                      for r in records)
+    by_file = {info["file"]: node for node, info in out["relays"].items()}
     lost = []
-    for node, info in out["relays"].items():
-        if info["lost_t"] and len(info["lost_t"]) >= info["connects"] and node not in struck:
-            when = time.strftime("%H:%M:%S", time.localtime(info["lost_t"][-1]))
-            lost.append(f"{node}'s relay went away at {when} and did not come back: its "
-                        f"events after that were read from its file after the run, not live")
+    until = (watched_until if watched_until is not None else time.time()) - LATE_GRACE_S
+    for name, times in sorted(late.items()):
+        missed = [t for t in times if t < until]
+        if not missed:
+            continue
+        count, first_t = len(missed), min(missed)
+        node = by_file.get(name, name)
+        info = out["relays"].get(node, {})
+        gone = f" (its relay went away at {_clock(info['lost_t'][-1])})" \
+            if info.get("lost_t") else ""
+        lost.append(f"{count} record(s) of {node} from {_clock(first_t)} on reached faultlab "
+                    f"only from its file after the run{gone}")
     if lost:
         out["lost"] = "; ".join(lost)
     return out
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 10)}"

@@ -282,6 +282,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     except FaultlabError as e:
         error = str(e)
     finally:
+        watched_until = time.time()
         with _shielded():
             if t0 is not None:
                 job_s = time.monotonic() - t0
@@ -358,7 +359,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
         view.note(f"this run saved {len(saved_outside)} checkpoint(s) outside its run "
                   f"directory ({saved_outside[0]} ...): the next run given the same path "
                   f"would resume from them")
-    control = control_plane(runtime, hub, records)
+    control = control_plane(runtime, hub, target.stream.late if target else {}, watched_until)
     if control.get("lost") and slas:
         slas.append(SLAResult("control_plane_intact", True, False, False, control["lost"]))
     verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"

@@ -90,14 +90,13 @@ class RuntimeFault(Fault):
         ranks = self.victim_ranks(ctx, victim)
         if not ranks:
             raise FaultError(f"{self.type}: {victim} has no rank to inject into (yet)")
+        messages = {rank: {"op": "inject", "fault": self.plan_entry(self.fault_id, [rank], None)}
+                    for rank in ranks}
+        self._sent.extend(ranks)  # before sending: undo must reach a half-injected rank
         replies = {}
-        for rank in ranks:
-            entry = self.plan_entry(self.fault_id, [rank], None)
-            self._sent.append(rank)  # before sending: undo must reach a half-injected rank
-            try:
-                reply = send(rank, {"op": "inject", "fault": entry})
-            except (FaultError, ValueError) as e:
-                raise FaultError(f"{self.type} {self.fault_id!r}: rank {rank}: {e}") from e
+        for rank, reply in _fan_out(ctx, send, messages).items():
+            if isinstance(reply, FaultError | ValueError):
+                raise FaultError(f"{self.type} {self.fault_id!r}: rank {rank}: {reply}")
             if not reply.get("ok"):
                 raise FaultError(f"{self.type} {self.fault_id!r}: rank {rank}'s runtime agent "
                                  f"refused the fault: {reply.get('error')}")
@@ -113,15 +112,29 @@ class RuntimeFault(Fault):
         send = _runtime(ctx, self.type)
         undone: list[int] = []
         gone: list[int] = []
-        for rank in sorted(set(self._sent)):
-            try:
-                reply = send(rank, {"op": "undo", "id": self.fault_id})
-            except (FaultError, ValueError):  # the rank died or restarted: nothing to undo
-                gone.append(rank)
-                continue
-            (undone if reply.get("ok") else gone).append(rank)
+        messages = {rank: {"op": "undo", "id": self.fault_id} for rank in sorted(set(self._sent))}
+        for rank, reply in sorted(_fan_out(ctx, send, messages).items()):
+            # a rank that died or restarted: nothing to undo
+            ok = not isinstance(reply, FaultError | ValueError) and reply.get("ok")
+            (undone if ok else gone).append(rank)
         self._sent = []
         return {"fault_id": self.fault_id, "undone_ranks": undone, "unreachable_ranks": gone}
+
+
+def _fan_out(ctx: FaultContext, send: Any, messages: dict[int, dict[str, Any]]
+             ) -> dict[int, Any]:
+    """Each rank's reply (or the error that says why there is none): all at once through the
+    target's ``runtime_many`` (one message per node over the relays), else one by one."""
+    many = getattr(ctx, "runtime_many", None)
+    if many is not None:
+        return dict(many(messages))
+    out: dict[int, Any] = {}
+    for rank, message in messages.items():
+        try:
+            out[rank] = send(rank, message)
+        except (FaultError, ValueError) as e:
+            out[rank] = e
+    return out
 
 
 def _runtime(ctx: FaultContext, fault_type: str) -> Any:

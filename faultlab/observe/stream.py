@@ -93,6 +93,10 @@ class EventStream:
         self._found: dict[tuple[str, str], tuple[int, Record | None]] = {}  # first's cursor
         self._hub: Any = None
         self._next_scan = 0.0
+        self._was_fed: set[str] = set()
+        self.late: dict[str, list[float]] = {}
+        """After ``detach``: relay files whose records the hub had not delivered, with each
+        such record's ``t``: what the engine did not see while the job ran."""
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -110,6 +114,11 @@ class EventStream:
     def attached(self) -> bool:
         return self._hub is not None
 
+    @property
+    def hub(self) -> Any:
+        """The hub attached (None: files only)."""
+        return self._hub
+
     def detach(self) -> None:
         """Back to files: the next ``poll`` reads what the hub did not deliver."""
         if self._hub is not None:
@@ -118,6 +127,7 @@ class EventStream:
             if new:
                 new.sort(key=_t)
                 self._index(new)
+        self._was_fed = {name for name, tail in self._tails.items() if tail.fed}
         self._hub = None
 
     def poll(self) -> list[Record]:
@@ -168,6 +178,11 @@ class EventStream:
                 tail = self._tails[name] = _Tail(fed=skip_fed and name.endswith(_RELAY))
             if skip_fed and tail.fed:
                 continue  # the hub delivers it
+            if name in self._was_fed:
+                before = len(new)
+                self._read_appended(path, tail, new)
+                self.late.setdefault(name, []).extend(r["t"] for r in new[before:])
+                continue
             self._read_appended(path, tail, new)
 
     def _read_appended(self, path: str, tail: _Tail, out: list[Record]) -> None:

@@ -23,6 +23,7 @@ one attribute check.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 import threading
 from collections.abc import Callable
@@ -98,6 +99,12 @@ class Agent(NullAgent):
                 host=host, secret=secret, handler=self._handle,
                 info_path=ident.run_dir / "runtime" / f"rank{ident.rank}.json",
                 info={"rank": ident.rank, "restart": ident.restart})
+            from faultlab.runtime.relay import RelayDown, uplink_for
+
+            uplink = uplink_for(ident.run_dir)
+            if uplink is not None:  # live faults then come through the node's relay
+                with contextlib.suppress(RelayDown):
+                    uplink.register_control(self._server.host, self._server.port)
         atexit.register(self.close)
 
     # --- the trainer's calls --------------------------------------------------------------

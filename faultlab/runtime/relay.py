@@ -11,6 +11,9 @@ only link to the engine:
   close-to-open makes every batch visible), *then* pushes the same bytes to the engine's hub
   with the file offset they end at. The file is the durable record (journal, report, Chaos
   Toolkit probes, post-mortem); the push is how the engine sees it at once.
+- **live faults** (``C`` registers a rank's control server, ``runtime/control.py``): the
+  engine sends one message per node with what each of its ranks is to get; the relay asks
+  each rank's server on the node and answers with every reply at once.
 - **step gates** (``G <step>``): a rank waits on its socket; the engine opens a gate once, the
   hub tells each relay once, and the relay wakes every rank waiting there. A gate stays open.
 - **channels.** ``socket`` (``FAULTLAB_HUB`` = host:port): push to the hub, gates from it.
@@ -164,6 +167,12 @@ class Uplink:
                         self.down = True
                         raise RelayDown(f"the relay of node {self.node} is gone") from None
 
+    def register_control(self, host: str, port: int) -> None:
+        """Tell the relay where this process's control server listens (live faults come
+        through the relay, one message per node)."""
+        info = {"rank": self.rank, "host": host, "port": port, "pid": os.getpid()}
+        self._send(b"C " + json.dumps(info).encode() + b"\n")
+
     def emit_line(self, line: str) -> None:
         """Send one record (a JSON line with its newline)."""
         self._send(b"E " + line.encode())
@@ -266,6 +275,7 @@ class Relay:
                  watch_pid: int | None = None) -> None:
         self.run_dir, self.node = Path(run_dir), node
         self.watch_pid = watch_pid
+        self.watch_start = _start_time(watch_pid) if watch_pid else None
         self.next_watch = 0.0
         self._secret = secret.encode()
         self.hub_addr = hub
@@ -290,6 +300,12 @@ class Relay:
         self.next_hub_try = 0.0
         self.next_gate_read = 0.0
         self.stop = False
+        self.controls: dict[int, tuple[str, int, int]] = {}  # rank -> (host, port, pid)
+        self.answers: list[bytes] = []  # control replies from the worker threads
+        self._answers_lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
 
     def _prepare_file(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -313,6 +329,8 @@ class Relay:
             for key, mask in self.sel.select(timeout):
                 if key.data == "listen":
                     self._accept()
+                elif key.data == "wake":
+                    self._answered()
                 elif key.data == "hub":
                     self._hub_io(mask)
                 else:
@@ -330,7 +348,7 @@ class Relay:
     def _maybe_exit(self, now: float) -> None:
         if self.watch_pid and now >= self.next_watch:
             self.next_watch = now + 0.5
-            if not _alive(self.watch_pid):
+            if self.watch_start is None or _start_time(self.watch_pid) != self.watch_start:
                 print(f"faultlab relay {self.node}: the node's agent {self.watch_pid} is gone: "
                       f"exiting", flush=True)
                 self._flush()
@@ -403,6 +421,16 @@ class Relay:
                 if not self.pending:
                     self.first_pending_t = time.monotonic()
                 self.pending.append(line[2:] + b"\n")
+            elif line.startswith(b"C "):
+                try:
+                    info = json.loads(line[2:])
+                    rank = int(info["rank"])
+                    self.controls[rank] = (str(info["host"]), int(info["port"]),
+                                           int(info["pid"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if self.hub is not None and self.hub_ready:
+                    self._hub_send(b"C " + json.dumps({"rank": rank}).encode() + b"\n")
             elif line.startswith(b"G "):
                 try:
                     step = int(line[2:])
@@ -486,6 +514,14 @@ class Relay:
 
     def _hub_send(self, data: bytes) -> None:
         self.hub_out += data
+        if self.hub is not None and self.hub_ready:  # at once: the node may die any moment
+            try:
+                del self.hub_out[:self.hub.send(self.hub_out)]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                self._hub_lost()
+                return
         if self.hub is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.modify(self.hub, selectors.EVENT_READ | selectors.EVENT_WRITE, "hub")
@@ -535,10 +571,53 @@ class Relay:
                 self._hub_send(f"B {have + len(data)} {len(data)}\n".encode() + data)
             for step in msg.get("gates", []):
                 self._open_gate(int(step))
+            for rank in self.controls:
+                self._hub_send(b"C " + json.dumps({"rank": rank}).encode() + b"\n")
+        elif op == "control":  # one message for this node's ranks; answered from a thread
+            threading.Thread(target=self._control, args=(msg,), daemon=True,
+                             name="faultlab-relay-control").start()
         elif op == "gate":
             self._open_gate(int(msg["step"]))
         elif op == "bye":
             self.stop = True
+
+    def _control(self, msg: dict[str, object]) -> None:
+        replies: dict[str, object] = {}
+        msgs = msg.get("msgs")
+        for rank_text, message in (msgs.items() if isinstance(msgs, dict) else ()):
+            replies[rank_text] = self._ask(int(rank_text), message)
+        line = b"A " + json.dumps({"id": msg.get("id"), "replies": replies}).encode() + b"\n"
+        with self._answers_lock:
+            self.answers.append(line)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _ask(self, rank: int, message: object) -> dict[str, object]:
+        where = self.controls.get(rank)
+        if where is None:
+            return {"ok": False, "unreachable": f"rank {rank} has no control server on "
+                                                f"{self.node}"}
+        host, port, pid = where
+        request = json.dumps({**(message if isinstance(message, dict) else {}),
+                              "secret": self._secret.decode()}).encode() + b"\n"
+        try:
+            with socket.create_connection((host, port), timeout=5.0) as conn:
+                conn.sendall(request)
+                line = conn.makefile("rb").readline(4 * 1024 * 1024)
+            reply = json.loads(line)
+        except (OSError, ValueError) as e:
+            return {"ok": False, "unreachable": f"rank {rank}'s agent at {host}:{port} (pid "
+                                                f"{pid} on {self.node}): {e}"}
+        return reply if isinstance(reply, dict) else {"ok": False, "unreachable": "no reply"}
+
+    def _answered(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_r.recv(4096)
+        with self._answers_lock:
+            answers, self.answers = self.answers, []
+        for line in answers:
+            if self.hub is not None:
+                self._hub_send(line)
 
     def _hub_drain(self) -> None:
         if self.hub is None or not self.hub_out:
@@ -549,13 +628,17 @@ class Relay:
             self.hub.sendall(bytes(self.hub_out))
 
 
-def _alive(pid: int) -> bool:
-    """Is ``pid`` alive and not a zombie (``/proc``; no dependency)."""
+def _start_time(pid: int) -> int | None:
+    """``pid``'s start time (clock ticks since boot), None if it is gone or a zombie: the
+    pair (pid, start time) names one process, even after the pid is reused."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+            fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return False
+        return None
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
 
 
 def main(argv: list[str] | None = None) -> int:

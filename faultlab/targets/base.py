@@ -327,17 +327,41 @@ class JobContext(ABC):
     def runtime(self, rank: int, message: dict[str, Any]) -> dict[str, Any]:
         """Send ``message`` to ``rank``'s runtime agent over its control channel (the secret is
         the job's ``runtime/secret``, written at launch); raises FaultError if unreachable."""
+        reply = self.runtime_many({rank: message})[rank]
+        if isinstance(reply, FaultError):
+            raise reply
+        return reply
+
+    def runtime_many(self, messages: dict[int, dict[str, Any]]
+                     ) -> dict[int, dict[str, Any] | FaultError]:
+        """Send each rank its message: through the node relays where the hub knows the rank
+        (one message per node, ``faultlab.engine.hub``), else straight to the rank's control
+        server (its address file on the run directory). Each value is the agent's reply, or
+        the FaultError that says why there is none."""
         from faultlab.runtime.client import RuntimeControlError, read_secret, send
 
+        out: dict[int, dict[str, Any] | FaultError] = {}
+        hub = self.stream.hub
+        rest = list(messages)
+        if hub is not None:
+            replies, rest = hub.control({r: messages[r] for r in messages})
+            for rank, reply in replies.items():
+                out[rank] = FaultError(f"rank {rank}: {reply['unreachable']}") \
+                    if "unreachable" in reply else reply
+        if not rest:
+            return out
         secret = read_secret(self.run_dir)
-        if secret is None:
-            raise FaultError(f"no runtime control secret in {self.run_dir / 'runtime'}: the job "
-                             f"was not launched by faultlab, so its ranks accept no live "
-                             f"in-rank fault")
-        try:
-            return send(self.run_dir, rank, secret, message)
-        except RuntimeControlError as e:
-            raise FaultError(str(e)) from None
+        for rank in rest:
+            if secret is None:
+                out[rank] = FaultError(
+                    f"no runtime control secret in {self.run_dir / 'runtime'}: the job was not "
+                    f"launched by faultlab, so its ranks accept no live in-rank fault")
+                continue
+            try:
+                out[rank] = send(self.run_dir, rank, secret, messages[rank])
+            except RuntimeControlError as e:
+                out[rank] = FaultError(str(e))
+        return out
 
     def restart_node(self, node: str) -> int:
         raise FaultError(f"this target cannot start {node!r} again (only a job faultlab "

@@ -100,7 +100,7 @@ def test_events_reach_the_engine_and_the_file_and_gates_wake_every_rank(
     assert late.wait_gate(6, 0.3, None) == (pytest.approx(0.3, abs=0.2), False)  # timed out
 
     pid = _relay_pid(tmp_path, "node0")
-    summary = control_plane(type("R", (), {"channel": "socket"})(), hub, [])
+    summary = control_plane(type("R", (), {"channel": "socket"})(), hub, {})
     assert summary["relays"]["node0"]["pid"] == pid and "lost" not in summary
     hub.close()  # bye: the relay flushes and exits
     _until(lambda: not pid_alive(pid))
@@ -221,3 +221,65 @@ def _fast_clock() -> Callable[[], float]:
     """A clock that runs 100 times fast (the uplink's 10 s wait for a relay, in 0.1 s)."""
     real, start = time.monotonic, time.monotonic()
     return lambda: start + (real() - start) * 100
+
+
+class _Batches:
+    """A hub's ``drain`` that hands over the given batches once (the stream's bookkeeping)."""
+
+    def __init__(self, batches: list[tuple[str, int, bytes]]) -> None:
+        self.batches = batches
+
+    def drain(self) -> list[tuple[str, int, bytes]]:
+        out, self.batches = self.batches, []
+        return out
+
+
+def test_records_the_hub_never_delivered_are_named_with_their_node(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    t = time.time()
+    lines = [_record(0, "step", step=s).replace('"t": ', f'"t": {t - 10 + s}, "x": ')
+             for s in (1, 2, 3)]
+    delivered = lines[0].encode()
+    (events / "node1-relay.jsonl").write_text("".join(lines))
+    stream = EventStream(tmp_path)
+    stream.attach(_Batches([("node1-relay.jsonl", 0, delivered)]))
+    stream.poll()
+    assert stream.count("step") == 1
+    stream.detach()
+    stream.poll()  # after the run: steps 2 and 3 come from the file, late
+    assert stream.count("step") == 3 and len(stream.late["node1-relay.jsonl"]) == 2
+    hub = Hub(SECRET)
+    try:
+        plane = control_plane(type("R", (), {"channel": "socket"})(), hub, stream.late, t)
+        assert plane["lost"].startswith("2 record(s) of node1-relay.jsonl from ")
+        # written within the last second before faultlab stopped watching: no finding
+        assert "lost" not in control_plane(type("R", (), {"channel": "socket"})(), hub,
+                                           stream.late, t - 10 + 2.5)
+    finally:
+        hub.close()
+
+
+def test_a_live_fault_reaches_every_rank_with_one_message_per_node(
+        tmp_path: Path, hub: Hub) -> None:
+    from faultlab.runtime.control import ControlServer
+
+    servers, got = [], []
+    for rank, node in ((0, "node0"), (1, "node0"), (2, "node1")):
+        up = Uplink(tmp_path, node, SECRET, rank=rank, env=_env(tmp_path, node, hub))
+        server = ControlServer(host="127.0.0.1", secret=SECRET,
+                               handler=lambda m, r=rank: (got.append((r, m)) or
+                                                          {"ok": True, "rank": r}),
+                               info_path=tmp_path / "runtime" / f"rank{rank}.json", info={})
+        servers.append(server)
+        up.register_control(server.host, server.port)
+    _until(lambda: len(hub.rank_node) == 3)
+    assert hub.rank_node == {0: "node0", 1: "node0", 2: "node1"}
+    servers[1].close()  # rank 1 died
+    replies, unrouted = hub.control({r: {"op": "inject", "n": r} for r in (0, 1, 2, 7)})
+    assert unrouted == [7]  # no relay knows rank 7
+    assert replies[0] == {"ok": True, "rank": 0} and replies[2] == {"ok": True, "rank": 2}
+    assert replies[1]["ok"] is False and "rank 1's agent" in replies[1]["unreachable"]
+    assert sorted(got) == [(0, {"op": "inject", "n": 0}), (2, {"op": "inject", "n": 2})]
+    for server in servers:
+        server.close()

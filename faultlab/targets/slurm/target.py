@@ -87,23 +87,14 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
 
     def control_host(self) -> str:
         """The address the compute nodes reach this host at: ``FAULTLAB_CONTROL_HOST``, else
-        this host's address on its route to slurmctld (``scontrol show config``)."""
+        this host's address on its route to slurmctld (``SlurmctldHost`` of ``slurm.conf``,
+        else of ``scontrol show config``)."""
         if os.environ.get("FAULTLAB_CONTROL_HOST"):
             return os.environ["FAULTLAB_CONTROL_HOST"]
-        try:
-            config = run(["scontrol", "show", "config"], timeout_s=10).stdout
-        except SlurmError as e:
-            raise TargetError(f"cannot find the controller's address: {e}") from None
-        ctld = ""
-        for line in config.splitlines():
-            key, _, value = line.partition("=")
-            if key.strip().startswith(("SlurmctldAddr", "SlurmctldHost[0]")) and value.strip():
-                value = value.strip()
-                ctld = value[value.index("(") + 1:-1] if value.endswith(")") else value
-                if key.strip().startswith("SlurmctldAddr"):
-                    break
+        ctld = _controller_address()
         if not ctld:
-            raise TargetError("scontrol show config names no SlurmctldHost")
+            raise TargetError("neither slurm.conf nor scontrol show config names the "
+                              "controller (SlurmctldHost); set FAULTLAB_CONTROL_HOST")
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
                 probe.connect((socket.gethostbyname(ctld), 6817))  # no packet is sent
@@ -310,3 +301,24 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
             lines = log.read_text(errors="replace").splitlines()[-num_lines:]
             out.append(f"--- {log} (last {len(lines)} lines)\n" + "\n".join(lines))
         return "\n".join(out)
+
+
+def _controller_address() -> str:
+    """slurmctld's address (or name): the first ``SlurmctldHost=name(addr)`` of the
+    configuration file (``SLURM_CONF``), else of ``scontrol show config``; "" if neither."""
+    conf = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        text = conf.read_text(errors="replace")
+    except OSError:
+        text = ""
+    if "SlurmctldHost" not in text:
+        try:
+            text = run(["scontrol", "show", "config"], timeout_s=10).stdout
+        except SlurmError:
+            return ""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        value = value.strip().split()[0] if value.strip() else ""
+        if key.strip().startswith(("SlurmctldHost", "ControlMachine")) and value:
+            return value[value.index("(") + 1:-1] if value.endswith(")") else value
+    return ""
