@@ -19,10 +19,11 @@ file per rank in a run directory on this machine's disk, each line a record as
   the code of commit 03f7da8, kept here as it was, so the two are timed on the same stream.
 
 **The control plane, before and after the node relay** (the second table). Simulated ranks run
-faultlab's real runtime code, packed many to a process: ``--workers`` processes (this file's
-hidden ``_sim-ranks`` sub-command) each hold a share of the ranks, one thread per rank, every
-node's ranks in one worker; ``--ranks-per-node`` (8) ranks make a node. The main process holds
-only the engine's side. Per rank count, both control planes:
+faultlab's real runtime code, packed many to a process: worker processes (this file's hidden
+``_sim-ranks`` sub-command) hold ``--ranks-per-worker`` (64) ranks each, one thread per rank,
+every node's ranks in one worker (with a few hundred threads a process, the GIL's convoy, not
+faultlab, set the gate release); ``--ranks-per-node`` (8) ranks make a node. The main process
+holds only the engine's side. Per rank count, both control planes:
 
 - **before** (per-rank files, ``FAULTLAB_CHANNEL`` unset in the workers): each rank's
   ``EventLog`` appends to its own file under ``RUN_DIR/events``; a rank at a gate polls for
@@ -79,7 +80,7 @@ machine's time and memory, and is not in the default sizes: ask for it with
 ``--ranks 10240 --ranks-per-node 32`` on a bigger one.
 
     python benchmarks/bench_scale.py [--ranks 8,128,1024,4096] [--steps 500]
-        [--ranks-per-node 8] [--workers 4] [--seconds 6] [--meta-seconds 3] [--gates 5]
+        [--ranks-per-node 8] [--ranks-per-worker 64] [--seconds 6] [--meta-seconds 3] [--gates 5]
         [--meta-max-ranks 1024] [--tables loop,control]
 """
 
@@ -355,7 +356,7 @@ def _sim_ranks(cfg_json: str) -> int:
     for sim in sims:
         by_node[sim.node].append(sim)
     try:
-        with ThreadPoolExecutor(4) as pool:  # relays start a few at a time (each imports Python)
+        with ThreadPoolExecutor(cfg["starting"]) as pool:  # 16 relays start at a time at most
             list(pool.map(start, by_node.values()))
         relays = sorted({s.uplink.spawned.pid for s in sims
                          if s.uplink is not None and s.uplink.spawned is not None})
@@ -389,18 +390,19 @@ def _sim_ranks(cfg_json: str) -> int:
 class _Workers:
     """The worker processes of one control plane: started, commanded, and always stopped."""
 
-    def __init__(self, run_dir: Path, mode: str, ranks: int, rpn: int, workers: int,
+    def __init__(self, run_dir: Path, mode: str, ranks: int, rpn: int, per_worker: int,
                  hub: str | None) -> None:
         nodes = math.ceil(ranks / rpn)
-        per = math.ceil(nodes / min(workers, nodes))
+        per = max(1, per_worker // rpn)  # nodes a worker
         env = {k: v for k, v in os.environ.items() if k not in CHANNEL_VARS}
         self.procs: list[subprocess.Popen[bytes]] = []
         self._buf: dict[int, bytes] = {}
+        starting = max(1, 16 // math.ceil(nodes / per))  # relays a worker starts at once
         for first_node in range(0, nodes, per):
             first = first_node * rpn
             cfg = {"run_dir": str(run_dir), "mode": mode, "first": first,
                    "count": min(ranks, (first_node + per) * rpn) - first, "world": ranks,
-                   "rpn": rpn, "hub": hub}
+                   "rpn": rpn, "hub": hub, "starting": starting}
             p = subprocess.Popen([sys.executable, os.path.abspath(__file__), SIM_COMMAND,
                                   json.dumps(cfg)], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, env=env)
@@ -680,8 +682,9 @@ class _Plane:
     the workers are stopped, and every relay is gone (:attr:`relays_killed`: the ones that had
     to be ended here)."""
 
-    def __init__(self, mode: str, ranks: int, rpn: int, workers: int, run_dir: Path) -> None:
-        self.mode, self.ranks, self.rpn, self.n_workers = mode, ranks, rpn, workers
+    def __init__(self, mode: str, ranks: int, rpn: int, per_worker: int,
+                 run_dir: Path) -> None:
+        self.mode, self.ranks, self.rpn, self.per_worker = mode, ranks, rpn, per_worker
         self.run_dir = run_dir
         self.nodes = math.ceil(ranks / rpn)
         self.stream = EventStream(run_dir)
@@ -702,7 +705,7 @@ class _Plane:
                 self.hub = Hub(SECRET)
                 self.stream.attach(self.hub)
             self.workers = _Workers(self.run_dir, self.mode, self.ranks, self.rpn,
-                                    self.n_workers, self.hub.address("127.0.0.1")
+                                    self.per_worker, self.hub.address("127.0.0.1")
                                     if self.hub is not None else None)
             ready = self.workers.replies(900)
             self.relays = {p for a in ready for p in a["relays"]}
@@ -745,7 +748,7 @@ def control_plane(mode: str, ranks: int, args: argparse.Namespace, tmp: Path) ->
     """Every measurement of one control plane (``before`` or ``after``) at ``ranks``."""
     res: dict[str, Any] = {"ranks": ranks, "mode": mode}
     t0 = time.monotonic()
-    with _Plane(mode, ranks, args.ranks_per_node, args.workers,
+    with _Plane(mode, ranks, args.ranks_per_node, args.ranks_per_worker,
                 (tmp / f"{mode}-{ranks}").resolve()) as plane:
         res.update(nodes=plane.nodes, relays=len(plane.relays), setup_s=plane.setup_s)
         _log(f"{mode}, {ranks} ranks: {len(plane.workers_.procs)} workers, {len(plane.relays)} "
@@ -778,7 +781,7 @@ def _meta_run(cfg_json: str) -> int:
     cfg = json.loads(cfg_json)
     _reply({"pid": os.getpid()})
     try:
-        with _Plane(cfg["mode"], cfg["ranks"], cfg["rpn"], cfg["workers"],
+        with _Plane(cfg["mode"], cfg["ranks"], cfg["rpn"], cfg["per_worker"],
                     Path(cfg["run_dir"])) as plane:
             out = _windows(plane.eng, plane.workers_, cfg["ranks"], cfg["seconds"])
         out["relays_killed"] = plane.relays_killed
@@ -797,7 +800,8 @@ def _metadata(mode: str, ranks: int, args: argparse.Namespace, tmp: Path,
     a second it made untraced (each of its calls stops it under strace: it polls less)."""
     run_dir = (tmp / f"meta-{mode}-{ranks}").resolve()
     trace = tmp / f"strace-{mode}-{ranks}.txt"
-    cfg = {"mode": mode, "ranks": ranks, "rpn": args.ranks_per_node, "workers": args.workers,
+    cfg = {"mode": mode, "ranks": ranks, "rpn": args.ranks_per_node,
+           "per_worker": args.ranks_per_worker,
            "seconds": args.meta_seconds, "run_dir": str(run_dir)}
     env = {k: v for k, v in os.environ.items() if k not in CHANNEL_VARS}
     proc = subprocess.Popen(
@@ -962,8 +966,8 @@ def control_table(sizes: list[int], args: argparse.Namespace) -> None:
     print_table(
         "the control plane before and after the node relay",
         [f"simulated ranks running faultlab's runtime code (EventLog, StepGates, Uplink), "
-         f"{args.ranks_per_node} a node, one thread each in up to {args.workers} worker "
-         f"processes; "
+         f"{args.ranks_per_node} a node, one thread each, {args.ranks_per_worker} to a worker "
+         f"process; "
          f"the engine's side alone in the main process (EventStream polled every 50 ms; after: "
          f"with the Hub); before: a file per rank and gate files; after: one relay process "
          f"per node; run dirs on this machine's local disk ({os.cpu_count()} cores, load "
@@ -1029,8 +1033,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the per-loop table: steps already read")
     p.add_argument("--ranks-per-node", type=int, default=8,
                    help="the control-plane table: ranks a node (a relay process each)")
-    p.add_argument("--workers", type=int, default=4,
-                   help="processes holding the simulated ranks")
+    p.add_argument("--ranks-per-worker", type=int, default=64,
+                   help="simulated ranks a worker process (whole nodes)")
     p.add_argument("--seconds", type=int, default=6, help="job time for CPU and latency")
     p.add_argument("--meta-seconds", type=int, default=3,
                    help="job time under strace, each of spread and lockstep")

@@ -25,8 +25,9 @@ resolves only DCP's metadata classes (``faultlab.runtime.dcp.SafeReader``); and 
 checkpoint is parsed before the manifest has vouched for every byte (DCP itself stores no
 content hash, so a flipped bit would otherwise load silently).
 
-On load, candidates are tried newest first; each rank hashes a share of the files and the
-verdict is all-reduced, so every rank picks the same checkpoint. ``latest`` is only reported
+On load, rank 0 lists the candidates for every rank (a node's cached directory listing on NFS
+can be a minute old), and they are tried newest first; each rank hashes a share of the files
+and the verdict is all-reduced, so every rank picks the same checkpoint. ``latest`` is only reported
 against: the scan, not the pointer, decides.
 """
 
@@ -404,7 +405,7 @@ class CheckpointManager:
         self.wait()
         self.beat()
         fell_back: list[str] = []
-        candidates = list_checkpoints(self.root)
+        candidates = self._agreed_candidates()
         latest_hint = _read_latest(self.root)
         invalid: list[tuple[Path, str]] = []
         for step, path in candidates:
@@ -428,6 +429,20 @@ class CheckpointManager:
         # Leave them where they are: a restarted rank, or the next launch, must refuse too.
         raise CheckpointError(message + "; refusing to start from scratch "
                               "(--on-no-valid-checkpoint scratch allows it)")
+
+    def _agreed_candidates(self) -> list[tuple[int, Path]]:
+        """Rank 0's list of the checkpoints, for every rank. Each rank listing the directory
+        itself let them disagree on NFS, where a node's cached listing of ``checkpoints/`` can
+        be 30-60 s old: after a Slurm requeue, rank 1 saw no checkpoint and started from step
+        0 while rank 0 loaded step 14, and both hung until the step watchdog (found by
+        ``slurm_preemption`` under the test cluster's NFS semantics). A name rank 0 gives is
+        looked up afresh by the others, and NFS close-to-open makes its files readable."""
+        found = [(step, path.name) for step, path in list_checkpoints(self.root)] \
+            if self.rank == 0 else None
+        box: list[Any] = [found]
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0, group=self.pg)
+        return [(int(step), self.root / str(name)) for step, name in box[0] or []]
 
     def _set_aside(self, invalid: list[tuple[Path, str]]) -> None:
         """Move invalid checkpoints to corrupt/ once every rank has stopped reading them."""
