@@ -46,8 +46,9 @@ class Target(Protocol):
     # -- where events and logs are -------------------------------------------------------------
 
     run_dir: Path
-    """The job's run directory as this host sees it: ``events/`` (one JSON-lines file per
-    process, the event protocol), ``logs/`` (one log per node), ``launch.json``."""
+    """The job's run directory as this host sees it: ``events/`` (JSON lines, the event
+    protocol: one file per node relay, or per process outside the engine), ``logs/`` (one log
+    per node), ``launch.json``."""
     stream: EventStream
     """The job's event stream (``run_dir/events``), polled by whoever drives the job."""
 
