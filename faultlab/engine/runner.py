@@ -153,252 +153,342 @@ def new_run_folder(report_dir: Path, name: str) -> Path:
 def run_experiment(exp: Experiment, *, source: Path | None = None,
                    report_dir: Path = Path("reports"), golden_cache: Path | None = None,
                    view: NullView | None = None, poll_s: float = 0.05) -> RunResult:
-    """Run ``exp`` and judge it. Raises KeyboardInterrupt after clean-up if interrupted."""
-    view = view or NullView()
-    run_folder = new_run_folder(report_dir, exp.name)
-    try:  # run_folder/job, or on the filesystem the target's nodes see, linked as job/
-        job_dir = target_class(exp).prepare_run_dir(exp, run_folder)
-    except TargetError as e:
-        raise FaultlabError(f"{source or exp.name}: {e}") from None
-    golden_cache = golden_cache or report_dir / ".golden"
-    records: list[FaultRecord] = []
-    active: list[_Active] = []
-    timed_out = interrupted = False
-    job_s: float | None = None  # how long the job ran, on the clock the triggers read
-    error: str | None = None
-    golden: GoldenRun | None = None
-    started_t = time.time()
-    target: LocalTarget | None = None
-    launch: dict[str, Any] | None = None
-    reaper: subprocess.Popen[bytes] | None = None
-    # Faults that set something up before the launch (a metadata endpoint per node) are built
-    # once; every firing of such a fault uses the same instance.
-    prepared: dict[int, Fault] = {}
-    lingering: list[str] = []
-    runtime: RuntimeSetup | None = None
-    hub: Hub | None = None
-    storage: StorageMount | None = None
-    storage_undo: list[str] = []
-    stopped = False  # before the launch, for checkpoints shared between runs
-    t0: float | None = None
+    """Run ``exp`` and judge it. Raises KeyboardInterrupt after clean-up if interrupted.
+
+    The phases, in order: prepare (the golden run, what faults set up before the launch, the
+    runtime plan, the target, the hub, the storage mount, the guard), launch, supervise (poll,
+    fire what is due, open gates, undo, stop when done), tear down (always, shielded from a
+    second Ctrl-C), judge, journal. Each is a method of ``_Run``, which holds what they share.
+    """
+    run = _Run(exp, source, view or NullView(), new_run_folder(report_dir, exp.name),
+               golden_cache or report_dir / ".golden", poll_s)
     try:
         with _interruptible():
-            for warning in before_golden(exp, source):
-                view.note(f"warning: {warning}")
-            if exp.expect.bitwise_equal_to_golden is not None:
-                view.note("golden run (same experiment, no faults; cached per code version)")
-                try:
-                    golden = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
-                except SharedCheckpoint as e:
-                    raise SharedCheckpointStop(golden_resumed_message(exp, source, e)) from None
-                view.note(f"golden digest {str(golden.digest)[:16]}… "
-                          f"({'cached' if golden.cached else f'{golden.wall_s:.1f} s'})")
-                after_golden(exp, source, golden.run_dir, golden.checkpoints_outside)
-            node_env: dict[str, dict[str, str]] = {}
-            nodes = [f"node{i}" for i in range(exp.topology.nodes)]
-            for i, spec in enumerate(exp.faults):
-                if spec.fault_class.needs_prepare():
-                    prepared[i] = spec.build()
-                    for node, env in prepared[i].prepare(nodes).items():
-                        node_env.setdefault(node, {}).update(env)
-            runtime = RuntimeSetup.create(exp, job_dir)
-            for node in nodes:
-                node_env.setdefault(node, {}).update(runtime.env)
-            gpu_dir = None
-            if any(spec.fault_class.family == "gpu" for spec in exp.faults):
-                gpu_dir = job_dir / "gpu"  # each node's GPU state and kernel-log stand-in
-                for node in nodes:
-                    node_env[node].update(gpu_node_env(job_dir, node,
-                                                       exp.topology.procs_per_node))
-            target = make_target(exp, job_dir, node_env=node_env)
-            if runtime.channel == "socket":
-                hub = runtime.hub = Hub(runtime.secret)
-                target.attach_hub(hub)
-                if not target.stream.attached:  # the nodes cannot reach this host
-                    runtime.channel = "file"
-                    view.note("the node relays use the file channel: no address of this "
-                              "host reaches the nodes")
-            if needs_storage_mount(exp):  # before the job opens a file there
-                storage = StorageMount.start(storage_dir(exp, job_dir, source),
-                                             run_folder / ".storage")
-                view.note(f"serving {storage.path} through the storage passthrough")
-            view.start(exp.name, exp.planned_steps)
-            # The guard first: faultlab may die while the job is still starting.
-            pidfile = run_folder / ".job-pids.json"
-            reaper = _start_reaper(pidfile, target.run_id, target.guard_path, gpu_dir,
-                                   storage.guard_path if storage else None)
-            target.start()
-            launch = target.launch_summary()
-            if launch:
-                view.note(launch["note"])
-            t0 = time.monotonic()
-            states = [TriggerState(exp, i) for i in range(len(exp.faults))]
-            last_pids_write = 0.0
-            done_at: float | None = None
-            while True:
-                view.on_events(target.stream.poll())
-                now = time.monotonic()
-                if now - last_pids_write > 0.5:
-                    _write_pids(pidfile, target)
-                    last_pids_write = now
-                for i, state in enumerate(states):
-                    if i in runtime.planned:  # in the launch plan: recorded when it strikes
-                        if not state.exhausted and _struck(exp, i, target, records):
-                            state.mark_fired()
-                        continue
-                    if state.due(target.stream, now - t0):
-                        state.mark_fired()
-                        act = _fire(exp, i, state.fired, target, view, prepared.get(i))
-                        records.append(act.record)
-                        if act.fault.reversible and not act.record.details.get("error"):
-                            active.append(act)
-                runtime.open_due_gates([state.fired for state in states])
-                for act in list(active):
-                    if (act.deadline is not None and now >= act.deadline) or (
-                            act.until_reaction and target.stream.reacted_since(
-                                act.record.injected_t, act.known_pids)):
-                        _undo(act, target, records, view)
-                        active.remove(act)
-                if target.finished():
-                    break
-                if _training_done(target.stream):
-                    done_at = done_at or now
-                    if now - done_at > LINGER_S:
-                        lingering = [n for n, rc in target.result().returncodes.items()
-                                     if rc is None]
-                        view.note(f"training completed {LINGER_S:g} s ago; stopping nodes "
-                                  f"still running: {', '.join(lingering)}")
-                        break
-                if now - t0 > exp.run.timeout_s:
-                    timed_out = True
-                    view.note(f"experiment timeout ({exp.run.timeout_s:g} s): stopping the job")
-                    break
-                time.sleep(poll_s)
+            run.prepare()
+            run.launch()
+            run.supervise()
     except KeyboardInterrupt:
-        interrupted = True
-        error = "interrupted (Ctrl-C or SIGTERM); every process of the job was stopped"
+        run.interrupted = True
+        run.error = "interrupted (Ctrl-C or SIGTERM); every process of the job was stopped"
     except SharedCheckpointStop as e:
-        stopped, error = True, str(e)
+        run.stopped, run.error = True, str(e)
     except FaultlabError as e:
-        error = str(e)
+        run.error = str(e)
     finally:
-        watched_until = time.time()
+        run.tear_down()
+    result = run.journal(run.judge())
+    if run.interrupted:
+        raise KeyboardInterrupt(result)
+    return result
+
+
+@dataclass
+class _Judged:
+    """What ``_Run.judge`` found, for the journal."""
+
+    slas: list[SLAResult]
+    metrics: Metrics
+    landed: dict[str, tuple[int, int]]
+    findings: list[Any]
+    control: dict[str, Any]
+    final_state: Any = None
+    losses: dict[int, float] = field(default_factory=dict)
+    slurm_view: dict[str, Any] | None = None
+    scan: Any = None
+    saved_outside: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.slas and all(s.passed for s in self.slas) else "fail"
+
+
+class _Run:
+    """One run of an experiment, phase by phase (``run_experiment``)."""
+
+    def __init__(self, exp: Experiment, source: Path | None, view: NullView,
+                 run_folder: Path, golden_cache: Path, poll_s: float) -> None:
+        self.exp, self.source, self.view, self.poll_s = exp, source, view, poll_s
+        self.run_folder, self.golden_cache = run_folder, golden_cache
+        try:  # run_folder/job, or on the filesystem the target's nodes see, linked as job/
+            self.job_dir = target_class(exp).prepare_run_dir(exp, run_folder)
+        except TargetError as e:
+            raise FaultlabError(f"{source or exp.name}: {e}") from None
+        self.started_t = time.time()
+        self.records: list[FaultRecord] = []
+        self.active: list[_Active] = []
+        self.timed_out = self.interrupted = False
+        self.stopped = False  # before the launch, for checkpoints shared between runs
+        self.error: str | None = None
+        self.golden: GoldenRun | None = None
+        self.target: LocalTarget | None = None
+        self.launch_info: dict[str, Any] | None = None
+        self.reaper: subprocess.Popen[bytes] | None = None
+        # Faults that set something up before the launch (a metadata endpoint per node) are
+        # built once; every firing of such a fault uses the same instance.
+        self.prepared: dict[int, Fault] = {}
+        self.lingering: list[str] = []
+        self.runtime: RuntimeSetup | None = None
+        self.hub: Hub | None = None
+        self.storage: StorageMount | None = None
+        self.storage_undo: list[str] = []
+        self.gpu_dir: Path | None = None
+        self.pidfile = run_folder / ".job-pids.json"
+        self.t0: float | None = None
+        self.job_s: float | None = None  # how long the job ran, on the clock triggers read
+        self.watched_until: float | None = None
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        exp, view = self.exp, self.view
+        for warning in before_golden(exp, self.source):
+            view.note(f"warning: {warning}")
+        if exp.expect.bitwise_equal_to_golden is not None:
+            self._golden()
+        node_env: dict[str, dict[str, str]] = {}
+        nodes = [f"node{i}" for i in range(exp.topology.nodes)]
+        for i, spec in enumerate(exp.faults):
+            if spec.fault_class.needs_prepare():
+                self.prepared[i] = spec.build()
+                for node, env in self.prepared[i].prepare(nodes).items():
+                    node_env.setdefault(node, {}).update(env)
+        runtime = self.runtime = RuntimeSetup.create(exp, self.job_dir)
+        for node in nodes:
+            node_env.setdefault(node, {}).update(runtime.env)
+        if any(spec.fault_class.family == "gpu" for spec in exp.faults):
+            self.gpu_dir = self.job_dir / "gpu"  # each node's GPU state and kernel-log stand-in
+            for node in nodes:
+                node_env[node].update(gpu_node_env(self.job_dir, node,
+                                                   exp.topology.procs_per_node))
+        target = self.target = make_target(exp, self.job_dir, node_env=node_env)
+        if runtime.channel == "socket":
+            self.hub = runtime.hub = Hub(runtime.secret)
+            target.attach_hub(self.hub)
+            if not target.stream.attached:  # the nodes cannot reach this host
+                runtime.channel = "file"
+                view.note("the node relays use the file channel: no address of this host "
+                          "reaches the nodes")
+        if needs_storage_mount(exp):  # before the job opens a file there
+            self.storage = StorageMount.start(storage_dir(exp, self.job_dir, self.source),
+                                              self.run_folder / ".storage")
+            view.note(f"serving {self.storage.path} through the storage passthrough")
+
+    def _golden(self) -> None:
+        exp, view = self.exp, self.view
+        view.note("golden run (same experiment, no faults; cached per code version)")
+        try:
+            golden = golden_run(exp, self.golden_cache, timeout_s=exp.run.timeout_s)
+        except SharedCheckpoint as e:
+            raise SharedCheckpointStop(golden_resumed_message(exp, self.source, e)) from None
+        view.note(f"golden digest {str(golden.digest)[:16]}… "
+                  f"({'cached' if golden.cached else f'{golden.wall_s:.1f} s'})")
+        self.golden = golden  # kept in the journal if the next check stops the run
+        after_golden(exp, self.source, golden.run_dir, golden.checkpoints_outside)
+
+    # -- launch ----------------------------------------------------------------------------
+
+    def launch(self) -> None:
+        target = self.target
+        assert target is not None
+        self.view.start(self.exp.name, self.exp.planned_steps)
+        # The guard first: faultlab may die while the job is still starting.
+        self.reaper = _start_reaper(self.pidfile, target.run_id, target.guard_path,
+                                    self.gpu_dir,
+                                    self.storage.guard_path if self.storage else None)
+        target.start()
+        self.launch_info = target.launch_summary()
+        if self.launch_info:
+            self.view.note(self.launch_info["note"])
+        self.t0 = time.monotonic()
+
+    # -- supervise -------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        """Poll, fire what is due, open the gates whose faults are in, undo what is over, until
+        the job ends, trains to the end (and lingers ``LINGER_S``), or times out."""
+        exp, view, target, runtime, t0 = self.exp, self.view, self.target, self.runtime, self.t0
+        assert target is not None and runtime is not None and t0 is not None
+        states = [TriggerState(exp, i) for i in range(len(exp.faults))]
+        last_pids_write = 0.0
+        done_at: float | None = None
+        while True:
+            view.on_events(target.stream.poll())
+            now = time.monotonic()
+            if now - last_pids_write > 0.5:
+                _write_pids(self.pidfile, target)
+                last_pids_write = now
+            for i, state in enumerate(states):
+                if i in runtime.planned:  # in the launch plan: recorded when it strikes
+                    if not state.exhausted and _struck(exp, i, target, self.records):
+                        state.mark_fired()
+                    continue
+                if state.due(target.stream, now - t0):
+                    state.mark_fired()
+                    act = _fire(exp, i, state.fired, target, view, self.prepared.get(i))
+                    self.records.append(act.record)
+                    if act.fault.reversible and not act.record.details.get("error"):
+                        self.active.append(act)
+            runtime.open_due_gates([state.fired for state in states])
+            for act in list(self.active):
+                if (act.deadline is not None and now >= act.deadline) or (
+                        act.until_reaction and target.stream.reacted_since(
+                            act.record.injected_t, act.known_pids)):
+                    _undo(act, target, self.records, view)
+                    self.active.remove(act)
+            if target.finished():
+                return
+            if _training_done(target.stream):
+                done_at = done_at or now
+                if now - done_at > LINGER_S:
+                    self.lingering = [n for n, rc in target.result().returncodes.items()
+                                      if rc is None]
+                    view.note(f"training completed {LINGER_S:g} s ago; stopping nodes still "
+                              f"running: {', '.join(self.lingering)}")
+                    return
+            if now - t0 > exp.run.timeout_s:
+                self.timed_out = True
+                view.note(f"experiment timeout ({exp.run.timeout_s:g} s): stopping the job")
+                return
+            time.sleep(self.poll_s)
+
+    # -- tear down -------------------------------------------------------------------------
+
+    def tear_down(self) -> None:
+        """Undo every fault, stop the job, the hub, the storage mount and the guard, whatever
+        ended the run; a second Ctrl-C cannot cut it short."""
+        self.watched_until = time.time()
+        target, view = self.target, self.view
         with _shielded():
-            if t0 is not None:
-                job_s = time.monotonic() - t0
-            if runtime is not None:
-                runtime.open_all_gates()
-            for act in active:
-                _undo(act, target, records, view)
-            _release(exp, prepared, records, view)
-            if hub is not None:
-                hub.ending()
+            if self.t0 is not None:
+                self.job_s = time.monotonic() - self.t0
+            if self.runtime is not None:
+                self.runtime.open_all_gates()
+            for act in self.active:
+                _undo(act, target, self.records, view)
+            _release(self.exp, self.prepared, self.records, view)
+            if self.hub is not None:
+                self.hub.ending()
             if target is not None:
                 target.continue_all()
                 target.stop()
-            if hub is not None:  # the relays flush, push their last batch and exit
-                hub.close()
+            if self.hub is not None:  # the relays flush, push their last batch and exit
+                self.hub.close()
                 if target is not None:
                     target.stream.detach()
-            if storage is not None:  # after the job: nothing holds a file open any more
-                storage_undo = storage.stop()
-                view.note(f"storage passthrough: {'; '.join(storage_undo)}")
-            if reaper is not None:
-                reaper.terminate()
-                reaper.wait()
+            if self.storage is not None:  # after the job: nothing holds a file open any more
+                self.storage_undo = self.storage.stop()
+                view.note(f"storage passthrough: {'; '.join(self.storage_undo)}")
+            if self.reaper is not None:
+                self.reaper.terminate()
+                self.reaper.wait()
             view.stop()
 
-    events = []
-    final_state = None
-    losses: dict[int, float] = {}
-    if target is not None:
-        target.stream.poll()
-        if exp.target.command:  # a user's trainer: its final state is its last checkpoint
-            final_state = complete_events(job_dir, target.stream.events)
+    # -- judge -----------------------------------------------------------------------------
+
+    def judge(self) -> _Judged:
+        exp, view, target, job_dir = self.exp, self.view, self.target, self.job_dir
+        events: list[dict[str, Any]] = []
+        final_state = None
+        losses: dict[int, float] = {}
+        if target is not None:
             target.stream.poll()
-            losses = log_losses(exp, job_dir)
-        events = target.stream.events
-    metrics = compute_metrics(events, records)
-    landed = landed_steps(exp, metrics)
-    gated = {exp.faults[i].id for i in (x for v in (runtime.gates if runtime else {}).values()
-                                        for x in v)}
-    on_time = landed_checks(exp, landed, gated)
-    for fid, (at_step, after) in landed.items():
-        if fid in gated and after != at_step and exp.target.command:
-            view.note(f"{fid} (at_step {at_step}) landed after step {after}: the trainer "
-                      f"ran past its step gate (a level-2 trainer calls rt.step_done(n) "
-                      f"after its record of step n)")
-    slurm_view = target.scheduler_view() if target is not None else None
-    if slurm_view is not None:
-        _scheduler_metrics(metrics, slurm_view, records)
-    scan = None
-    if exp.expect.checkpoints_all_finite is not None and target is not None:
-        view.note("reading every checkpoint back")
-        scan = scan_checkpoints(job_dir / "checkpoints")
-        metrics.checkpoints_all_finite = scan.all_finite
-        withhold_unfinished(metrics)  # a True from a run that stopped early shows nothing
-    # What in the team's launch line made this recovery fail or slow (none for faultlab's own).
-    last_start = max((e["t"] for e in events if e.get("kind") == "start"), default=None)
-    hung = timed_out and metrics.restarts > 0 and last_start is not None and not any(
-        e.get("kind") == "step" and e["t"] > last_start for e in events)
-    logs = node_logs(job_dir)
-    findings = launch_findings(launch, records, logs, hung_after_restart=hung,
-                               services=exp.target.services) if launch else []
-    findings += abort_at_exit(logs)  # the trainer's, under any launcher
-    # Stopped before the launch: no SLA was measured, and a table of "not measured" would
-    # only bury the reason (the error).
-    slas = [] if stopped else judge(exp, metrics, golden, timed_out=timed_out or interrupted,
-                                    faults=records, events=events, final_state=final_state,
-                                    job_s=job_s, findings=findings)
-    slas += on_time if slas else []
-    own = own_checkpoints_check(exp, source, events, job_dir) if events else None
-    if own is not None:  # first: every other line of the verdict is vacuous beside it
-        slas.insert(0, own)
-    saved_outside = outside_saves(events, job_dir)
-    if saved_outside:
-        view.note(f"this run saved {len(saved_outside)} checkpoint(s) outside its run "
-                  f"directory ({saved_outside[0]} ...): the next run given the same path "
-                  f"would resume from them")
-    control = control_plane(runtime, hub, target.stream.late if target else {}, watched_until)
-    if control.get("lost") and slas:
-        slas.append(SLAResult("control_plane_intact", True, False, False, control["lost"]))
-    verdict = "pass" if slas and all(s.passed for s in slas) and error is None else "fail"
-    journal = {
-        "verdict": verdict,
-        "slas": [dataclasses.asdict(s) for s in slas],
-        "metrics": metrics.to_dict(),
-        "faults": [_record_dict(r, landed.get(r.id)) for r in records],
-        "experiment": {"name": exp.name, "description": exp.description,
-                       "file": str(source) if source else None, "seed": exp.seed,
-                       "document": exp.model_dump(mode="json")},
-        "golden": dataclasses.asdict(golden) if golden else None,
-        "run": {"started_t": started_t, "ended_t": time.time(),
-                "wall_s": time.time() - started_t, "job_s": job_s, "timed_out": timed_out,
-                "interrupted": interrupted, "error": error, "job_dir": str(job_dir),
-                "exit_codes": target.result().returncodes if target else {},
-                "command": target.describe() if target else None,
-                "launch": ({k: v for k, v in launch.items() if k != "note"}
-                           if launch else None),
-                "launch_findings": [f.to_dict() for f in findings],
-                "checkpoint_scan": scan.to_dict() if scan else None,
-                "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
-                                      if k != "tensors"} if final_state else None),
-                "log_losses": losses or None,
-                "stopped_after_completion": lingering,
-                "checkpoints_outside": saved_outside,
-                "slurm": slurm_view,
-                "control_plane": control,
-                "storage_mount": ({"path": str(storage.path), "undo": storage_undo}
-                                  if storage else None)},
-        "environment": environment(),
-    }
-    path = write_journal(run_folder, journal)
-    result = RunResult(name=exp.name, verdict=verdict, slas=slas, metrics=metrics,
-                       faults=records, run_folder=run_folder, journal_path=path,
-                       timed_out=timed_out, interrupted=interrupted, error=error, golden=golden)
-    if interrupted:
-        raise KeyboardInterrupt(result)
-    return result
+            if exp.target.command:  # a user's trainer: its final state is its last checkpoint
+                final_state = complete_events(job_dir, target.stream.events)
+                target.stream.poll()
+                losses = log_losses(exp, job_dir)
+            events = target.stream.events
+        metrics = compute_metrics(events, self.records)
+        landed = landed_steps(exp, metrics)
+        gates = self.runtime.gates if self.runtime else {}
+        gated = {exp.faults[i].id for i in (x for v in gates.values() for x in v)}
+        on_time = landed_checks(exp, landed, gated)
+        for fid, (at_step, after) in landed.items():
+            if fid in gated and after != at_step and exp.target.command:
+                view.note(f"{fid} (at_step {at_step}) landed after step {after}: the trainer "
+                          f"ran past its step gate (a level-2 trainer calls rt.step_done(n) "
+                          f"after its record of step n)")
+        slurm_view = target.scheduler_view() if target is not None else None
+        if slurm_view is not None:
+            _scheduler_metrics(metrics, slurm_view, self.records)
+        scan = None
+        if exp.expect.checkpoints_all_finite is not None and target is not None:
+            view.note("reading every checkpoint back")
+            scan = scan_checkpoints(job_dir / "checkpoints")
+            metrics.checkpoints_all_finite = scan.all_finite
+            withhold_unfinished(metrics)  # a True from a run that stopped early shows nothing
+        # What in the team's launch line made this recovery fail or slow (none for faultlab's).
+        last_start = max((e["t"] for e in events if e.get("kind") == "start"), default=None)
+        hung = self.timed_out and metrics.restarts > 0 and last_start is not None and not any(
+            e.get("kind") == "step" and e["t"] > last_start for e in events)
+        logs = node_logs(job_dir)
+        findings = launch_findings(self.launch_info, self.records, logs,
+                                   hung_after_restart=hung, services=exp.target.services) \
+            if self.launch_info else []
+        findings += abort_at_exit(logs)  # the trainer's, under any launcher
+        # Stopped before the launch: no SLA was measured, and a table of "not measured" would
+        # only bury the reason (the error).
+        slas = [] if self.stopped else judge(
+            exp, metrics, self.golden, timed_out=self.timed_out or self.interrupted,
+            faults=self.records, events=events, final_state=final_state, job_s=self.job_s,
+            findings=findings)
+        slas += on_time if slas else []
+        own = own_checkpoints_check(exp, self.source, events, job_dir) if events else None
+        if own is not None:  # first: every other line of the verdict is vacuous beside it
+            slas.insert(0, own)
+        saved_outside = outside_saves(events, job_dir)
+        if saved_outside:
+            view.note(f"this run saved {len(saved_outside)} checkpoint(s) outside its run "
+                      f"directory ({saved_outside[0]} ...): the next run given the same path "
+                      f"would resume from them")
+        control = control_plane(self.runtime, self.hub, target.stream.late if target else {},
+                                self.watched_until)
+        if control.get("lost") and slas:
+            slas.append(SLAResult("control_plane_intact", True, False, False, control["lost"]))
+        return _Judged(slas, metrics, landed, findings, control, final_state, losses,
+                       slurm_view, scan, saved_outside)
+
+    # -- journal ---------------------------------------------------------------------------
+
+    def journal(self, judged: _Judged) -> RunResult:
+        exp, target, launch, storage = self.exp, self.target, self.launch_info, self.storage
+        final_state = judged.final_state
+        verdict = judged.verdict if self.error is None else "fail"
+        journal = {
+            "verdict": verdict,
+            "slas": [dataclasses.asdict(s) for s in judged.slas],
+            "metrics": judged.metrics.to_dict(),
+            "faults": [_record_dict(r, judged.landed.get(r.id)) for r in self.records],
+            "experiment": {"name": exp.name, "description": exp.description,
+                           "file": str(self.source) if self.source else None, "seed": exp.seed,
+                           "document": exp.model_dump(mode="json")},
+            "golden": dataclasses.asdict(self.golden) if self.golden else None,
+            "run": {"started_t": self.started_t, "ended_t": time.time(),
+                    "wall_s": time.time() - self.started_t, "job_s": self.job_s,
+                    "timed_out": self.timed_out, "interrupted": self.interrupted,
+                    "error": self.error, "job_dir": str(self.job_dir),
+                    "exit_codes": target.result().returncodes if target else {},
+                    "command": target.describe() if target else None,
+                    "launch": ({k: v for k, v in launch.items() if k != "note"}
+                               if launch else None),
+                    "launch_findings": [f.to_dict() for f in judged.findings],
+                    "checkpoint_scan": judged.scan.to_dict() if judged.scan else None,
+                    "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
+                                          if k != "tensors"} if final_state else None),
+                    "log_losses": judged.losses or None,
+                    "stopped_after_completion": self.lingering,
+                    "checkpoints_outside": judged.saved_outside,
+                    "slurm": judged.slurm_view,
+                    "control_plane": judged.control,
+                    "storage_mount": ({"path": str(storage.path), "undo": self.storage_undo}
+                                      if storage else None)},
+            "environment": environment(),
+        }
+        path = write_journal(self.run_folder, journal)
+        return RunResult(name=exp.name, verdict=verdict, slas=judged.slas,
+                         metrics=judged.metrics, faults=self.records,
+                         run_folder=self.run_folder, journal_path=path,
+                         timed_out=self.timed_out, interrupted=self.interrupted,
+                         error=self.error, golden=self.golden)
 
 
 def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: NullView,
