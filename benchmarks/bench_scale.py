@@ -21,9 +21,9 @@ file per rank in a run directory on this machine's disk, each line a record as
 **The control plane, before and after the node relay** (the second table). Simulated ranks run
 faultlab's real runtime code, packed many to a process: worker processes (this file's hidden
 ``_sim-ranks`` sub-command) hold ``--ranks-per-worker`` (64) ranks each, one thread per rank,
-every node's ranks in one worker (with a few hundred threads a process, the GIL's convoy, not
-faultlab, set the gate release); ``--ranks-per-node`` (8) ranks make a node. The main process
-holds only the engine's side. Per rank count, both control planes:
+every node's ranks in one worker (with 256 threads a process, the GIL's convoy in the workers,
+not faultlab, set the gate release at 1,024 ranks); ``--ranks-per-node`` (8) ranks make a
+node. The main process holds only the engine's side. Per rank count, both control planes:
 
 - **before** (per-rank files, ``FAULTLAB_CHANNEL`` unset in the workers): each rank's
   ``EventLog`` appends to its own file under ``RUN_DIR/events``; a rank at a gate polls for
@@ -61,27 +61,31 @@ Measured, each rank stepping once a second, its steps spread over the second (ra
   metadata server (an attribute cache absorbs some, an ``fstat`` right after its ``open``
   nearly always: an upper bound); ``close`` and ``write`` are not counted. Each counted call
   stops its process until strace has printed it, which slows whoever makes many: so the
-  ranks' and relays' calls are counted until the engine has every record of the window (none
-  is lost to the slowdown), per second of job, and the engine's are counted per poll and
-  multiplied by the polls a second it makes untraced (in the steady window: about 20; under
-  strace "before"'s engine, one ``stat`` per rank per poll, polls far less; the notes say how
-  much). Per node per second; by default up to 1,024 ranks (``--meta-max-ranks``): at 4,096
-  the traced jobs alone take minutes on this machine.
+  ranks' and relays' calls are counted until the engine has every record of the window's
+  steps (none is lost to the slowdown), per second of job; the engine's during the window.
+  "Before"'s engine, one ``stat`` per rank per poll, then polls less often than its 20 times
+  a second: its count is a lower bound, and the notes say how much slower it polled. (strace
+  6.1's ``--seccomp-bpf`` also stops a new thread at every call until it makes a traced one:
+  the traced job's threads each ``stat`` ``/`` first.) Per node per second; by default up to
+  1,024 ranks (``--meta-max-ranks``): at 4,096 the traced jobs alone take minutes here.
 
 Measured on one machine, so what it does not show: a shared filesystem's own delays (NFS
-attribute caching makes a new gate file or new appended bytes invisible for up to a minute,
-which no local disk shows), the network between nodes and the submit host, and ranks on cores
-of their own (here thousands of threads share 2 cores: at 4,096 ranks "before" polls the gate
-files 2 million times a second between them, which saturates this machine, so its gate
-release measures that CPU starvation more than a cluster's would). At 4,096 ranks with 8 per
-node the run starts 512 relay processes (about 11 MiB and 60 ms of CPU each: some 6 GiB and
-30 s on 2 cores); 10,240 ranks (1,280 relays, 14 GiB of relays alone) does not fit this
-machine's time and memory, and is not in the default sizes: ask for it with
-``--ranks 10240 --ranks-per-node 32`` on a bigger one.
+attribute caching makes a new gate file or new appended bytes invisible for up to a minute;
+a relay's write and close of its batch, which comes before its push to the hub, is a round
+trip to the file server there), the network between the nodes and the submit host, and
+ranks and relays on cores of their own. Here thousands of threads and hundreds of relay
+processes share 2 cores: from 1,024 ranks on, "before"'s ranks poll the gate files half a
+million times a second and more between them, which saturates the machine, and "after"'s
+gate release waits for 128 or 512 relay processes to be scheduled, one after the other; both
+gate releases then measure this machine's CPU more than a cluster's control plane. At 4,096
+ranks with 8 a node the run starts 512 relay processes (about 11 MiB and 60 ms of CPU each:
+some 6 GiB, and half a minute on 2 cores; 128 came up in 6 s) and 64 workers; 10,240 ranks
+(1,280 relays, 14 GiB of relays alone) does not fit this machine's memory and time, and is
+not in the default sizes: ``--ranks 10240 --ranks-per-node 32`` asks for it on a bigger one.
 
     python benchmarks/bench_scale.py [--ranks 8,128,1024,4096] [--steps 500]
-        [--ranks-per-node 8] [--ranks-per-worker 64] [--seconds 6] [--meta-seconds 3] [--gates 5]
-        [--meta-max-ranks 1024] [--tables loop,control]
+        [--ranks-per-node 8] [--ranks-per-worker 64] [--seconds 6] [--meta-seconds 3]
+        [--gates 5] [--meta-max-ranks 1024] [--tables loop,control]
 """
 
 from __future__ import annotations
@@ -296,6 +300,18 @@ def _orphan_guard() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _prime_threads() -> None:
+    """Under ``strace -f --seccomp-bpf`` (strace 6.1), a new thread stops at every system call
+    until it makes one of the traced ones: 8 threads sleeping in a loop ran 20 times slower.
+    So every thread started from now on makes one at once (a ``stat`` of ``/``, outside the
+    run directory: not counted)."""
+    def prime(frame: Any, event: str, arg: Any) -> None:
+        sys.setprofile(None)
+        os.stat("/")
+
+    threading.setprofile(prime)
+
+
 def _sim_ranks(cfg_json: str) -> int:
     """A worker process: ``count`` simulated ranks from ``first``, running faultlab's runtime
     code; commands from the engine's side on stdin, one JSON line each, each answered on stdout
@@ -304,8 +320,10 @@ def _sim_ranks(cfg_json: str) -> int:
     from faultlab.runtime.gates import StepGates
     from faultlab.runtime.relay import Uplink
 
-    _orphan_guard()
     cfg = json.loads(cfg_json)
+    if cfg["traced"]:
+        _prime_threads()
+    _orphan_guard()
     run_dir, after = Path(cfg["run_dir"]), cfg["mode"] == "after"
     # unset here, so that EventLog and StepGates find no per-process uplink (uplink_for):
     # before, they write and poll files; after, each rank gets an Uplink of its own
@@ -391,7 +409,7 @@ class _Workers:
     """The worker processes of one control plane: started, commanded, and always stopped."""
 
     def __init__(self, run_dir: Path, mode: str, ranks: int, rpn: int, per_worker: int,
-                 hub: str | None) -> None:
+                 hub: str | None, traced: bool) -> None:
         nodes = math.ceil(ranks / rpn)
         per = max(1, per_worker // rpn)  # nodes a worker
         env = {k: v for k, v in os.environ.items() if k not in CHANNEL_VARS}
@@ -402,7 +420,7 @@ class _Workers:
             first = first_node * rpn
             cfg = {"run_dir": str(run_dir), "mode": mode, "first": first,
                    "count": min(ranks, (first_node + per) * rpn) - first, "world": ranks,
-                   "rpn": rpn, "hub": hub, "starting": starting}
+                   "rpn": rpn, "hub": hub, "starting": starting, "traced": traced}
             p = subprocess.Popen([sys.executable, os.path.abspath(__file__), SIM_COMMAND,
                                   json.dumps(cfg)], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, env=env)
@@ -504,10 +522,10 @@ def _stop_relays(pids: set[int]) -> list[int]:
     return stuck
 
 
-def _count_meta(trace: Path, root: str, windows: list[tuple[float, float]],
+def _count_meta(trace: Path, root: str, windows: list[tuple[float, float, float]],
                 engine: set[int]) -> list[tuple[Counter[str], Counter[str]]]:
-    """Per window: the calls on ``root`` by name, of the ranks and relays, and of the engine
-    (the threads ``engine``)."""
+    """Per window ``(t0, end, done)``: the calls on ``root`` by name, of the ranks and relays
+    from ``t0`` until ``done``, and of the engine (the threads ``engine``) until ``end``."""
     out: list[tuple[Counter[str], Counter[str]]] = [(Counter(), Counter()) for _ in windows]
     with open(trace, errors="replace") as f:
         for line in f:
@@ -515,11 +533,10 @@ def _count_meta(trace: Path, root: str, windows: list[tuple[float, float]],
             if len(parts) < 3 or parts[2].startswith(("<...", "+++", "---")) or \
                     root not in parts[2]:
                 continue
-            t = float(parts[1])
-            for (t0, t1), (nodes, by_engine) in zip(windows, out, strict=True):
-                if t0 <= t < t1:
-                    (by_engine if int(parts[0]) in engine else nodes)[
-                        parts[2].split("(", 1)[0]] += 1
+            t, by_engine = float(parts[1]), int(parts[0]) in engine
+            for (t0, end, done), (nodes, eng) in zip(windows, out, strict=True):
+                if t0 <= t < (end if by_engine else done):
+                    (eng if by_engine else nodes)[parts[2].split("(", 1)[0]] += 1
     return out
 
 
@@ -682,9 +699,10 @@ class _Plane:
     the workers are stopped, and every relay is gone (:attr:`relays_killed`: the ones that had
     to be ended here)."""
 
-    def __init__(self, mode: str, ranks: int, rpn: int, per_worker: int,
-                 run_dir: Path) -> None:
+    def __init__(self, mode: str, ranks: int, rpn: int, per_worker: int, run_dir: Path,
+                 traced: bool = False) -> None:
         self.mode, self.ranks, self.rpn, self.per_worker = mode, ranks, rpn, per_worker
+        self.traced = traced
         self.run_dir = run_dir
         self.nodes = math.ceil(ranks / rpn)
         self.stream = EventStream(run_dir)
@@ -706,7 +724,7 @@ class _Plane:
                 self.stream.attach(self.hub)
             self.workers = _Workers(self.run_dir, self.mode, self.ranks, self.rpn,
                                     self.per_worker, self.hub.address("127.0.0.1")
-                                    if self.hub is not None else None)
+                                    if self.hub is not None else None, self.traced)
             ready = self.workers.replies(900)
             self.relays = {p for a in ready for p in a["relays"]}
             if any(a["down"] for a in ready):
@@ -764,7 +782,7 @@ def control_plane(mode: str, ranks: int, args: argparse.Namespace, tmp: Path) ->
     res["relays_killed"] = plane.relays_killed
     if ranks <= args.meta_max_ranks:
         _log(f"{mode}, {ranks} ranks: metadata calls, under strace, with a fresh job")
-        res.update(_metadata(mode, ranks, args, tmp, res["polls_per_s"]))
+        res.update(_metadata(mode, ranks, args, tmp))
     res["total_s"] = time.monotonic() - t0
     _log(f"{mode}, {ranks} ranks: done in {res['total_s']:.0f} s")
     return res
@@ -778,11 +796,12 @@ def _meta_run(cfg_json: str) -> int:
     """The metadata phase of one control plane, in a process that strace started: the engine,
     its workers and their relays, every one traced; the windows on stdout."""
     signal.signal(signal.SIGTERM, _on_sigterm)
+    _prime_threads()  # the hub's thread
     cfg = json.loads(cfg_json)
     _reply({"pid": os.getpid()})
     try:
         with _Plane(cfg["mode"], cfg["ranks"], cfg["rpn"], cfg["per_worker"],
-                    Path(cfg["run_dir"])) as plane:
+                    Path(cfg["run_dir"]), traced=True) as plane:
             out = _windows(plane.eng, plane.workers_, cfg["ranks"], cfg["seconds"])
         out["relays_killed"] = plane.relays_killed
     except KeyboardInterrupt:
@@ -791,13 +810,13 @@ def _meta_run(cfg_json: str) -> int:
     return 0
 
 
-def _metadata(mode: str, ranks: int, args: argparse.Namespace, tmp: Path,
-              polls_per_s: float) -> dict[str, Any]:
+def _metadata(mode: str, ranks: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Metadata calls on the run directory, counted: a fresh job of the same control plane,
     started under ``strace -f --seccomp-bpf`` (only the traced calls stop a process, so the
     ranks' other system calls run at full speed), the engine included. Per second of job: the
-    ranks' and relays' calls, and the engine's calls per poll times ``polls_per_s``, the polls
-    a second it made untraced (each of its calls stops it under strace: it polls less)."""
+    ranks' and relays' calls until the engine had every record of the window, the engine's
+    during the window (each of its calls stops it: it may poll less than untraced, and then
+    its count is a lower bound)."""
     run_dir = (tmp / f"meta-{mode}-{ranks}").resolve()
     trace = tmp / f"strace-{mode}-{ranks}.txt"
     cfg = {"mode": mode, "ranks": ranks, "rpn": args.ranks_per_node,
@@ -828,21 +847,19 @@ def _metadata(mode: str, ranks: int, args: argparse.Namespace, tmp: Path,
                            f"(code {proc.returncode})")
     got = json.loads(text.strip().splitlines()[-1])
     windows = got["windows"]
-    # each window runs until the engine had every record of its steps (strace delays the
-    # calls, and so the records, of every process it stops)
-    counted = _count_meta(trace, str(run_dir), [(w["t0"], max(w["end"], w["done"]))
+    # the ranks' and relays' calls until the engine had every record of the window's steps
+    # (strace delays whoever it stops), the engine's during the window
+    counted = _count_meta(trace, str(run_dir), [(w["t0"], w["end"], max(w["end"], w["done"]))
                                                 for w in windows], set(got["engine"]))
     trace.unlink()
     seconds = args.meta_seconds
     out: dict[str, Any] = {"meta_relays_killed": got["relays_killed"], "meta_seconds": seconds}
     for key, (nodes, engine), w in zip(("spread", "lockstep"), counted, windows, strict=True):
-        per_poll = sum(engine.values()) / max(1, w["polls"])
-        out[f"meta_{key}"] = sum(nodes.values()) / seconds + per_poll * polls_per_s
-        out[f"meta_{key}_engine"] = per_poll * polls_per_s
+        out[f"meta_{key}"] = (sum(nodes.values()) + sum(engine.values())) / seconds
+        out[f"meta_{key}_engine"] = sum(engine.values()) / seconds
         out[f"meta_{key}_names"] = {n: v / seconds for n, v in nodes.most_common()}
-        out[f"meta_{key}_engine_names"] = {n: v / max(1, w["polls"])
-                                           for n, v in engine.most_common()}
-        out[f"meta_{key}_per_poll"] = per_poll
+        out[f"meta_{key}_engine_names"] = {n: v / seconds for n, v in engine.most_common()}
+        out[f"meta_{key}_per_poll"] = sum(engine.values()) / max(1, w["polls"])
         out[f"meta_{key}_polls"] = w["rate"]
         out[f"meta_{key}_over_s"] = max(w["end"], w["done"]) - w["t0"]
     return out
@@ -924,16 +941,16 @@ def _goals(results: list[dict[str, Any]]) -> list[str]:
             if names is None:
                 continue
             calls = ", ".join(f"{n} {v / r['nodes']:.1f}" for n, v in names.items()) or "none"
-            engine = ", ".join(f"{n} {v:,.2f}" for n, v in
+            engine = ", ".join(f"{n} {v / r['nodes']:,.1f}" for n, v in
                                r[f"meta_{key}_engine_names"].items()) or "none"
+            slowed = r[f"meta_{key}_polls"] < 0.9 * r["polls_per_s"]
             notes.append(
-                f"metadata, {r['ranks']:,} ranks {r['mode']}, {key}: ranks and relays, per node "
-                f"per second: {calls}; the engine, per poll: {engine}, times the "
-                f"{_f(r['polls_per_s'])} polls a second it makes untraced: "
-                f"{_f(r[f'meta_{key}_engine'] / r['nodes'])} per node per second (under "
-                f"strace it polled {_f(r[f'meta_{key}_polls'])} times a second; the "
-                f"{r['meta_seconds']} s of steps had all reached it "
-                f"{_f(r[f'meta_{key}_over_s'])} s after the first)")
+                f"metadata, {r['ranks']:,} ranks {r['mode']}, {key}, per node per second: ranks "
+                f"and relays {calls}; the engine {engine} ({_f(r[f'meta_{key}_per_poll'])} a "
+                f"poll; it polled {_f(r[f'meta_{key}_polls'])} times a second under strace, "
+                f"{_f(r['polls_per_s'])} untraced" + (": a lower bound" if slowed else "")
+                + f"); the {r['meta_seconds']} s of steps had all reached the engine "
+                f"{_f(r[f'meta_{key}_over_s'])} s after the first")
     for r in results:
         trouble = []
         if r.get("meta_relays_killed"):
@@ -983,8 +1000,8 @@ def control_table(sizes: list[int], args: argparse.Namespace) -> None:
          f"per second, counted in a fresh job of each plane started under strace -f "
          f"--seccomp-bpf -y (engine, workers, relays), {args.meta_seconds} s with the ranks "
          f"spread over the second, {args.meta_seconds} s in lockstep: the ranks' and relays' "
-         f"calls until the engine had every record, and the engine's calls per poll times the "
-         f"polls a second it makes untraced"
+         f"calls until the engine had every record of those seconds, the engine's during "
+         f"them"
          + (f"; at {', '.join(f'{n:,}' for n in meta_sizes)} ranks only (--meta-max-ranks)"
             if meta_sizes != sizes else "")],
         ["ranks", "nodes", "control plane", "engine CPU (%)", "latency p50 (ms)",

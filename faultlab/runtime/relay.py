@@ -6,11 +6,13 @@ Lustre a 2 ms poll per rank is a ban. So every rank talks to the relay of its ow
 abstract Unix socket (node-local, no file, gone with the process), and the relay is the node's
 only link to the engine:
 
-- **events** (``E <record>``): the relay appends them, in batches, to ``events/<node>-relay.jsonl``
-  (each batch one ``write`` of whole lines, the file opened and closed per batch, so NFS
-  close-to-open makes every batch visible), *then* pushes the same bytes to the engine's hub
-  with the file offset they end at. The file is the durable record (journal, report, Chaos
-  Toolkit probes, post-mortem); the push is how the engine sees it at once.
+- **events** (``E <record>``): the relay gathers them for ``BATCH_S``, appends the batch to
+  ``events/<node>-relay.jsonl`` (one ``write`` of whole lines, the file opened and closed
+  around it, so NFS close-to-open makes it visible: one metadata operation, the open), *then*
+  pushes the same bytes to the engine's hub with the offset they end at. The file is the
+  durable record (journal, report, Chaos Toolkit probes, post-mortem) and never lacks what the
+  engine saw; the push is how the engine sees it at once. A job whose ranks step together
+  makes one batch per node per step.
 - **live faults** (``C`` registers a rank's control server, ``runtime/control.py``): the
   engine sends one message per node with what each of its ranks is to get; the relay asks
   each rank's server on the node and answers with every reply at once.
@@ -43,6 +45,7 @@ import hashlib
 import hmac
 import json
 import os
+import select
 import selectors
 import socket
 import subprocess
@@ -193,15 +196,17 @@ class Uplink:
                 if sock is None:
                     self._send(f"G {step}\n".encode())  # reconnected: ask again
                     continue
-                sock.settimeout(min(beat_every_s, max(0.01, timeout_s - (now - t0))))
+                # select, not a timeout on the socket: emits from other threads share it
+                wait = min(beat_every_s, max(0.01, timeout_s - (now - t0)))
                 try:
-                    data = sock.recv(4096)
-                except TimeoutError:
+                    ready = select.select([sock], [], [], wait)[0]
+                    data = sock.recv(4096) if ready else None
+                except OSError:
+                    data = b""
+                if data is None:
                     if beat is not None:
                         beat()
                     continue
-                except OSError:
-                    data = b""
                 if not data:  # the relay died: reconnect (a new relay) and ask again
                     with self._lock:
                         with contextlib.suppress(OSError):
@@ -325,7 +330,8 @@ class Relay:
             now = time.monotonic()
             if self.hub_addr and self.hub is None and now >= self.next_hub_try:
                 self._hub_connect()
-            timeout = BATCH_S if self.pending or self.waiters else 0.2
+            timeout = BATCH_S if self.pending else \
+                FILE_GATE_POLL_S if self.waiters and not self.hub_addr else 0.2
             for key, mask in self.sel.select(timeout):
                 if key.data == "listen":
                     self._accept()
@@ -480,12 +486,19 @@ class Relay:
     # the durable file, then the hub
 
     def _flush(self) -> None:
+        """Append the gathered records to the node's file, *then* push them to the hub: the
+        file never lacks what the engine saw, whoever dies next."""
         if not self.pending:
             return
         data = b"".join(self.pending)
         self.pending = []
-        with open(self.path, "ab") as f:  # opened and closed per batch: NFS close-to-open
-            f.write(data)
+        # One write of whole lines, the file opened and closed around it (NFS close-to-open
+        # makes it visible to other hosts): one metadata operation per batch, the open.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
         self.size += len(data)
         if self.hub is not None and self.hub_ready:
             self._hub_send(f"B {self.size} {len(data)}\n".encode() + data)
