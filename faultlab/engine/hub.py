@@ -84,6 +84,8 @@ class Hub:
         self._have: dict[str, int] = {}  # file -> bytes delivered
         self._out: list[tuple[str, int, bytes]] = []
         self.gates: set[int] = set()
+        self.gate_t: dict[int, float] = {}
+        """When each gate was opened (``time.time()``, the events' clock)."""
         self.relays: dict[str, RelayInfo] = {}
         self.rank_node: dict[int, str] = {}
         """Which node's relay reaches each rank's control server (the latest to say so)."""
@@ -129,6 +131,7 @@ class Hub:
             if step in self.gates:
                 return
             self.gates.add(step)
+            self.gate_t[step] = time.time()
             conns = [c for c in self._conns.values() if c.info is not None]
         msg = json.dumps({"op": "gate", "step": step}).encode() + b"\n"
         for c in conns:
@@ -205,6 +208,7 @@ class Hub:
     def summary(self) -> dict[str, Any]:
         with self._lock:
             return {"listen": sorted(self._listeners.values()), "refused": self.refused,
+                    "gates_opened_t": {str(k): v for k, v in sorted(self.gate_t.items())},
                     "relays": {n: r.to_dict() for n, r in sorted(self.relays.items())}}
 
     # -- the thread --------------------------------------------------------------------------
