@@ -274,3 +274,26 @@ def test_repeat_runs_independent_jobs_that_share_one_golden_run(tmp_path: Path,
     assert "rank_kill: PASS  2/2 passed (100%; required 2, every run)" in out
     assert "resume_time_s" in out and "p95" in out
     assert_no_job_processes(tmp_path)
+
+
+def test_the_file_channel_runs_a_rank_kill_without_a_connection_to_faultlab(
+        tmp_path: Path, golden_cache: Path) -> None:
+    """``run.control_channel: file``, for clusters whose nodes reach the submit host only
+    through the shared filesystem: one batched events file per node relay, read by faultlab,
+    and the step gate through ``runtime/gates.txt``; the verdict is the socket channel's."""
+    text = (EXPERIMENTS / "rank_kill.yaml").read_text()
+    exp = tmp_path / "rank_kill_file.yaml"
+    exp.write_text(text.replace("  timeout_s: 300\n",
+                                "  timeout_s: 300\n  control_channel: file\n"))
+    rc, out = run("run", exp, "--report-dir", tmp_path / "reports",
+                  "--golden-cache", golden_cache)
+    assert rc == 0, out
+    j = journal(tmp_path / "reports")
+    plane = j["run"]["control_plane"]
+    assert plane == {"channel": "file"}, plane  # no hub, no connection
+    [fault] = j["faults"]
+    assert (fault["at_step"], fault["landed_after_step"]) == (15, 15)  # the gate held
+    events = sorted(p.name for p in (Path(j["run"]["job_dir"]) / "events").iterdir())
+    assert events == ["node0-relay.jsonl", "node1-relay.jsonl"], events
+    assert (Path(j["run"]["job_dir"]) / "runtime" / "gates.txt").read_text() == "15\n"
+    assert_no_job_processes(tmp_path)
