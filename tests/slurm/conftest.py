@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +23,37 @@ def slurm_host() -> None:
             pytest.fail("FAULTLAB_REQUIRE_DOCKER=1 but the Slurm test cluster needs root",
                         pytrace=False)
         pytest.skip("the Slurm test cluster needs root (daemons, munge key, containers)")
+
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
+LAB = Path("/var/lib/faultlab-slurm")
+
+
+@contextlib.contextmanager
+def cluster_up(nfs: bool = False) -> Iterator[Path]:
+    """The local test cluster, 3 nodes (``nfs``: the shared directory behind an NFS client
+    layer per node and for the submit host), with this process's ``SLURM_CONF`` and
+    ``FAULTLAB_SLURM_SHARED`` pointing at it; taken down afterwards. Yields the shared
+    directory."""
+    env = {k: v for k, v in os.environ.items() if k != "FAULTLAB_SLURM_NFS"}
+    if nfs:
+        env["FAULTLAB_SLURM_NFS"] = "1"
+    up = subprocess.run(["bash", str(SCRIPT), "up", "3"], capture_output=True, text=True,
+                        timeout=300, check=False, env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    print(up.stdout.strip().splitlines()[-1])
+    assert f"shared directory: {'nfs' if nfs else 'coherent'}" in up.stdout, up.stdout
+    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "FAULTLAB_SLURM_SHARED")}
+    os.environ["SLURM_CONF"] = str(LAB / "etc" / "slurm" / "slurm.conf")
+    os.environ["FAULTLAB_SLURM_SHARED"] = str(LAB / "shared")
+    try:
+        yield LAB / "shared"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, timeout=120,
+                       check=False)

@@ -28,13 +28,12 @@ from faultlab.faults.process import NodeHangFault, RankHangFault, RankKillFault
 from faultlab.spec import load_experiment
 from faultlab.targets.slurm import SlurmTarget
 from faultlab.targets.slurm.slurmcli import TERMINAL, show_job
+from tests.slurm.conftest import cluster_up
 
 # one cluster for every test here: tests/conftest.py sends them all to one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
-LAB = Path("/var/lib/faultlab-slurm")
 SHIPPED = sorted((REPO / "experiments").glob("slurm_*.yaml"))
 
 
@@ -45,23 +44,8 @@ def _slurm(*cmd: str) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(slurm_host: None) -> Iterator[Path]:
-    up = subprocess.run(["bash", str(SCRIPT), "up", "3"], capture_output=True, text=True,
-                        timeout=300, check=False)
-    assert up.returncode == 0, up.stdout + up.stderr
-    print(up.stdout.strip().splitlines()[-1])
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "FAULTLAB_SLURM_SHARED")}
-    os.environ["SLURM_CONF"] = str(LAB / "etc" / "slurm" / "slurm.conf")
-    os.environ["FAULTLAB_SLURM_SHARED"] = str(LAB / "shared")
-    try:
-        yield LAB / "shared"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, timeout=120,
-                       check=False)
+    with cluster_up() as shared:
+        yield shared
 
 
 def _assert_nothing_left(job_ids: list[int]) -> None:

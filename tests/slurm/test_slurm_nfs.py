@@ -8,8 +8,6 @@ ranks' step gates timed out); ``docs/results/faults-and-targets.md`` has the bef
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,34 +15,17 @@ import pytest
 
 from faultlab.engine import run_experiment
 from faultlab.spec import load_experiment
+from tests.slurm.conftest import cluster_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
-LAB = Path("/var/lib/faultlab-slurm")
 
 
 @pytest.fixture(scope="module")
 def nfs_cluster(slurm_host: None) -> Iterator[Path]:
-    env = {**os.environ, "FAULTLAB_SLURM_NFS": "1"}
-    up = subprocess.run(["bash", str(SCRIPT), "up", "3"], capture_output=True, text=True,
-                        timeout=300, check=False, env=env)
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "shared directory: nfs" in up.stdout, up.stdout
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "FAULTLAB_SLURM_SHARED")}
-    os.environ["SLURM_CONF"] = str(LAB / "etc" / "slurm" / "slurm.conf")
-    os.environ["FAULTLAB_SLURM_SHARED"] = str(LAB / "shared")
-    try:
-        yield LAB / "shared"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, timeout=120,
-                       check=False)
+    with cluster_up(nfs=True) as shared:
+        yield shared
 
 
 def test_a_preemption_passes_under_nfs_semantics_through_the_node_relays(
