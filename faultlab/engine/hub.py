@@ -30,9 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlab.runtime.control import WILDCARDS
+
 __all__ = ["Hub", "RelayInfo", "control_plane"]
 
-_WILDCARDS = ("", "0.0.0.0", "::", "*")
 _MAX_HEADER = 4096
 
 
@@ -104,7 +105,7 @@ class Hub:
         """``host:port`` the hub listens on at ``host`` (bound on first ask, never a
         wildcard)."""
         host = host.strip()
-        if host in _WILDCARDS:
+        if host in WILDCARDS:
             raise ValueError(f"the hub would listen on every interface ({host!r}); name the "
                              f"address the nodes reach this host at")
         with self._lock:

@@ -263,11 +263,10 @@ class _Run:
         target = self.target = make_target(exp, self.job_dir, node_env=node_env)
         if runtime.channel == "socket":
             self.hub = runtime.hub = Hub(runtime.secret)
-            target.attach_hub(self.hub)
-            if not target.stream.attached:  # the nodes cannot reach this host
+            unreachable = target.attach_hub(self.hub)
+            if unreachable:
                 runtime.channel = "file"
-                view.note("the node relays use the file channel: no address of this host "
-                          "reaches the nodes")
+                view.note(f"the node relays use the file channel: {unreachable}")
         if needs_storage_mount(exp):  # before the job opens a file there
             self.storage = StorageMount.start(storage_dir(exp, self.job_dir, self.source),
                                               self.run_folder / ".storage")

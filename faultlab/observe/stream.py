@@ -120,10 +120,6 @@ class EventStream:
         self._next_scan = time.monotonic() + SCAN_EVERY_S
 
     @property
-    def attached(self) -> bool:
-        return self._hub is not None
-
-    @property
     def hub(self) -> Any:
         """The hub attached (None: files only)."""
         return self._hub

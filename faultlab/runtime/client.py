@@ -23,7 +23,8 @@ import psutil
 
 from faultlab.runtime.plan import write_plan
 
-__all__ = ["RuntimeControlError", "address_file", "new_secret", "read_secret", "send", "write_plan"]
+__all__ = ["RuntimeControlError", "address_file", "exchange", "new_secret", "read_secret", "send",
+           "write_plan"]
 
 _MAX_REPLY_BYTES = 4 * 1024 * 1024
 
@@ -60,11 +61,8 @@ def send(run_dir: Path, rank: int, secret: str, message: dict[str, Any],
         # Only meaningful on this host: a container's pid lives in another namespace.
         raise RuntimeControlError(f"{where}: the agent's process {pid} (from {path}) is gone; "
                                   f"the rank died or is restarting — retry once it is back")
-    request = json.dumps({**message, "secret": secret}).encode() + b"\n"
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as conn:
-            conn.sendall(request)
-            line = conn.makefile("rb").readline(_MAX_REPLY_BYTES)
+        line = exchange(host, port, secret, message, timeout_s)
     except TimeoutError:
         raise RuntimeControlError(f"{where}: the agent at {host}:{port} (pid {pid}) did not "
                                   f"answer within {timeout_s} s") from None
@@ -79,6 +77,16 @@ def send(run_dir: Path, rank: int, secret: str, message: dict[str, Any],
         raise RuntimeControlError(f"{where}: the agent at {host}:{port} sent no valid reply "
                                   f"({line[:200]!r})")
     return reply
+
+
+def exchange(host: str, port: int, secret: str, message: dict[str, Any],
+             timeout_s: float = 5.0) -> bytes:
+    """One request to the control server at ``host:port`` (``message`` plus ``secret``); its
+    reply line, unparsed. Raises OSError (TimeoutError included) when there is none."""
+    request = json.dumps({**message, "secret": secret}).encode() + b"\n"
+    with socket.create_connection((host, port), timeout=timeout_s) as conn:
+        conn.sendall(request)
+        return conn.makefile("rb").readline(_MAX_REPLY_BYTES)
 
 
 def _is_loopback(host: str) -> bool:

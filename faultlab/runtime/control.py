@@ -28,11 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BAD_SECRET", "MAX_REQUEST_BYTES", "ControlServer", "write_json_atomic"]
+__all__ = ["BAD_SECRET", "MAX_REQUEST_BYTES", "WILDCARDS", "ControlServer", "write_json_atomic"]
 
 MAX_REQUEST_BYTES = 64 * 1024
 BAD_SECRET = "bad secret"
-_WILDCARDS = ("", "0.0.0.0", "::", "*")
+WILDCARDS = ("", "0.0.0.0", "::", "*")
+"""Addresses that would listen on every interface: refused by whatever accepts connections."""
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -50,7 +51,7 @@ class ControlServer:
 
     def __init__(self, *, host: str, secret: str, handler: Handler, info_path: Path,
                  info: dict[str, Any]) -> None:
-        if host.strip() in _WILDCARDS:
+        if host.strip() in WILDCARDS:
             raise ValueError(f"FAULTLAB_RUNTIME_HOST={host!r} would listen on every interface; "
                              f"use 127.0.0.1 (the default) or the job's own interface address")
         if not secret:

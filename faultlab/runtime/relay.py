@@ -55,6 +55,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from faultlab.runtime.client import exchange
+
 __all__ = ["CHANNEL_ENV", "HUB_ENV", "RELAY_FILE_SUFFIX", "RelayDown", "Uplink", "relay_file",
            "socket_name", "uplink_for"]
 
@@ -406,9 +408,7 @@ class Relay:
             return
         except OSError:
             data = b""
-        if not data:
-            if r.buf and r.ok and r.buf.startswith(b"E "):
-                pass  # a torn record of a killed rank: never written
+        if not data:  # gone; a torn last record of a killed rank is never written
             self._drop(conn)
             return
         r.buf += data
@@ -611,13 +611,9 @@ class Relay:
             return {"ok": False, "unreachable": f"rank {rank} has no control server on "
                                                 f"{self.node}"}
         host, port, pid = where
-        request = json.dumps({**(message if isinstance(message, dict) else {}),
-                              "secret": self._secret.decode()}).encode() + b"\n"
         try:
-            with socket.create_connection((host, port), timeout=5.0) as conn:
-                conn.sendall(request)
-                line = conn.makefile("rb").readline(4 * 1024 * 1024)
-            reply = json.loads(line)
+            reply = json.loads(exchange(host, port, self._secret.decode(),
+                                        message if isinstance(message, dict) else {}))
         except (OSError, ValueError) as e:
             return {"ok": False, "unreachable": f"rank {rank}'s agent at {host}:{port} (pid "
                                                 f"{pid} on {self.node}): {e}"}

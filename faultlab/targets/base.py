@@ -150,9 +150,10 @@ class Target(Protocol):
         """What the scheduler saw of the job (Slurm: requeues, node states), for the metrics;
         None where there is no scheduler."""
 
-    def attach_hub(self, hub: Any) -> None:
+    def attach_hub(self, hub: Any) -> str | None:
         """Before ``start``: the node relays push to ``hub`` (``faultlab.engine.hub``). The
-        target gives the nodes ``FAULTLAB_HUB`` at the address they reach this host at."""
+        target gives the nodes ``FAULTLAB_HUB`` at the address they reach this host at and
+        returns None; or it returns why it cannot, and the nodes use the file channel."""
 
 
 class JobResult(Protocol):
@@ -206,10 +207,9 @@ class JobContext(ABC):
     def scheduler_view(self) -> dict[str, Any] | None:
         return None
 
-    def attach_hub(self, hub: Any) -> None:
-        """Have the node relays push to ``hub`` (``faultlab.engine.hub.Hub``): the nodes get
-        its address, and ``stream`` takes its batches instead of scanning files."""
-        self.stream.attach(hub)
+    def attach_hub(self, hub: Any) -> str | None:
+        """A target that gives its nodes no hub address: the file channel."""
+        return f"{type(self).__name__} gives its nodes no address of this host"
 
     # -- FaultContext ---------------------------------------------------------------------------
 
@@ -345,7 +345,7 @@ class JobContext(ABC):
         hub = self.stream.hub
         rest = list(messages)
         if hub is not None:
-            replies, rest = hub.control({r: messages[r] for r in messages})
+            replies, rest = hub.control(messages)
             for rank, reply in replies.items():
                 out[rank] = FaultError(f"rank {rank}: {reply['unreachable']}") \
                     if "unreachable" in reply else reply

@@ -100,9 +100,10 @@ class LocalTarget(JobContext):
         # sees this host's files: nothing to create before the launch.
         return run_folder / "job"
 
-    def attach_hub(self, hub: Any) -> None:
-        super().attach_hub(hub)
-        self.job.hub_address = hub.address
+    def attach_hub(self, hub: Any) -> str | None:
+        self.stream.attach(hub)
+        self.job.hub_address = hub.address  # each node's address for it: job.control_host()
+        return None
 
     def start(self) -> None:
         (self.run_dir / "events").mkdir(parents=True, exist_ok=True)

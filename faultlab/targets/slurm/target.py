@@ -73,17 +73,17 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
         """When the last signal sent on a node went out (the node's clock): a fault's
         injection time, not the moment faultlab started the step that sent it."""
 
-    def attach_hub(self, hub: Any) -> None:
+    def attach_hub(self, hub: Any) -> str | None:
         """The node relays connect to ``hub`` at ``control_host``; where no address of this
         host can be named, the job runs on the file channel (one events file per node)."""
         try:
             host = self.control_host()
         except TargetError as e:
-            print(f"faultlab: {e}; the node relays use the file channel", file=sys.stderr)
             self.env[CHANNEL_ENV] = "file"
-            return
+            return str(e)
         self.stream.attach(hub)
         self.env[HUB_ENV] = hub.address(host)
+        return None
 
     def control_host(self) -> str:
         """The address the compute nodes reach this host at: ``FAULTLAB_CONTROL_HOST``, else
