@@ -35,7 +35,8 @@ SHIPPED := experiments/rank_kill.yaml \
 	experiments/disk_full_during_save.yaml experiments/io_error_eio_on_save.yaml \
 	experiments/io_hang_on_save.yaml experiments/slow_storage.yaml \
 	experiments/gpu_lost_sticky.yaml experiments/gpu_oom.yaml \
-	experiments/gpu_slow_straggler.yaml experiments/campaign_reference.yaml
+	experiments/gpu_slow_straggler.yaml experiments/campaign_reference.yaml \
+	experiments/stale_shared_fs.yaml
 # The gpu_*.yaml runs, measured alone on 2 shared cores (faultlab run): gpu_lost_sticky 27 s
 # (no golden run), gpu_oom 28 s (12 s of it the golden run, which gpu_slow_straggler shares:
 # same trainer, topology and steps), gpu_slow_straggler 16 s. The three as pytest items at

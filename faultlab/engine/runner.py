@@ -38,7 +38,7 @@ from faultlab.engine.shared_checkpoints import (
     golden_resumed_message,
     own_checkpoints_check,
 )
-from faultlab.engine.storage import needs_storage_mount, storage_dir
+from faultlab.engine.storage import needs_exact_mount, needs_storage_mount, storage_dir
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError, TargetError
@@ -269,7 +269,8 @@ class _Run:
                 view.note(f"the node relays use the file channel: {unreachable}")
         if needs_storage_mount(exp):  # before the job opens a file there
             self.storage = StorageMount.start(storage_dir(exp, self.job_dir, self.source),
-                                              self.run_folder / ".storage")
+                                              self.run_folder / ".storage",
+                                              kernel_cache=not needs_exact_mount(exp))
             view.note(f"serving {self.storage.path} through the storage passthrough")
 
     def _golden(self) -> None:

@@ -19,11 +19,16 @@ from faultlab.errors import FaultlabError
 from faultlab.spec import Experiment
 from faultlab.spec.checkpoint_args import RUN_DIR, checkpoint_dir_of
 
-__all__ = ["needs_storage_mount", "storage_dir"]
+__all__ = ["needs_exact_mount", "needs_storage_mount", "storage_dir"]
 
 
 def needs_storage_mount(exp: Experiment) -> bool:
     return any(getattr(f.fault_class, "mounts_storage", False) for f in exp.faults)
+
+
+def needs_exact_mount(exp: Experiment) -> bool:
+    """Must every lookup reach the passthrough (a node's own view: ``stale_shared_fs``)?"""
+    return any(getattr(f.fault_class, "exact_mount", False) for f in exp.faults)
 
 
 def storage_dir(exp: Experiment, job_dir: Path, source: Path | None = None) -> Path:

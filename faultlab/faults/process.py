@@ -16,8 +16,8 @@ from pydantic import Field
 from faultlab.errors import FaultError
 from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
 
-__all__ = ["NodeHangFault", "NodeKillFault", "NodePauseFault", "RankHangFault", "RankKillFault",
-           "ServiceKillFault"]
+__all__ = ["NodeHangFault", "NodeKillFault", "NodePauseFault", "NodeReturnFault", "RankHangFault",
+           "RankKillFault", "ServiceKillFault"]
 
 KillSignal = Literal["KILL", "TERM", "SEGV", "ABRT"]
 
@@ -115,6 +115,55 @@ class NodeKillFault(Fault):
         started = [n for n in self._machines if ctx.start_machine(n)]  # type: ignore[attr-defined]
         self._machines = []
         return {"machines_started": started}
+
+
+class NodeReturnFault(Fault):
+    """Start a node the job lost again, on the same machine: its agent rejoins and the job
+    grows back at its next re-rendezvous.
+
+    The counterpart of ``node_kill`` for a node whose processes died but whose machine did
+    not (a crashed or killed job started again where it ran, a requeue onto the same hosts):
+    what the machine holds survives, such as its NFS client's caches (``stale_shared_fs`` on
+    the same node keeps answering for the new processes). A replacement machine is
+    ``spot_preemption``'s ``return_after_s``. Needs ``topology.min_nodes`` below ``nodes`` for
+    the job to have gone on without it.
+
+    It returns once the node's agent has started workers (the job re-formed with it), at most
+    ``wait_s``: the ranks held at the trigger's step gate meanwhile are what the re-formed job
+    restarts, whatever the speed of the trainer's steps.
+    """
+
+    type = "node_return"
+    family = "process"
+    targets: ClassVar[tuple[str, ...]] = ("node",)
+    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
+    launcher_reason = "Slurm hands a job's nodes back itself (slurm_node_down, requeue)"
+
+    class Params(FaultParams):
+        wait_s: float = Field(60.0, gt=0, description="how long to wait for the node's agent "
+                                                      "to start its workers")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        nodes = ctx.node_names()
+        index = int(victim.value or 0)
+        if index >= len(nodes):
+            raise FaultError(f"node {index}: the job has {len(nodes)} node(s) "
+                             f"({', '.join(nodes) or 'none'})")
+        node = nodes[index]
+        if ctx.node_pids(node):
+            raise FaultError(f"{node} is still running: node_return starts a node that is "
+                             f"gone (after a node_kill)")
+        at_t = time.time()
+        agent = ctx.restart_node(node)
+        deadline = time.monotonic() + self.params.wait_s  # type: ignore[attr-defined]
+        while not (workers := [p for p in ctx.node_pids(node) if p != agent]):
+            if time.monotonic() > deadline or not ctx.node_pids(node):
+                raise FaultError(f"{node} came back (agent {agent}) but started no worker "
+                                 f"within {self.params.wait_s:g} s: the job did not "  # type: ignore[attr-defined]
+                                 f"take it back (topology.min_nodes below nodes?)")
+            time.sleep(0.1)
+        return {"node": node, "agent_pid": agent, "at_t": at_t,
+                "rejoined_s": round(time.time() - at_t, 3), "workers": workers}
 
 
 class _StopFault(Fault):

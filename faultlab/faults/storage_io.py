@@ -36,7 +36,8 @@ from faultlab.spec._base import show, unknown
 from faultlab.storage.mount import fuse_unavailable, mount_for, propagates
 from faultlab.storage.rules import ERRNOS, OPS
 
-__all__ = ["DiskFullFault", "IoErrorFault", "IoHangFault", "IoLatencyFault"]
+__all__ = ["DiskFullFault", "IoErrorFault", "IoHangFault", "IoLatencyFault",
+           "StaleSharedFsFault"]
 
 _rule_ids = itertools.count(1)
 
@@ -238,3 +239,79 @@ class DiskFullFault(_IoFault):
 
     def rule(self) -> dict[str, Any]:
         return {"free_bytes": self.params.free_bytes, "ops": []}  # type: ignore[attr-defined]
+
+
+class StaleSharedFsFault(_IoFault):
+    """One node sees the checkpoint directory as a Linux NFS client with its own caches would.
+
+    From the injection until the fault is undone, node N's processes (and those it starts
+    again) are answered from an NFS client's caches: attributes served for ``acregmin`` s
+    (files) and ``acdirmin`` s (directories), growing to the max while unchanged; a name found
+    missing stays missing, and a directory's listing stays as it was, until the directory's
+    attributes expire and show a change; its own writes reach the others only at close or
+    fsync. Every other node, and faultlab, see the directory as it is. The view starts warm:
+    the node's caches hold the directory as it was at the injection, as a node that had looked
+    at it then would (``faultlab.storage.views``). The mount options are nfs(5)'s names and
+    defaults; a site that sets ``actimeo=60`` or more gives longer windows.
+
+    The question it asks: after a restart, does every rank resume from the same checkpoint,
+    when one node's listing of the checkpoint directory is older than the others'? The
+    ``same_resume_point`` expectation judges it. Local and docker nodes (the node is found by
+    ``FAULTLAB_NODE`` in the environment of the process that calls).
+    """
+
+    type = "stale_shared_fs"
+    targets: ClassVar[tuple[str, ...]] = ("node",)
+    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
+    launcher_reason = ("a Slurm node's processes reach the shared directory through its own "
+                       "mount of it; faultlab's passthrough can give them no view of their own")
+    exact_mount: ClassVar[bool] = True
+    """The passthrough runs without the kernel's 1 s attribute and name caches, which every
+    node of this host would share."""
+
+    class Params(FaultParams):
+        acregmin: float = Field(3.0, gt=0, description="seconds a file's attributes are "
+                                                       "cached at first (nfs(5))")
+        acregmax: float = Field(60.0, gt=0, description="longest a file's attributes are "
+                                                        "cached")
+        acdirmin: float = Field(30.0, gt=0, description="seconds a directory's attributes, "
+                                                        "names and listing are cached at first")
+        acdirmax: float = Field(60.0, gt=0, description="longest a directory's attributes are "
+                                                        "cached")
+
+        def model_post_init(self, context: Any) -> None:
+            for kind in ("acreg", "acdir"):
+                lo, hi = getattr(self, f"{kind}min"), getattr(self, f"{kind}max")
+                if lo > hi:
+                    raise ValueError(f"{kind}min ({lo:g}) is above {kind}max ({hi:g}): raise "
+                                     f"{kind}max or lower {kind}min")
+
+    def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        mount = mount_for(ctx.run_dir)
+        nodes = ctx.node_names()
+        index = int(victim.value or 0)
+        if index >= len(nodes):
+            raise FaultError(f"node {index}: the job has {len(nodes)} node(s) "
+                             f"({', '.join(nodes) or 'none'})")
+        node = nodes[index]
+        p: Any = self.params
+        options = {"acregmin": p.acregmin, "acregmax": p.acregmax, "acdirmin": p.acdirmin,
+                   "acdirmax": p.acdirmax}
+        view_id = f"{self.type}-{next(_rule_ids)}"
+        warmed = mount.set_view(view_id, node, options)
+        self._rule_id, self._mount_path = view_id, mount.path
+        return {"storage": str(mount.path), "node": node, "nfs": options,
+                "warmed_names": warmed.get("warmed_names", 0)}
+
+    def undo(self, ctx: FaultContext) -> dict[str, Any]:
+        """End the node's view: what it buffered is written back, files it holds open stay
+        with the view until closed; report the operations the view answered."""
+        if self._rule_id is None:
+            return {}
+        view_id, self._rule_id = self._rule_id, None
+        try:
+            final = mount_for(self._mount_path).remove_view(view_id)
+        except FaultError as e:
+            return {"note": str(e)}
+        ops = final.get("ops", {})
+        return {"ops_answered": ops, "num_ops_answered": sum(ops.values())}

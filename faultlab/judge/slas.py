@@ -108,6 +108,8 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
         metric="healed_state_matches_peer", kind="bool",
         description="the healed ranks' weights equal a survivor's at every step both "
                     "recorded (observe.step_digest)"),
+    Sla(key="same_resume_point", unit="bool", metric="same_resume_point", kind="bool",
+        description="every rank of each restart resumed from the same checkpoint step"),
 ]}
 """Every SLA an experiment may state under ``expect``; add a field to
 ``faultlab.spec.Expect`` and an entry here to add one."""

@@ -129,6 +129,8 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             if lasting:
                 note = note or (f"the job never ran without {', '.join(lasting)} (its GPU "
                                 f"stayed failed); {metrics.restarts} restart(s) used")
+        if name == "same_resume_point" and measured is not None:
+            note = _resume_points(metrics)
         if name in _HEALING_SLAS and metrics.healing_note:
             note = metrics.healing_note
         if name == "max_restarts" and timed_out and measured is not None and \
@@ -162,11 +164,16 @@ def _struck_nothing(spec: Any, records: list[FaultRecord]) -> str:
     run and hit no operation of the job ('' if it hit one, or if the count is unknown)."""
     if not getattr(spec.fault_class, "mounts_storage", False) or not records:
         return ""
-    counts = [f.details.get("undo", {}).get("num_ops_hit") if isinstance(
-        f.details.get("undo"), dict) else None for f in records]
+    undos: list[dict[str, Any]] = [u if isinstance(u := f.details.get("undo"), dict) else {}
+                                   for f in records]
+    counts = [u.get("num_ops_hit", u.get("num_ops_answered")) for u in undos]
     if any(not isinstance(c, int) or c > 0 for c in counts):
         return ""
     where = records[0].details.get("storage") or "the checkpoint directory"
+    if records[0].details.get("nfs"):  # stale_shared_fs: a node's view, no rule
+        return (f"{records[0].details.get('node')}'s view of {where} answered no operation "
+                f"in the whole run: none of its processes looked at the checkpoints while it "
+                f"was in force")
     ops = ", ".join(getattr(spec.params, "ops", ()) or ("write",))
     return (f"set on {where}, but it struck no operation in the whole run: the job did no "
             f"matching {ops} there while it was in force; if its checkpoints go elsewhere, "
@@ -238,6 +245,24 @@ def _bitwise_note(measured: Any, golden: Golden | None, final: FinalState | None
         differs = first_difference(ours, theirs)
         return f"first differing tensor: {differs}" if differs else ""
     return ""
+
+
+def _resume_points(metrics: Metrics) -> str:
+    """Which checkpoint step each rank resumed from, after each fault whose restart split
+    them (or, when none did, the step they agreed on)."""
+    split = [f for f in metrics.faults if f.resumed_from_steps and len(f.resumed_from_steps) > 1]
+    if not split:
+        agreed = sorted({s for f in metrics.faults for s in f.resumed_from_steps or []})
+        return f"every restart's ranks resumed from one step ({', '.join(map(str, agreed))})"
+    parts = []
+    for f in split:
+        by_step: dict[int, list[str]] = {}
+        for rank, got in sorted((f.resumed_by_rank or {}).items()):
+            where = f"{got['node']} (rank {rank})" if got.get("node") else f"rank {rank}"
+            by_step.setdefault(got["step"], []).append(where)
+        steps = "; ".join(f"step {s} on {', '.join(w)}" for s, w in sorted(by_step.items()))
+        parts.append(f"after {f.fault_id}: {steps}")
+    return "the ranks of one restart loaded different checkpoints: " + " | ".join(parts)
 
 
 def _last_failure(events: Sequence[Mapping[str, Any]]) -> str:

@@ -60,6 +60,10 @@ corrupt_checkpoint_never_loaded
     damage and never started again, or whose restart hung before it could load (a level-0
     ``start`` is written as the process starts, before the trainer's own code runs), loaded
     nothing because it loaded nothing at all (None).
+same_resume_point
+    None if no fault's came-back records carry a step. Otherwise False iff, for some fault,
+    they carry more than one (``FaultMetrics.resumed_from_steps``): the ranks of one restart
+    loaded different checkpoints.
 world_sizes
     The world sizes of the ``start`` records in time order, consecutive repeats collapsed
     (e.g. ``[3, 2]`` after a node loss); from all records if there are no start records.
@@ -201,6 +205,7 @@ class Metrics:
     healed_at_step: int | None = None
     heal_time_s: float | None = None
     healed_state_matches_peer: bool | None = None
+    same_resume_point: bool | None = None
     healing_note: str = ""
     """What the healing metrics saw, in words (which rank healed when; faultlab.observe.healing)."""
     faults: list[FaultMetrics] = field(default_factory=list)
@@ -367,6 +372,11 @@ def reached_load(records: list[Record], since_t: float) -> bool:
         or (r.get("kind") == "step" and _key(r.get("pid")) in new_pids)) for r in records)
 
 
+def _same_resume_point(per_fault: list[FaultMetrics]) -> bool | None:
+    steps = [f.resumed_from_steps for f in per_fault if f.resumed_from_steps]
+    return all(len(s) == 1 for s in steps) if steps else None
+
+
 def _worst(values: list[Any], unmeasurable: bool) -> Any:
     if unmeasurable:
         return None
@@ -428,6 +438,7 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
         save_hang_detected_within_s=saves.save_hang_detected_within_s,
         training_continued_through_save_failure=saves.training_continued_through_save_failure,
         failed_save_never_loaded=saves.failed_save_never_loaded,
+        same_resume_point=_same_resume_point(per_fault),
         faulty_node_excluded=faulty_node_excluded(records, faults, completes),
         restarts_until_excluded=restarts_until_excluded(records, faults),
         survivor_restarts=healing.survivor_restarts,

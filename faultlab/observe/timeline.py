@@ -54,6 +54,12 @@ came_back_t, resumed_from_step
     records from that one up to (not including) the first step record after it — all of them
     if none follows — of ``start.resumed_from_step`` / ``checkpoint_loaded.step``.
 
+resumed_from_steps, resumed_by_rank
+    The distinct steps of those same came-back records, sorted, and what each rank resumed
+    from (its first such record): ``{rank: {"step": S, "node": N}}``; None if none carries a
+    step. More than one step:
+    the ranks of one restart loaded different checkpoints (``same_resume_point``).
+
 went_down
     True if the job came back, or if it noticed and never reported a step after noticing
     (killed, aborted, out of restarts). A reaction it trained through (an anomaly with
@@ -142,6 +148,8 @@ class FaultMetrics:
     """Where the first reaction was seen (module docstring: ``detection_source``)."""
     came_back_t: float | None = None
     resumed_from_step: int | None = None
+    resumed_from_steps: list[int] | None = None
+    resumed_by_rank: dict[int, dict[str, Any]] | None = None
     detection_latency_s: float | None = None
     resume_time_s: float | None = None
     recovery_time_s: float | None = None
@@ -252,9 +260,17 @@ class _Timeline:
         m.came_back_t = float(after[back_i]["t"])
         rest = after[back_i + 1:]
         first_step = next((i for i, r in enumerate(rest) if _step(r) is not None), len(rest))
-        resumed = [_resumed_step(r) for r in [after[back_i], *rest[:first_step]] if came_back(r)]
-        resumed_known = [s for s in resumed if s is not None]
+        back = [r for r in [after[back_i], *rest[:first_step]] if came_back(r)]
+        resumed_known = [s for s in map(_resumed_step, back) if s is not None]
         m.resumed_from_step = min(resumed_known) if resumed_known else None
+        if resumed_known:
+            m.resumed_from_steps = sorted(set(resumed_known))
+            by_rank: dict[int, dict[str, Any]] = {}
+            for r in back:
+                rank, step = _int(r.get("rank")), _resumed_step(r)
+                if rank is not None and step is not None:
+                    by_rank.setdefault(rank, {"step": step, "node": r.get("node")})
+            m.resumed_by_rank = dict(sorted(by_rank.items()))
         m.lost_steps = (max(0, high_water - m.resumed_from_step)
                         if m.resumed_from_step is not None else None)
 

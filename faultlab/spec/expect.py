@@ -80,6 +80,10 @@ class Expect(SpecModel):
     healed_state_matches_peer: bool | None = None
     """The healed ranks' weights equal (or not) a surviving peer's at every step both recorded
     from the heal on (needs ``observe.step_digest``)."""
+    same_resume_point: bool | None = None
+    """Every rank of each restart resumed from the same checkpoint step (or, if false, some
+    did not): one node with an older view of the checkpoint directory (``stale_shared_fs``)
+    must not make its ranks load another checkpoint than the rest."""
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in the order of the fields above."""

@@ -153,8 +153,11 @@ class StorageMount:
         self.stopped = False
 
     @classmethod
-    def start(cls, path: Path, state_dir: Path, log: Path | None = None) -> StorageMount:
-        """Serve ``path`` (created if missing) through the passthrough; returns once mounted."""
+    def start(cls, path: Path, state_dir: Path, log: Path | None = None,
+              kernel_cache: bool = True) -> StorageMount:
+        """Serve ``path`` (created if missing) through the passthrough; returns once mounted.
+        ``kernel_cache=False``: every lookup and stat reaches the server (needed where one
+        node's view differs from another's: ``stale_shared_fs``)."""
         path = Path(path).resolve()
         path.mkdir(parents=True, exist_ok=True)
         if is_mounted(path):
@@ -167,7 +170,8 @@ class StorageMount:
         log_f = open(log or state_dir / "storage-server.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(
             [sys.executable, "-m", "faultlab.storage.server", "--mount", str(path),
-             "--control", str(control), "--parent", str(os.getpid())],
+             "--control", str(control), "--parent", str(os.getpid()),
+             *([] if kernel_cache else ["--no-kernel-cache"])],
             stdin=subprocess.DEVNULL, stdout=log_f, stderr=subprocess.STDOUT,
             start_new_session=True)  # a Ctrl-C meant for faultlab must not kill it first
         log_f.close()
@@ -209,6 +213,15 @@ class StorageMount:
 
     def counts(self) -> list[dict[str, Any]]:
         return self.request({"cmd": "counts"})["rules"]
+
+    def set_view(self, view_id: str, node: str, options: dict[str, Any]) -> dict[str, Any]:
+        """Give ``node`` an NFS client's view (``faultlab.storage.views``); what it warmed."""
+        return self.request({"cmd": "view", "id": view_id, "node": node,
+                             "options": options}, timeout_s=60)["view"]
+
+    def remove_view(self, view_id: str) -> dict[str, Any]:
+        """End a node's view (its buffered writes are written back); the ops it answered."""
+        return self.request({"cmd": "unview", "id": view_id})["view"]
 
     def stop(self, timeout_s: float = 10.0) -> list[str]:
         """Release every held operation and unmount; idempotent. What was done."""

@@ -263,6 +263,13 @@ class NfsClient:
     def _handle(self, fh: int) -> _Handle:
         return self._handles[fh]
 
+    def owns(self, fh: int) -> bool:
+        """Was ``fh`` opened through this client (and not yet released)?"""
+        return fh in self._handles
+
+    def open_handles(self) -> int:
+        return len(self._handles)
+
     # -- metadata
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         with self._lock:

@@ -35,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultlab.storage.nfs_client import NfsClient
 from faultlab.storage.ops import rel, set_times, statfs
 from faultlab.storage.rules import Rule, RuleSet
+from faultlab.storage.views import NodeViews
 
 MAX_THREADS = 64
 """libfuse's worker threads: enough that hung requests leave others served (measured: with 20
@@ -49,9 +51,10 @@ class Passthrough:
 
     use_ns = True
 
-    def __init__(self, root_fd: int, rules: RuleSet) -> None:
+    def __init__(self, root_fd: int, rules: RuleSet, views: NodeViews | None = None) -> None:
         self.root = root_fd
         self.rules = rules
+        self.views = views if views is not None else NodeViews(root_fd)
 
     def _gate(self, op: str, path: str, nbytes: int = 0) -> None:
         from mfusepy import FuseOSError, fuse_get_context
@@ -61,15 +64,32 @@ class Passthrough:
         if err:
             raise FuseOSError(err)
 
+    def _view(self, op: str) -> NfsClient | None:
+        """The caller's node's NFS view, if it has one (``faultlab.storage.views``)."""
+        if not self.views:
+            return None
+        from mfusepy import fuse_get_context
+
+        return self.views.for_caller(fuse_get_context()[2], op)
+
+    def _held(self, fh: int | None, op: str) -> NfsClient | None:
+        """The view ``fh`` was opened through, if any."""
+        return self.views.for_handle(fh, op) if self.views else None
+
     # -- metadata
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        view = self._held(fh, "getattr") if fh is not None else self._view("getattr")
+        if view is not None:
+            return view.getattr(path, fh)
         st = os.fstat(fh) if fh is not None else os.lstat(rel(path), dir_fd=self.root)
         return {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_uid", "st_gid",
                                             "st_size", "st_ino", "st_blocks",
                                             "st_atime_ns", "st_mtime_ns", "st_ctime_ns")} | {
             "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns}
 
-    def readdir(self, path: str, fh: int) -> list[str]:
+    def readdir(self, path: str, fh: int) -> list[Any]:
+        if (view := self._view("readdir")) is not None:
+            return view.readdir(path, fh)
         fd = os.open(rel(path), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.root)
         try:
             return [".", "..", *os.listdir(fd)]
@@ -77,16 +97,22 @@ class Passthrough:
             os.close(fd)
 
     def readlink(self, path: str) -> str:
+        if (view := self._view("readlink")) is not None:
+            return view.readlink(path)
         return os.readlink(rel(path), dir_fd=self.root)
 
     def statfs(self, path: str) -> dict[str, int]:
         return statfs(self.root)
 
     def chmod(self, path: str, mode: int) -> int:
+        if (view := self._view("chmod")) is not None:
+            return view.chmod(path, mode)
         os.chmod(rel(path), mode, dir_fd=self.root, follow_symlinks=False)
         return 0
 
     def chown(self, path: str, uid: int, gid: int) -> int:
+        if (view := self._view("chown")) is not None:
+            return view.chown(path, uid, gid)
         os.chown(rel(path), uid, gid, dir_fd=self.root, follow_symlinks=False)
         return 0
 
@@ -94,6 +120,8 @@ class Passthrough:
         """``touch`` through the mount: libfuse passes utimensat's ``UTIME_NOW`` and
         ``UTIME_OMIT`` as a timespec of 0 s and that many ns, which mfusepy sums; None is
         "now" for both."""
+        if (view := self._view("utimens")) is not None:
+            return view.utimens(path, times)
         set_times(self.root, path, times)
         return 0
 
@@ -106,51 +134,76 @@ class Passthrough:
     # -- namespace
     def mkdir(self, path: str, mode: int) -> int:
         self._gate("mkdir", path)
+        if (view := self._view("mkdir")) is not None:
+            return view.mkdir(path, mode)
         os.mkdir(rel(path), mode, dir_fd=self.root)
         return 0
 
     def rmdir(self, path: str) -> int:
         self._gate("unlink", path)
+        if (view := self._view("rmdir")) is not None:
+            return view.rmdir(path)
         os.rmdir(rel(path), dir_fd=self.root)
         return 0
 
     def unlink(self, path: str) -> int:
         self._gate("unlink", path)
+        if (view := self._view("unlink")) is not None:
+            return view.unlink(path)
         os.unlink(rel(path), dir_fd=self.root)
         return 0
 
     def rename(self, old: str, new: str) -> int:
         self._gate("rename", old)
+        if (view := self._view("rename")) is not None:
+            return view.rename(old, new)
         os.rename(rel(old), rel(new), src_dir_fd=self.root, dst_dir_fd=self.root)
         return 0
 
     def symlink(self, target: str, source: str) -> int:
+        if (view := self._view("symlink")) is not None:
+            return view.symlink(target, source)
         os.symlink(source, rel(target), dir_fd=self.root)
         return 0
 
     def link(self, target: str, source: str) -> int:
+        if (view := self._view("link")) is not None:
+            return view.link(target, source)
         os.link(rel(source), rel(target), src_dir_fd=self.root, dst_dir_fd=self.root)
         return 0
 
     # -- files
     def open(self, path: str, flags: int) -> int:
         self._gate("open", path)
+        if (view := self._view("open")) is not None:
+            return view.open(path, flags)
         return os.open(rel(path), flags, dir_fd=self.root)
 
-    def create(self, path: str, mode: int, fi: Any = None) -> int:
+    def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
+        """``flags``: the caller's open flags (mfusepy passes them to a three-argument
+        ``create``)."""
         self._gate("create", path)
+        if (view := self._view("create")) is not None:
+            return view.create(path, mode, flags)
         return os.open(rel(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode,
                        dir_fd=self.root)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         self._gate("read", path, size)
+        if (view := self._held(fh, "read")) is not None:
+            return view.read(path, size, offset, fh)
         return os.pread(fh, size, offset)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         self._gate("write", path, len(data))
+        if (view := self._held(fh, "write")) is not None:
+            return view.write(path, data, offset, fh)
         return os.pwrite(fh, data, offset)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        view = self._held(fh, "truncate") if fh is not None else self._view("truncate")
+        if view is not None:
+            return view.truncate(path, length, fh)
         if fh is not None:
             os.ftruncate(fh, length)
         else:
@@ -163,14 +216,20 @@ class Passthrough:
 
     def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
         self._gate("write", path, size)
+        if (view := self._held(fh, "fallocate")) is not None:
+            view.fsync(path, 1, fh)  # its buffered writes first: the file's size is theirs
         os.posix_fallocate(fh, offset, size)
         return 0
 
     def flush(self, path: str, fh: int) -> int:
+        if (view := self._held(fh, "flush")) is not None:
+            return view.flush(path, fh)
         return 0
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         self._gate("fsync", path)
+        if (view := self._held(fh, "fsync")) is not None:
+            return view.fsync(path, datasync, fh)
         (os.fdatasync if datasync else os.fsync)(fh)
         return 0
 
@@ -179,15 +238,25 @@ class Passthrough:
         return 0
 
     def release(self, path: str, fh: int) -> int:
+        if (view := self._held(fh, "release")) is not None:
+            view.release(path, fh)
+            self.views.released()
+            return 0
         os.close(fh)
         return 0
+
+    def destroy(self, path: str) -> None:
+        """At unmount: every view writes back what it buffered."""
+        self.views.clear()
 
 
 class Control:
     """The engine's channel: JSON lines over a Unix socket, one request, one reply."""
 
-    def __init__(self, sock_path: Path, rules: RuleSet, on_stop: Any) -> None:
+    def __init__(self, sock_path: Path, rules: RuleSet, on_stop: Any,
+                 views: NodeViews | None = None) -> None:
         self.rules = rules
+        self.views = views
         self.on_stop = on_stop
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock_path.unlink(missing_ok=True)
@@ -219,10 +288,16 @@ class Control:
             return {"ok": True, "rule": self.rules.remove(req["id"])}
         if cmd == "counts":
             return {"ok": True, "rules": self.rules.counts()}
+        if cmd == "view" and self.views is not None:
+            return {"ok": True, "view": self.views.set(req["id"], req["node"], req["options"])}
+        if cmd == "unview" and self.views is not None:
+            return {"ok": True, "view": self.views.remove(req["id"])}
         if cmd == "ping":
             return {"ok": True, "pid": os.getpid()}
         if cmd == "stop":
             rules = self.rules.clear()
+            if self.views is not None:
+                self.views.clear()  # write back what the nodes' views buffered
             self.on_stop()
             return {"ok": True, "rules": rules}
         raise ValueError(f"unknown command {cmd!r}")
@@ -233,12 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mount", type=Path, required=True)
     parser.add_argument("--control", type=Path, required=True)
     parser.add_argument("--parent", type=int, default=None)
+    parser.add_argument("--no-kernel-cache", action="store_true",
+                        help="every lookup and stat reaches the server (a node's NFS view "
+                             "decides what it sees: the kernel's 1 s caches are shared by "
+                             "every node of this host)")
     args = parser.parse_args(argv)
     from mfusepy import FUSE
 
     mount = args.mount.resolve()
     root_fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY)  # before the mount hides it
     rules = RuleSet()
+    views = NodeViews(root_fd)
     stopping = threading.Event()
 
     def stop() -> None:
@@ -247,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         # libfuse's own SIGTERM handler ends its loop and unmounts (lazily, as root)
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
-    Control(args.control, rules, stop)
+    Control(args.control, rules, stop, views)
     if args.parent:
         def watch() -> None:
             while _alive(args.parent):
@@ -257,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
             stop()
         threading.Thread(target=watch, daemon=True, name="parent-watch").start()
     try:
-        FUSE(Passthrough(root_fd, rules), str(mount), foreground=True, nothreads=False,
+        uncached = {"attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0} \
+            if args.no_kernel_cache else {}
+        FUSE(Passthrough(root_fd, rules, views), str(mount), foreground=True, nothreads=False,
              fsname="faultlab", subtype="faultlab", default_permissions=True,
-             max_threads=MAX_THREADS)
+             max_threads=MAX_THREADS, **uncached)
     except RuntimeError:  # libfuse reports the loop ended by our own SIGTERM as 8
         if not stopping.is_set():
             raise

@@ -91,6 +91,12 @@ SCENARIOS = {
     "fsdp2_dcp/campaign.yaml": Expected("fail", failing={"detection_rate": ""}, measured={
         "completes": True, "false_positives_per_hour": 0.0, "detection_rate": 0.6,
         "attribution_accuracy": 1.0}),
+    # Node 1 comes back on the same machine, its NFS client's listing of checkpoints/ from
+    # before node 0 saved step 12: each rank picks the newest checkpoint it sees, so node 1's
+    # rank loads step 8 and node 0's step 12. Rank 0 finishes first and rank 1, alone again,
+    # trains steps 9-20 a second time from step 8: both "complete".
+    "fsdp2_dcp/stale_shared_fs.yaml": Expected("fail", failing={
+        "same_resume_point": "step 8 on node1 (rank"}, measured={"completes": True}),
     # A GPU that stays lost (sticky Xid 79): plain torchrun restarts in place on it until its
     # restarts are spent, and never goes on without the node.
     "fsdp2_dcp/gpu_error_sticky.yaml": Expected("fail", failing={

@@ -6,7 +6,10 @@ installs fuse3)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +130,77 @@ def test_a_killed_server_leaves_no_dead_mount_behind(mount: StorageMount) -> Non
     t.join(10)
     assert not t.is_alive() and failed == [errno.ENOTCONN]
     assert not is_mounted(d) and (d / "before.txt").read_text() == "kept"
+
+
+NODE1_SCRIPT = r"""
+import json, os, sys
+d = sys.argv[1]
+out = {"listing": sorted(os.listdir(d)),
+       "step_12_metadata": os.path.exists(os.path.join(d, "step_12", ".metadata"))}
+if len(sys.argv) > 2:  # write a file, report, then keep it open until told
+    fd = os.open(os.path.join(d, sys.argv[2]), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"node1's shard")
+    print(json.dumps(out), flush=True)
+    sys.stdin.readline()
+    os.close(fd)
+    print("closed", flush=True)
+    sys.stdin.readline()
+else:
+    print(json.dumps(out), flush=True)
+"""
+
+
+def _as_node(node: str | None, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "FAULTLAB_NODE"}
+    if node is not None:
+        env["FAULTLAB_NODE"] = node
+    return subprocess.Popen([sys.executable, "-c", NODE1_SCRIPT, *args], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def _seen(node: str | None, d: Path) -> dict[str, object]:
+    proc = _as_node(node, str(d))
+    out, _ = proc.communicate(timeout=30)
+    return json.loads(out)
+
+
+def test_one_nodes_view_is_its_nfs_cache_and_every_other_process_sees_the_directory(
+        tmp_path: Path) -> None:
+    """stale_shared_fs's mechanism: node1's processes (found by FAULTLAB_NODE, whatever their
+    pid) see the directory as it was when the view started, until its attributes expire;
+    everyone else sees it as it is; node1's writes reach the others only at close; ending the
+    view gives node1 the directory as it is."""
+    why = fuse_unavailable()
+    if why:
+        pytest.fail(f"the storage passthrough cannot mount here: {why}")
+    m = StorageMount.start(tmp_path / "ckpt", tmp_path / "state", kernel_cache=False)
+    try:
+        d = m.path
+        (d / "step_8").mkdir()
+        (d / "step_8" / ".metadata").write_text("m")
+        warmed = m.set_view("v1", "node1", {"acregmin": 60, "acregmax": 60,
+                                            "acdirmin": 60, "acdirmax": 60})
+        assert warmed["warmed_names"] == 2  # step_8 and its .metadata
+        (d / "step_12").mkdir()  # node0 saves after the view started
+        (d / "step_12" / ".metadata").write_text("m")
+        assert _seen("node1", d) == {"listing": ["step_8"], "step_12_metadata": True}
+        assert _seen("node0", d) == {"listing": ["step_12", "step_8"], "step_12_metadata": True}
+        assert _seen(None, d)["listing"] == ["step_12", "step_8"]  # faultlab, a tool
+
+        writer = _as_node("node1", str(d), "shard_1")
+        assert json.loads(writer.stdout.readline())["listing"] == ["step_8"]
+        assert (d / "shard_1").stat().st_size == 0  # held in node1's client until close
+        writer.stdin.write("\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline().strip() == "closed"
+        assert (d / "shard_1").read_bytes() == b"node1's shard"
+        writer.stdin.write("\n")
+        writer.stdin.flush()
+        writer.wait(30)
+
+        ops = m.remove_view("v1")["ops"]
+        assert ops["readdir"] >= 2 and ops["create"] == 1  # the two listings, the shard
+        assert _seen("node1", d)["listing"] == ["shard_1", "step_12", "step_8"]
+    finally:
+        m.stop()
+    assert not is_mounted(m.path)

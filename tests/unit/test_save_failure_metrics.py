@@ -183,3 +183,30 @@ def test_a_storage_fault_that_struck_no_operation_was_not_injected() -> None:
                          "target.checkpoint_dir")
     assert injected(fault("disk_full", hits=3)).passed
     assert injected(fault("disk_full", hits=None)).passed  # no count: not held against it
+
+
+def test_a_node_view_that_answered_nothing_was_not_injected() -> None:
+    """stale_shared_fs's view was in force, yet no process of its node looked at the
+    checkpoints: nothing was asked of the stale caches, and fault_injected says so."""
+    exp = experiment_from_dict({
+        "name": "x", "target": {"trainer": "reference"},
+        "topology": {"nodes": 2, "min_nodes": 1},
+        "faults": [{"id": "nfs", "type": "stale_shared_fs", "target": {"node": 1},
+                    "trigger": {"at_step": 12}, "duration_s": 5}],
+        "expect": {"completes": True}})
+    events = [*started(), *steps(1, 40, T - 2)]
+
+    def injected(answered: int) -> Any:
+        flt = FaultRecord(id="nfs#1", type="stale_shared_fs", injected_t=T, undone_t=T + 5,
+                          target="node 1", details={
+                              "storage": "/run/checkpoints", "node": "node1",
+                              "nfs": {"acdirmin": 30},
+                              "undo": {"ops_answered": {"getattr": answered},
+                                       "num_ops_answered": answered}})
+        return judge(exp, compute_metrics(events, [flt]), None, timed_out=False, faults=[flt],
+                     events=events)[0]
+
+    idle = injected(0)
+    assert idle.name == "fault_injected[nfs]" and not idle.passed
+    assert idle.note.startswith("node1's view of /run/checkpoints answered no operation")
+    assert injected(7).passed

@@ -128,6 +128,10 @@ CASES: dict[str, Case] = {
     "healed_by_step": Case(14, 13, fault=KILLED),
     "heal_time_s": Case(5.0, pytest.approx(1.0), fault=KILLED),
     "healed_state_matches_peer": Case(True, NOT_MEASURED, fault=KILLED),
+    # the ranks of the restart loaded different checkpoints before the end: that happened
+    "same_resume_point": Case(True, False, records=[
+        {**ev(1015.6, "checkpoint_loaded", 0, step=10), "pid": 300},
+        {**ev(1015.7, "checkpoint_loaded", 1, step=5), "pid": 301}]),
 }
 
 
