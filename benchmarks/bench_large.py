@@ -3,6 +3,7 @@ ranks, 8 nodes of 4, on the local target, beside the 2- and 3-rank shipped exper
 
     python benchmarks/bench_large.py                 # ~15 min on 2 idle CPU cores
     python benchmarks/bench_large.py --nodes 4 --procs 4
+    python benchmarks/bench_large.py --only slurm_rank_kill --slurm 8   # the Slurm cluster
 
 Runs, each with its fault-free golden run (its own, at the same size):
 
@@ -16,8 +17,9 @@ resume time, and the step gate's wait (the engine opens the gate at the fault's 
 fault is in; the wait is from each rank's record of that step to the gate's opening, as the
 hub timed it: median and max over ranks), with the relays the hub saw.
 
-What it does not run: the Slurm cluster at more than 3 nodes (``bench_slurm.py`` runs the
-shipped 3-node cluster; ``slurm_rank_kill`` is a 2-node team script).
+- ``slurm_rank_kill`` with ``--slurm NODES``: the team's sbatch script (one rank a node) on the
+  local Slurm test cluster, brought up with NODES nodes (``scripts/slurm-cluster.sh up NODES``,
+  root and Docker; left up), at the shipped 2 nodes and at NODES; must pass, bitwise.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import json
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +50,13 @@ EXP = REPO_ROOT / "experiments"
 
 def _experiment(name: str, nodes: int | None, procs: int | None) -> Any:
     doc = load_experiment(EXP / f"{name}.yaml").model_dump(mode="json", exclude_none=True)
-    if nodes is not None:
+    if nodes is not None and doc["topology"].get("launcher") == "slurm":
+        doc["topology"]["nodes"] = nodes  # the script runs one rank a node
+        doc["name"] = f"{name}_{nodes}x1"
+        for key in ("resume_time_s", "recovery_time_s", "detection_latency_s"):
+            doc["expect"].pop(key, None)
+        doc["run"]["timeout_s"] = 900
+    elif nodes is not None:
         topo = doc["topology"]
         elastic = topo.get("min_nodes") is not None
         topo.update(nodes=nodes, procs_per_node=procs)
@@ -109,22 +118,40 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--procs", type=int, default=4, help="ranks per node")
-    parser.add_argument("--only", choices=["rank_kill", "node_loss_elastic"], default=None)
+    parser.add_argument("--only", choices=["rank_kill", "node_loss_elastic", "slurm_rank_kill"],
+                        default=None)
+    parser.add_argument("--slurm", type=int, default=0, metavar="NODES",
+                        help="also run slurm_rank_kill on the local Slurm test cluster at 2 "
+                             "nodes and at NODES (brought up with NODES nodes)")
     args = parser.parse_args(argv)
     rows = []
     failed = False
+    runs: list[tuple[str, list[tuple[int | None, int | None]]]] = [
+        ("rank_kill", [(None, None), (args.nodes, args.procs)]),
+        ("node_loss_elastic", [(None, None), (args.nodes, args.procs)])]
+    if args.slurm:
+        up = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "up",
+                             str(args.slurm)], capture_output=True, text=True)
+        print(up.stdout.strip() or up.stderr.strip(), flush=True)
+        if up.returncode != 0:
+            print(f"the Slurm test cluster did not come up with {args.slurm} nodes: "
+                  f"{up.stderr.strip()[-600:]}", file=sys.stderr)
+            return 1
+        runs.append(("slurm_rank_kill", [(None, None), (args.slurm, 1)]))
     with tempfile.TemporaryDirectory(prefix="faultlab-bench-large-") as tmp:
-        for name in ("rank_kill", "node_loss_elastic"):
+        for name, sizes in runs:
             if args.only not in (None, name):
                 continue
-            for nodes, procs in ((None, None), (args.nodes, args.procs)):
+            for nodes, procs in sizes:
                 row = _run(name, nodes, procs, Path(tmp))
                 failed |= row[3] != "pass"
                 rows.append(row)
     print_table(
         "the largest real job on this machine", [
             "reference trainer (tiny), local target, gloo on 2 CPU cores; shipped sizes "
-            "(2 and 3 ranks) beside 8 nodes x 4 ranks",
+            f"(2 and 3 ranks) beside {args.nodes} nodes x {args.procs} ranks"
+            + (f"; slurm_rank_kill: examples/fsdp2_dcp's sbatch job on the local Slurm "
+               f"cluster, 2 and {args.slurm} nodes of 1 rank" if args.slurm else ""),
             "engine CPU: faultlab's own process (user + system) per second of job, golden "
             "run excluded; gate wait: from a rank's record of the fault's step to the gate's "
             "opening"],
