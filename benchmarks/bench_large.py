@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -137,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the Slurm test cluster did not come up with {args.slurm} nodes: "
                   f"{up.stderr.strip()[-600:]}", file=sys.stderr)
             return 1
+        env = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "env"],
+                             capture_output=True, text=True, check=True).stdout
+        for pair in env.removeprefix("export ").split():  # SLURM_CONF, FAULTLAB_SLURM_SHARED
+            key, _, value = pair.partition("=")
+            os.environ[key] = value
         runs.append(("slurm_rank_kill", [(None, None), (args.slurm, 1)]))
     with tempfile.TemporaryDirectory(prefix="faultlab-bench-large-") as tmp:
         for name, sizes in runs:

@@ -78,8 +78,12 @@ class JobSubmission:
         cmd = ["sbatch", "--parsable", "--job-name", f"faultlab-{self.exp.name}",
                "--chdir", str(self.run_dir), "--open-mode=append",
                "--comment", f"faultlab run {self.run_dir}"]
+        # topology.nodes is the job's size for every run of the experiment, the golden run's
+        # included: on the command line it overrides a team script's #SBATCH --nodes (which
+        # made an 8-node experiment run on the script's 2 nodes, and its golden run on 8).
+        cmd += ["--nodes", str(topo.nodes)]
         if spec.script is None:
-            cmd += ["--nodes", str(topo.nodes), "--ntasks-per-node", "1",
+            cmd += ["--ntasks-per-node", "1",
                     "--output", str(self.run_dir / "logs" / "slurm-%j.out")]
         elif not _script_sets_output(spec.script):
             cmd += ["--output", str(self.run_dir / "logs" / "slurm-%j.out")]
