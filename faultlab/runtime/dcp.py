@@ -132,6 +132,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
     path = Path(path)
     if is_dcp_checkpoint(path):
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -139,7 +140,10 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         try:
             _load_state_dict(state, storage_reader=SafeReader(path),
                              planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-        except Exception as e:  # noqa: BLE001 - a damaged checkpoint is an answer, not a crash
+        # a damaged checkpoint is an answer, not a crash; DCP wraps a rank's error (a shard
+        # file missing) in CheckpointException, a BaseException: it crashed the engine's
+        # judge when a split job committed a checkpoint without one rank's shard
+        except (Exception, CheckpointException) as e:  # noqa: BLE001
             raise ValueError(f"{path}: cannot read the DCP checkpoint: {type(e).__name__}: "
                              f"{e}") from None
         return state
