@@ -26,6 +26,8 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from faultlab.errors import FaultError
+
 __all__ = ["Fault", "FaultContext", "FaultParams", "Victim"]
 
 
@@ -44,6 +46,15 @@ class Victim:
 
     def __str__(self) -> str:
         return "all" if self.kind == "all" else f"{self.kind} {self.value}"
+
+    def node(self, ctx: FaultContext) -> str:
+        """The name of node ``value`` of the job (``node0`` ...); FaultError if it has fewer."""
+        nodes = ctx.node_names()
+        index = int(self.value or 0)
+        if index >= len(nodes):
+            raise FaultError(f"node {index}: the job has {len(nodes)} node(s) now "
+                             f"({', '.join(nodes) or 'none'})")
+        return nodes[index]
 
 
 class FaultContext(Protocol):

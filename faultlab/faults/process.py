@@ -93,11 +93,7 @@ class NodeKillFault(Fault):
         self.reversible = self.reversible_with(params)  # type: ignore[misc]
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        nodes = ctx.node_names()
-        if int(victim.value or 0) >= len(nodes):
-            raise FaultError(f"node {victim.value}: the job has {len(nodes)} node(s) now "
-                             f"({', '.join(nodes) or 'none'})")
-        node = nodes[int(victim.value or 0)]
+        node = victim.node(ctx)
         if self.params.method == "machine":  # type: ignore[attr-defined]
             if not hasattr(ctx, "kill_machine"):
                 raise FaultError("method: machine needs topology.launcher: slurm (on docker "
@@ -144,12 +140,7 @@ class NodeReturnFault(Fault):
                                                       "to start its workers")
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        nodes = ctx.node_names()
-        index = int(victim.value or 0)
-        if index >= len(nodes):
-            raise FaultError(f"node {index}: the job has {len(nodes)} node(s) "
-                             f"({', '.join(nodes) or 'none'})")
-        node = nodes[index]
+        node = victim.node(ctx)
         if ctx.node_pids(node):
             raise FaultError(f"{node} is still running: node_return starts a node that is "
                              f"gone (after a node_kill)")

@@ -288,12 +288,7 @@ class StaleSharedFsFault(_IoFault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         mount = mount_for(ctx.run_dir)
-        nodes = ctx.node_names()
-        index = int(victim.value or 0)
-        if index >= len(nodes):
-            raise FaultError(f"node {index}: the job has {len(nodes)} node(s) "
-                             f"({', '.join(nodes) or 'none'})")
-        node = nodes[index]
+        node = victim.node(ctx)
         p: Any = self.params
         options = {"acregmin": p.acregmin, "acregmax": p.acregmax, "acdirmin": p.acdirmin,
                    "acdirmax": p.acdirmax}

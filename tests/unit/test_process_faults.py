@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -20,16 +19,14 @@ import pytest
 
 from faultlab.errors import FaultError
 from faultlab.faults import fault_types
+from faultlab.faults.base import Victim
 from faultlab.faults.process import NodeHangFault, NodeKillFault, RankHangFault, RankKillFault
 from faultlab.reaper import continue_and_kill
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
-@dataclass(frozen=True)
-class V:
-    kind: str
-    value: int | None
+V = Victim
 
 
 class Ctx:
