@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._slurm import cluster_up  # noqa: E402
 from benchmarks._table import print_table  # noqa: E402
 from faultlab.engine import run_experiment  # noqa: E402
 from faultlab.engine.golden import golden_run  # noqa: E402
@@ -131,18 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         ("rank_kill", [(None, None), (args.nodes, args.procs)]),
         ("node_loss_elastic", [(None, None), (args.nodes, args.procs)])]
     if args.slurm:
-        up = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "up",
-                             str(args.slurm)], capture_output=True, text=True)
-        print(up.stdout.strip() or up.stderr.strip(), flush=True)
-        if up.returncode != 0:
-            print(f"the Slurm test cluster did not come up with {args.slurm} nodes: "
-                  f"{up.stderr.strip()[-600:]}", file=sys.stderr)
+        if not cluster_up(args.slurm):
             return 1
-        env = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "env"],
-                             capture_output=True, text=True, check=True).stdout
-        for pair in env.removeprefix("export ").split():  # SLURM_CONF, FAULTLAB_SLURM_SHARED
-            key, _, value = pair.partition("=")
-            os.environ[key] = value
         runs.append(("slurm_rank_kill", [(None, None), (args.slurm, 1)]))
     with tempfile.TemporaryDirectory(prefix="faultlab-bench-large-") as tmp:
         for name, sizes in runs:

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,12 +39,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._slurm import cluster_down, cluster_up  # noqa: E402
 from benchmarks._table import print_table  # noqa: E402
 from faultlab.engine import run_experiment  # noqa: E402
 from faultlab.spec import experiment_from_dict, load_experiment  # noqa: E402
 
 EXP = REPO_ROOT / "experiments"
-LAB = Path(os.environ.get("FAULTLAB_SLURM_LAB", "/var/lib/faultlab-slurm"))
 PAIRS = [("rank kill", "local_rank_kill", "slurm_rank_kill"),
          ("node loss", "node_loss_elastic", "slurm_node_down"),
          ("node loss", "node_loss_elastic", "slurm_machine_loss")]
@@ -89,13 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_slurm: needs root (the local Slurm test cluster); skipped")
         return 0
-    up = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "up", "3"],
-                        capture_output=True, text=True, check=False)
-    print(up.stdout.strip().splitlines()[-1] if up.stdout.strip() else up.stderr)
-    if up.returncode != 0:
+    if not cluster_up(3):
         return 1
-    os.environ["SLURM_CONF"] = str(LAB / "etc" / "slurm" / "slurm.conf")
-    os.environ["FAULTLAB_SLURM_SHARED"] = str(LAB / "shared")
     names = sorted({n for _what, *pair in PAIRS for n in pair})
     rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     try:
@@ -104,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name in names:  # alternating: every round runs each once
                     rows[name].append(_run(name, Path(tmp)))
     finally:
-        subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "down"],
-                       capture_output=True, check=False)
+        cluster_down()
     table = []
     for what, local, slurm in PAIRS:
         for name in (local, slurm):

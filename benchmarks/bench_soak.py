@@ -57,6 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._slurm import cluster_down, cluster_up  # noqa: E402
 from benchmarks._table import print_table  # noqa: E402
 from faultlab.engine.runner import new_run_folder  # noqa: E402
 from faultlab.judge.repeats import summarize  # noqa: E402
@@ -285,27 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_soak: the Slurm test cluster needs root; its experiments are not run",
               flush=True)
     elif args.slurm_cluster and not args.table_only:
-        if not _slurm_up():
+        if not cluster_up(3):  # a 2-node job and a spare, as bench_slurm.py
             return 1
         try:
             return _soak(args, out)
         finally:
-            subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "down"],
-                           capture_output=True, check=False)
+            cluster_down()
     return _soak(args, out)
-
-
-def _slurm_up() -> bool:
-    """As ``bench_slurm.py``: the 3-node test cluster (a 2-node job and a spare)."""
-    up = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm-cluster.sh"), "up", "3"],
-                        capture_output=True, text=True, check=False)
-    print(up.stdout.strip().splitlines()[-1] if up.stdout.strip() else up.stderr, flush=True)
-    if up.returncode != 0:
-        return False
-    lab = Path(os.environ.get("FAULTLAB_SLURM_LAB", "/var/lib/faultlab-slurm"))
-    os.environ["SLURM_CONF"] = str(lab / "etc" / "slurm" / "slurm.conf")
-    os.environ["FAULTLAB_SLURM_SHARED"] = str(lab / "shared")
-    return True
 
 
 def _soak(args: argparse.Namespace, out: Path) -> int:

@@ -144,14 +144,15 @@ class NodeReturnFault(Fault):
         if ctx.node_pids(node):
             raise FaultError(f"{node} is still running: node_return starts a node that is "
                              f"gone (after a node_kill)")
+        wait_s: float = self.params.wait_s  # type: ignore[attr-defined]
         at_t = time.time()
         agent = ctx.restart_node(node)
-        deadline = time.monotonic() + self.params.wait_s  # type: ignore[attr-defined]
+        deadline = time.monotonic() + wait_s
         while not (workers := [p for p in ctx.node_pids(node) if p != agent]):
             if time.monotonic() > deadline or not ctx.node_pids(node):
                 raise FaultError(f"{node} came back (agent {agent}) but started no worker "
-                                 f"within {self.params.wait_s:g} s: the job did not "  # type: ignore[attr-defined]
-                                 f"take it back (topology.min_nodes below nodes?)")
+                                 f"within {wait_s:g} s: the job did not take it back "
+                                 f"(topology.min_nodes below nodes?)")
             time.sleep(0.1)
         return {"node": node, "agent_pid": agent, "at_t": at_t,
                 "rejoined_s": round(time.time() - at_t, 3), "workers": workers}

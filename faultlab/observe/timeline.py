@@ -57,8 +57,8 @@ came_back_t, resumed_from_step
 resumed_from_steps, resumed_by_rank
     The distinct steps of those same came-back records, sorted, and what each rank resumed
     from (its first such record): ``{rank: {"step": S, "node": N}}``; None if none carries a
-    step. More than one step:
-    the ranks of one restart loaded different checkpoints (``same_resume_point``).
+    step. More than one step: the ranks of one restart loaded different checkpoints
+    (``same_resume_point``).
 
 went_down
     True if the job came back, or if it noticed and never reported a step after noticing

@@ -21,6 +21,7 @@ before the view go on through the passthrough. Removing a view writes back what 
 
 from __future__ import annotations
 
+import stat
 import threading
 from collections import deque
 from typing import Any
@@ -100,37 +101,43 @@ class NodeViews:
         return view.summary()
 
     def clear(self) -> list[dict[str, Any]]:
-        done = [self.remove(v.id) for v in list(self._by_node.values())]
+        """Remove every view; all of them write back what they buffered."""
         for view in list(self._retired):
             view.client.destroy("/")
-        return done
+        return [self.remove(v.id) for v in list(self._by_node.values())]
 
     def for_caller(self, pid: int, op: str) -> NfsClient | None:
         """The view that answers ``op`` for the process (or thread) ``pid``, if its node has
         one."""
         if not self._by_node:
             return None
-        node = self._nodes.get(pid, "")
-        if node == "":
-            node = node_of(pid)
-            if len(self._nodes) >= _CACHE:
-                self._nodes.clear()
-            self._nodes[pid] = node
-        view = self._by_node.get(node) if node is not None else None
-        if view is None:
-            return None
-        view.ops[op] = view.ops.get(op, 0) + 1
-        return view.client
+        with self._lock:
+            known, node = pid in self._nodes, self._nodes.get(pid)
+        if not known:
+            node = node_of(pid)  # read outside the lock: /proc may be slow
+            with self._lock:
+                if len(self._nodes) >= _CACHE:
+                    self._nodes.clear()
+                self._nodes[pid] = node
+        with self._lock:
+            return self._counted(self._by_node.get(node) if node else None, op)
 
     def for_handle(self, fh: int | None, op: str) -> NfsClient | None:
         """The view a file handle was opened through, if any (it keeps answering for it)."""
         if fh is None or not self:
             return None
-        for view in [*self._by_node.values(), *self._retired]:
-            if view.client.owns(fh):
-                view.ops[op] = view.ops.get(op, 0) + 1
-                return view.client
-        return None
+        with self._lock:
+            view = next((v for v in [*self._by_node.values(), *self._retired]
+                         if v.client.owns(fh)), None)
+            return self._counted(view, op)
+
+    @staticmethod
+    def _counted(view: _View | None, op: str) -> NfsClient | None:
+        """``view``'s client, ``op`` counted against it (the caller holds the lock)."""
+        if view is None:
+            return None
+        view.ops[op] = view.ops.get(op, 0) + 1
+        return view.client
 
     def released(self) -> None:
         """Forget retired views that hold no file any more."""
@@ -158,6 +165,6 @@ def _warm(client: NfsClient) -> int:
                 client.getattr(path)
             except OSError:
                 continue
-            if attrs.get("st_mode", 0) & 0o170000 == 0o040000:
+            if stat.S_ISDIR(attrs.get("st_mode", 0)):
                 todo.append(path)
     return seen
