@@ -48,7 +48,7 @@ from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
-from faultlab.observe.launch_findings import abort_at_exit, launch_findings
+from faultlab.observe.launch_findings import abort_at_exit, launch_findings, native_crash
 from faultlab.observe.logs import node_logs
 from faultlab.observe.metrics import withhold_unfinished
 from faultlab.report.journal import environment, write_journal
@@ -425,6 +425,7 @@ class _Run:
                                    hung_after_restart=hung, services=exp.target.services) \
             if self.launch_info else []
         findings += abort_at_exit(logs)  # the trainer's, under any launcher
+        findings += native_crash(logs, self.records, events)  # the trainer process's
         # Stopped before the launch: no SLA was measured, and a table of "not measured" would
         # only bury the reason (the error).
         slas = [] if self.stopped else judge(

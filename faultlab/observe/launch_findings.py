@@ -49,6 +49,17 @@ abort_at_exit
     ``noexcept`` destructor. The launcher restarts the group for a run that had finished.
     ``os._exit(0)`` after a clean finish (stdio flushed) avoids it, as does Python 3.14.
     faultlab keeps nothing alive that would hide it (``faultlab.runtime.interposer``).
+native_crash
+    Not the launcher's but the trainer process's, under any launcher: a rank died of a fatal
+    signal (SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL) that no fault of the run sent it, so the
+    launcher restarted the group for a failure nobody injected. When glibc's heap checks
+    stopped it (``malloc(): unaligned tcache chunk detected``, ``double free or corruption``,
+    ...) the finding quotes the check: native code in that process (torch, a C extension)
+    corrupted the heap, and the restart it cost belongs to no fault of the experiment. The
+    torchelastic agent's line (``failed (exitcode: -6) local_rank: 0 (pid: 18253)``) names
+    the process; the run's own records name its rank and step. There is no fix to run: the
+    finding says how to catch the culprit (core dumps, ``gdb``). Seen once in a CI run of
+    the reference trainer (rank 1 after its last step, torch 2.13 on gloo).
 restart_hung
     The job restarted, then never trained again until faultlab stopped it at the timeout,
     under torchrun with the workers sharing the agent's store: torch 2.13's re-rendezvous can
@@ -60,6 +71,8 @@ restart_hung
 
 from __future__ import annotations
 
+import re
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -83,7 +96,7 @@ from faultlab.spec.launch import (
 )
 
 __all__ = ["ABORT_AT_EXIT", "RECOMMENDED_RDZV_CONF", "LaunchFinding", "abort_at_exit",
-           "launch_findings", "with_fix"]
+           "launch_findings", "native_crash", "with_fix"]
 
 ABORT_AT_EXIT = "terminate called without an active exception"
 """What a rank's log shows when torch 2.13's gloo race aborts it at interpreter exit."""
@@ -107,7 +120,7 @@ class LaunchFinding:
 
     cause: str
     """``store_lost``, ``slow_rendezvous``, ``restart_hung``, ``stale_worker_store``,
-    ``service_lost`` or ``abort_at_exit``."""
+    ``service_lost``, ``abort_at_exit`` or ``native_crash``."""
     text: str
     """What happened and why, in a sentence."""
     change: str
@@ -270,6 +283,96 @@ def abort_at_exit(logs: Mapping[str, str]) -> list[LaunchFinding]:
         "(sys.stdout.flush(); sys.stderr.flush(); os._exit(0)), or run it on Python 3.14",
         ("golden_run_fault_free", "max_restarts", "completes", "resume_time_s",
          "recovery_time_s", "survivor_restarts"), no_fix=NO_FIX["abort_at_exit"])]
+
+
+# torchelastic's line for a worker that died: "failed (exitcode: -6) local_rank: 0 (pid: 18253)"
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) "
+                            r"\(pid: (?P<pid>\d+)\)")
+# glibc's malloc_printerr and the stack protector: the heap or a stack was found corrupted.
+_HEAP_CHECK = re.compile(r"^(?:(?:malloc|free|realloc|calloc|malloc_consolidate|munmap_chunk|"
+                         r"_int_malloc|_int_free|tcache_thread_shutdown)\(\): .+|"
+                         r"double free or corruption.*|corrupted (?:size|double-linked).*|"
+                         r"\*\*\* stack smashing detected \*\*\*.*)$")
+_CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                            signal.SIGILL, signal.SIGSYS})
+
+
+def _struck_pids(faults: Sequence[FaultRecord]) -> set[int]:
+    """Every pid a fault of the run names in its details (``pids``, ``pids_by_rank`` ...)."""
+    out: set[int] = set()
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, str(k) if "pid" in str(k) else key)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                walk(v, key)
+        elif "pid" in key and isinstance(value, int) and not isinstance(value, bool):
+            out.add(value)
+
+    for f in faults:
+        walk(f.details or {}, "")
+    return out
+
+
+def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
+                 events: Sequence[Mapping[str, Any]] = ()) -> list[LaunchFinding]:
+    """The ``native_crash`` finding (module docstring): each worker a node's agent reported dead
+    of a fatal signal that no fault of the run sent (``faults``: the run's records; their pids
+    are excluded), with the heap check glibc printed before it, if any. ``events`` (the run's
+    records, with ``pid``, ``rank`` and ``step``) name the rank and its last step. An abort at
+    interpreter exit is ``abort_at_exit``'s, not this."""
+    struck = _struck_pids(faults)
+    by_pid: dict[int, dict[str, Any]] = {}
+    for e in events:
+        pid = e.get("pid")
+        if isinstance(pid, int):
+            seen = by_pid.setdefault(pid, {"rank": e.get("rank"), "step": None})
+            if isinstance(e.get("step"), int) and e.get("kind") == "step":
+                seen["step"] = e["step"]
+    crashes: list[str] = []
+    for node, text in logs.items():
+        check = ""
+        for line in text.splitlines():
+            line = line.strip()
+            if _HEAP_CHECK.match(line):
+                check = line
+                continue
+            if ABORT_AT_EXIT in line:
+                check = ABORT_AT_EXIT
+                continue
+            m = _WORKER_FAILED.search(line)
+            if m is None:
+                continue
+            code, pid, found, check = int(m["code"]), int(m["pid"]), check, ""
+            try:
+                sig = signal.Signals(-code)
+            except ValueError:
+                continue
+            if sig not in _CRASH_SIGNALS or pid in struck or found == ABORT_AT_EXIT:
+                continue
+            who = by_pid.get(pid, {})
+            rank = f"rank {who['rank']}" if who.get("rank") is not None \
+                else f"local rank {m['local']}"
+            step = f" after step {who['step']}" if who.get("step") is not None else ""
+            crashes.append(f"{rank} on {node} (pid {pid}) died of {sig.name}{step}"
+                           + (f", glibc: {found!r}" if found else ""))
+    if not crashes:
+        return []
+    heap = any("glibc" in c for c in crashes)
+    return [LaunchFinding(
+        "native_crash",
+        f"{'; '.join(crashes)}: no fault of this run sent that signal, so the launcher "
+        f"restarted the group for a failure nobody injected"
+        + (" (glibc found the heap corrupted: native code in that process, torch or a C "
+           "extension, wrote where it must not)" if heap else ""),
+        "not the launcher's: catch the culprit with core dumps (ulimit -c unlimited before "
+        "the launch; gdb -batch -ex 'thread apply all bt' PYTHON CORE) and rerun the "
+        "experiment with --repeat to measure its rate",
+        ("golden_run_fault_free", "max_restarts", "completes", "resume_time_s",
+         "recovery_time_s", "survivor_restarts", "survivor_lost_steps", "lost_steps"),
+        no_fix=NO_FIX["native_crash"])]
 
 
 def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],

@@ -34,6 +34,9 @@ service_lost
 abort_at_exit
     In the trainer's code, not its launch (``os._exit(0)`` after a clean finish): nothing for
     ``--with-fix`` to apply; the finding says what to write.
+native_crash
+    In native code of the trainer's process: nothing to apply; the finding says how to catch
+    it (core dumps).
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ NO_FIX = {
                     "that with this same service_kill",
     "abort_at_exit": "the fix is in the trainer's code, not its launch line (the change "
                      "above): nothing for --with-fix to apply",
+    "native_crash": "no fix faultlab can run: the crash is in native code of the trainer's "
+                    "process, not in its launch line",
 }
 """Why a cause has no fix for ``--with-fix`` to apply."""
 

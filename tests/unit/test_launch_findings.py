@@ -157,3 +157,54 @@ def test_a_killed_etcd_is_named_from_its_clients_port_form() -> None:
                      "Failed to establish a new connection: [Errno 111] Connection refused)"}
     assert causes(line, [etcd], logs) == ["service_lost"]
 
+
+
+# What node1's log held when the reference trainer's rank 1 died of a corrupted heap in CI
+# (stop 43): glibc's check, then the torchelastic agent's line for the dead worker.
+AGENT = ("E1128 05:45:39.206000 18199 torch/distributed/elastic/multiprocessing/api.py:1002] "
+         "failed (exitcode: {code}) local_rank: 0 (pid: {pid}) of binary: /venv/bin/python")
+HEAP_CRASH = "malloc(): unaligned tcache chunk detected\n" + AGENT.format(code=-6, pid=18253)
+
+
+def test_a_crash_no_fault_sent_is_named_with_the_rank_its_step_and_the_heap_check() -> None:
+    """A restart nobody injected must not pass unexplained: the verdict of max_restarts says
+    which rank died of which signal, after which step, and what glibc found."""
+    from faultlab.observe.launch_findings import native_crash
+
+    kill = FaultRecord(id="kill-rank-1", type="rank_kill", injected_t=10.0, target="rank 1",
+                       details={"signal": "SIGKILL", "pids_by_rank": {"1": 18207}})
+    events = [{"kind": "step", "pid": 18253, "rank": 1, "step": s} for s in (39, 40)]
+    logs = {"node0": "", "node1": AGENT.format(code=-9, pid=18207) + "\n" + HEAP_CRASH}
+    (finding,) = native_crash(logs, [kill], events)
+    assert finding.cause == "native_crash" and finding.no_fix and not finding.fix
+    assert finding.text.startswith("rank 1 on node1 (pid 18253) died of SIGABRT after step 40, "
+                                   "glibc: 'malloc(): unaligned tcache chunk detected'")
+    assert "18207" not in finding.text  # the SIGKILL was the fault's
+    assert "ulimit -c unlimited" in finding.change and "max_restarts" in finding.affects
+    # a signal the run's own fault sent is the fault, not a crash (a rank_kill with ABRT)
+    aborted = FaultRecord(id="abort-1", type="rank_kill", injected_t=10.0, target="rank 1",
+                          details={"signal": "SIGABRT", "pids_by_rank": {"1": 18253}})
+    assert native_crash(logs, [aborted], events) == []
+    # no records of the process: its local rank; no heap check: the signal alone
+    (bare,) = native_crash({"node0": AGENT.format(code=-11, pid=4242)})
+    assert bare.text.startswith("local rank 0 on node0 (pid 4242) died of SIGSEGV: ")
+    assert "glibc" not in bare.text
+    # the gloo race at exit is abort_at_exit's; a worker that exited with an error is no crash
+    from faultlab.observe.launch_findings import ABORT_AT_EXIT
+    at_exit = f"{ABORT_AT_EXIT}\n" + AGENT.format(code=-6, pid=5)
+    assert native_crash({"node0": at_exit, "node1": AGENT.format(code=1, pid=6)}) == []
+
+
+def test_the_crash_explains_the_extra_restart_in_the_verdict() -> None:
+    from faultlab.observe.launch_findings import native_crash
+
+    exp = experiment_from_dict({
+        "name": "rk", "target": {"trainer": "reference"}, "run": {"steps": 40},
+        "expect": {"max_restarts": 1}})
+    metrics = compute_metrics(
+        [{"kind": "start", "t": 1.0, "rank": 0, "restart": r, "resumed_from_step": 0}
+         for r in range(3)], [])
+    found = native_crash({"node1": HEAP_CRASH})
+    (sla,) = [s for s in judge(exp, metrics, None, timed_out=False, faults=[], findings=found)
+              if s.name == "max_restarts"]
+    assert not sla.passed and "died of SIGABRT, glibc: 'malloc(): unaligned tcache" in sla.note
