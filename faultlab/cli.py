@@ -789,6 +789,8 @@ def _run_repeated(exp, path: Path, args: argparse.Namespace,  # type: ignore[no-
     def ran(i: int, result) -> None:  # type: ignore[no-untyped-def]
         m = result.metrics
         failed = ", ".join(s.name for s in result.failures())
+        if failed and result.findings:  # what explains it, by name (the report has the rest)
+            failed += f" ({', '.join(dict.fromkeys(f.cause for f in result.findings))})"
         verdict = "[green]PASS[/]" if result.passed else "[bold red]FAIL[/]"
         console.print(f"run {i}/{repeat}: {verdict}"
                       f"  resume {_secs(m.resume_time_s)}, detection "

@@ -48,7 +48,12 @@ from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
-from faultlab.observe.launch_findings import abort_at_exit, launch_findings, native_crash
+from faultlab.observe.launch_findings import (
+    LaunchFinding,
+    abort_at_exit,
+    launch_findings,
+    native_crash,
+)
 from faultlab.observe.logs import node_logs
 from faultlab.observe.metrics import withhold_unfinished
 from faultlab.report.journal import environment, write_journal
@@ -73,6 +78,8 @@ class RunResult:
     interrupted: bool = False
     error: str | None = None
     golden: GoldenRun | None = None
+    findings: list[LaunchFinding] = field(default_factory=list)
+    """What in the launch line or the trainer's process explains a failure (with the fix)."""
 
     @property
     def passed(self) -> bool:
@@ -489,7 +496,8 @@ class _Run:
                          metrics=judged.metrics, faults=self.records,
                          run_folder=self.run_folder, journal_path=path,
                          timed_out=self.timed_out, interrupted=self.interrupted,
-                         error=self.error, golden=self.golden)
+                         error=self.error, golden=self.golden,
+                         findings=list(judged.findings))
 
 
 def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: NullView,
