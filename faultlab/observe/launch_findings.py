@@ -57,7 +57,9 @@ native_crash
     ...) the finding quotes the check: native code in that process (torch, a C extension)
     corrupted the heap, and the restart it cost belongs to no fault of the experiment. The
     torchelastic agent's line (``failed (exitcode: -6) local_rank: 0 (pid: 18253)``) names
-    the process; the run's own records name its rank and step. There is no fix to run: the
+    the process; the run's own records name its rank and step. A rank an uncaught C++
+    exception took down (``terminate called after throwing``: NCCL's watchdog after a timeout
+    or a lost peer) ended on purpose and is not one. There is no fix to run: the
     finding says how to catch the culprit (core dumps, ``gdb``). Seen once in a CI run of
     the reference trainer (rank 1 after its last step, torch 2.13 on gloo).
 restart_hung
@@ -293,6 +295,9 @@ _HEAP_CHECK = re.compile(r"^(?:(?:malloc|free|realloc|calloc|malloc_consolidate|
                          r"_int_malloc|_int_free|tcache_thread_shutdown)\(\): .+|"
                          r"double free or corruption.*|corrupted (?:size|double-linked).*|"
                          r"\*\*\* stack smashing detected \*\*\*.*)$")
+# std::terminate on an uncaught C++ exception: NCCL's watchdog ends a rank this way when a
+# collective times out or a peer is gone (a fault's consequence, not a crash of its own).
+_THROWN = "terminate called after throwing"
 _CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
                             signal.SIGILL, signal.SIGSYS})
 
@@ -322,7 +327,9 @@ def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
     of a fatal signal that no fault of the run sent (``faults``: the run's records; their pids
     are excluded), with the heap check glibc printed before it, if any. ``events`` (the run's
     records, with ``pid``, ``rank`` and ``step``) name the rank and its last step. An abort at
-    interpreter exit is ``abort_at_exit``'s, not this."""
+    interpreter exit is ``abort_at_exit``'s, and a rank that an uncaught C++ exception took down
+    (``terminate called after throwing``: NCCL's watchdog after a timeout or a lost peer) ended
+    on purpose: neither is this."""
     struck = _struck_pids(faults)
     by_pid: dict[int, dict[str, Any]] = {}
     for e in events:
@@ -342,6 +349,9 @@ def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
             if ABORT_AT_EXIT in line:
                 check = ABORT_AT_EXIT
                 continue
+            if line.startswith(_THROWN):  # a C++ exception taking the process down on purpose
+                check = _THROWN
+                continue
             m = _WORKER_FAILED.search(line)
             if m is None:
                 continue
@@ -350,7 +360,7 @@ def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
                 sig = signal.Signals(-code)
             except ValueError:
                 continue
-            if sig not in _CRASH_SIGNALS or pid in struck or found == ABORT_AT_EXIT:
+            if sig not in _CRASH_SIGNALS or pid in struck or found in (ABORT_AT_EXIT, _THROWN):
                 continue
             who = by_pid.get(pid, {})
             rank = f"rank {who['rank']}" if who.get("rank") is not None \
