@@ -298,6 +298,7 @@ _HEAP_CHECK = re.compile(r"^(?:(?:malloc|free|realloc|calloc|malloc_consolidate|
 # std::terminate on an uncaught C++ exception: NCCL's watchdog ends a rank this way when a
 # collective times out or a peer is gone (a fault's consequence, not a crash of its own).
 _THROWN = "terminate called after throwing"
+_TEE_PREFIX = re.compile(r"^\[[\w.-]+\]:\s*")
 _CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
                             signal.SIGILL, signal.SIGSYS})
 
@@ -342,7 +343,7 @@ def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
     for node, text in logs.items():
         check = ""
         for line in text.splitlines():
-            line = line.strip()
+            line = _TEE_PREFIX.sub("", line.strip())  # torchrun --tee: "[default1]:..."
             if _HEAP_CHECK.match(line):
                 check = line
                 continue

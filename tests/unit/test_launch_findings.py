@@ -193,6 +193,9 @@ def test_a_crash_no_fault_sent_is_named_with_the_rank_its_step_and_the_heap_chec
     from faultlab.observe.launch_findings import ABORT_AT_EXIT
     at_exit = f"{ABORT_AT_EXIT}\n" + AGENT.format(code=-6, pid=5)
     assert native_crash({"node0": at_exit, "node1": AGENT.format(code=1, pid=6)}) == []
+    # under torchrun --tee, each line of the worker's output carries its local rank
+    (teed,) = native_crash({"node0": "[default0]:" + HEAP_CRASH})
+    assert "glibc: 'malloc(): unaligned tcache chunk detected'" in teed.text
     # NCCL's watchdog takes a rank down on purpose after a timeout or a lost peer
     watchdog = ("terminate called after throwing an instance of 'c10::DistBackendError'\n"
                 + AGENT.format(code=-6, pid=7))
