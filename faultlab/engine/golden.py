@@ -39,7 +39,7 @@ from faultlab.engine.shared_checkpoints import SharedCheckpoint
 from faultlab.errors import TargetError
 from faultlab.observe import compute_metrics
 from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
-from faultlab.observe.launch_findings import abort_at_exit, native_crash
+from faultlab.observe.launch_findings import trainer_findings
 from faultlab.observe.logs import node_logs
 from faultlab.runtime.events import read_events
 from faultlab.spec import Experiment
@@ -178,11 +178,10 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
                 f" ({str(e.get('error')).splitlines()[0][:120]})" if e.get("error") else "")
             for e in target.stream.events if e.get("kind") == "exit"
             and e.get("reason") not in ("completed", "stopped"))
-        # A rank aborted at exit writes no record of its own: its node's log says it, and the
-        # finding names the race and the fix (last: the verdict's note quotes the last one).
-        logs = node_logs(run_dir)
+        # A rank aborted at exit, or crashed, writes no record of its own: its node's log says
+        # it, and the finding names the cause (last: the verdict's note quotes the last one).
         failures += tuple(f"{f.text}; to change it: {f.change}" for f in
-                          abort_at_exit(logs) + native_crash(logs, (), target.stream.events))
+                          trainer_findings(node_logs(run_dir), (), target.stream.events))
         if not metrics.restarts:  # a run that restarted without a fault is no stable reference
             tmp = entry.with_suffix(".tmp")
             tmp.write_text(json.dumps(data))

@@ -48,12 +48,7 @@ from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
-from faultlab.observe.launch_findings import (
-    LaunchFinding,
-    abort_at_exit,
-    launch_findings,
-    native_crash,
-)
+from faultlab.observe.launch_findings import LaunchFinding, launch_findings, trainer_findings
 from faultlab.observe.logs import node_logs
 from faultlab.observe.metrics import withhold_unfinished
 from faultlab.report.journal import environment, write_journal
@@ -431,8 +426,7 @@ class _Run:
         findings = launch_findings(self.launch_info, self.records, logs,
                                    hung_after_restart=hung, services=exp.target.services) \
             if self.launch_info else []
-        findings += abort_at_exit(logs)  # the trainer's, under any launcher
-        findings += native_crash(logs, self.records, events)  # the trainer process's
+        findings += trainer_findings(logs, self.records, events)  # under any launcher
         # Stopped before the launch: no SLA was measured, and a table of "not measured" would
         # only bury the reason (the error).
         slas = [] if self.stopped else judge(

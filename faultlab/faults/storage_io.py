@@ -295,7 +295,6 @@ class StaleSharedFsFault(_IoFault):
         view_id = f"{self.type}-{next(_rule_ids)}"
         warmed = mount.set_view(view_id, node, options)
         self._rule_id, self._mount_path = view_id, mount.path  # _IoFault's slots: a view id
-
         return {"storage": str(mount.path), "node": node, "nfs": options,
                 "warmed_names": warmed.get("warmed_names", 0)}
 

@@ -51,16 +51,16 @@ abort_at_exit
     faultlab keeps nothing alive that would hide it (``faultlab.runtime.interposer``).
 native_crash
     Not the launcher's but the trainer process's, under any launcher: a rank died of a fatal
-    signal (SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL) that no fault of the run sent it, so the
-    launcher restarted the group for a failure nobody injected. When glibc's heap checks
-    stopped it (``malloc(): unaligned tcache chunk detected``, ``double free or corruption``,
-    ...) the finding quotes the check: native code in that process (torch, a C extension)
-    corrupted the heap, and the restart it cost belongs to no fault of the experiment. The
-    torchelastic agent's line (``failed (exitcode: -6) local_rank: 0 (pid: 18253)``) names
-    the process; the run's own records name its rank and step. A rank an uncaught C++
-    exception took down (``terminate called after throwing``: NCCL's watchdog after a timeout
-    or a lost peer) ended on purpose and is not one. There is no fix to run: the
-    finding says how to catch the culprit (core dumps, ``gdb``). Seen once in a CI run of
+    signal (SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGSYS) that no fault of the run sent
+    it, so the launcher restarted the group for a failure nobody injected. When glibc's heap
+    checks stopped it (``malloc(): unaligned tcache chunk detected``, ``double free or
+    corruption``, ...) the finding quotes the check: native code in that process (torch, a C
+    extension) corrupted the heap, and the restart it cost belongs to no fault of the
+    experiment. The torchelastic agent's line (``failed (exitcode: -6) local_rank: 0 (pid:
+    18253)``) names the process; the run's own records name its rank and step. A rank an
+    uncaught C++ exception took down (``terminate called after throwing``: NCCL's watchdog
+    after a timeout or a lost peer) ended on purpose and is not one. There is no fix to run:
+    the finding says how to catch the culprit (core dumps, ``gdb``). Seen once in a CI run of
     the reference trainer (rank 1 after its last step, torch 2.13 on gloo).
 restart_hung
     The job restarted, then never trained again until faultlab stopped it at the timeout,
@@ -98,7 +98,7 @@ from faultlab.spec.launch import (
 )
 
 __all__ = ["ABORT_AT_EXIT", "RECOMMENDED_RDZV_CONF", "LaunchFinding", "abort_at_exit",
-           "launch_findings", "native_crash", "with_fix"]
+           "launch_findings", "native_crash", "trainer_findings", "with_fix"]
 
 ABORT_AT_EXIT = "terminate called without an active exception"
 """What a rank's log shows when torch 2.13's gloo race aborts it at interpreter exit."""
@@ -340,6 +340,7 @@ def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
             if isinstance(e.get("step"), int) and e.get("kind") == "step":
                 seen["step"] = e["step"]
     crashes: list[str] = []
+    heap = False  # glibc's heap check stopped one of them
     for node, text in logs.items():
         check = ""
         for line in text.splitlines():
@@ -369,9 +370,9 @@ def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
             step = f" after step {who['step']}" if who.get("step") is not None else ""
             crashes.append(f"{rank} on {node} (pid {pid}) died of {sig.name}{step}"
                            + (f", glibc: {found!r}" if found else ""))
+            heap = heap or bool(found)
     if not crashes:
         return []
-    heap = any("glibc" in c for c in crashes)
     return [LaunchFinding(
         "native_crash",
         f"{'; '.join(crashes)}: no fault of this run sent that signal, so the launcher "
@@ -384,6 +385,13 @@ def native_crash(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
         ("golden_run_fault_free", "max_restarts", "completes", "resume_time_s",
          "recovery_time_s", "survivor_restarts", "survivor_lost_steps", "lost_steps"),
         no_fix=NO_FIX["native_crash"])]
+
+
+def trainer_findings(logs: Mapping[str, str], faults: Sequence[FaultRecord] = (),
+                     events: Sequence[Mapping[str, Any]] = ()) -> list[LaunchFinding]:
+    """The findings of the trainer's own process, seen under any launcher: ``abort_at_exit``
+    and ``native_crash`` (their arguments)."""
+    return abort_at_exit(logs) + native_crash(logs, faults, events)
 
 
 def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],

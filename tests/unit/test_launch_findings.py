@@ -158,7 +158,6 @@ def test_a_killed_etcd_is_named_from_its_clients_port_form() -> None:
     assert causes(line, [etcd], logs) == ["service_lost"]
 
 
-
 # What node1's log held when the reference trainer's rank 1 died of a corrupted heap in CI
 # (stop 43): glibc's check, then the torchelastic agent's line for the dead worker.
 AGENT = ("E1128 05:45:39.206000 18199 torch/distributed/elastic/multiprocessing/api.py:1002] "
