@@ -39,16 +39,25 @@ _KEY = b"FAULTLAB_NODE="
 
 def node_of(pid: int) -> str | None:
     """The ``FAULTLAB_NODE`` in the environment of process (or thread) ``pid``; None if it has
-    none or is gone."""
+    none, is gone, or cannot tell yet."""
+    return _environ_node(pid)[1]
+
+
+def _environ_node(pid: int) -> tuple[bool, str | None]:
+    """(whether ``pid``'s environment could be read, its ``FAULTLAB_NODE``).
+
+    An empty ``/proc/<pid>/environ`` cannot be trusted: a process in the middle of ``execve``
+    (after its old memory is gone, before the new stack is laid out) and a kernel thread both
+    read as empty. A process that has just been started reads so for a while under load."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read()
     except OSError:
-        return None
+        return False, None
     for item in env.split(b"\0"):
         if item.startswith(_KEY):
-            return item[len(_KEY):].decode(errors="replace")
-    return None
+            return True, item[len(_KEY):].decode(errors="replace")
+    return bool(env), None
 
 
 class _View:
@@ -114,11 +123,12 @@ class NodeViews:
         with self._lock:
             known, node = pid in self._nodes, self._nodes.get(pid)
         if not known:
-            node = node_of(pid)  # read outside the lock: /proc may be slow
-            with self._lock:
-                if len(self._nodes) >= _CACHE:
-                    self._nodes.clear()
-                self._nodes[pid] = node
+            read, node = _environ_node(pid)  # outside the lock: /proc may be slow
+            if read:  # an environment not readable yet is asked again next time
+                with self._lock:
+                    if len(self._nodes) >= _CACHE:
+                        self._nodes.clear()
+                    self._nodes[pid] = node
         with self._lock:
             return self._counted(self._by_node.get(node) if node else None, op)
 

@@ -17,14 +17,38 @@ from faultlab.storage.views import NodeViews, node_of
 SLOW = {"acregmin": 60, "acregmax": 60, "acdirmin": 60, "acdirmax": 60}
 
 
+def _node1_process() -> subprocess.Popen[str]:
+    """A process of node1 (its environment says so), not yet known to be running."""
+    env = {**os.environ, "FAULTLAB_NODE": "node1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        env=env, stdout=subprocess.PIPE, text=True)
+
+
 @pytest.fixture
 def node1_pid() -> Iterator[int]:
-    """A process of node1 (its environment says so), as FUSE would name the caller."""
-    env = {**os.environ, "FAULTLAB_NODE": "node1"}
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    """A running process of node1, as FUSE would name the caller. It has printed a line, so it
+    runs its own code: right after Popen returns, the child may still be inside execve, and its
+    /proc environ reads empty (stop 44's CI failed on exactly that)."""
+    proc = _node1_process()
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
     yield proc.pid
     proc.kill()
     proc.wait()
+
+
+def test_a_process_asked_about_while_it_starts_is_asked_again_once_it_runs(
+        tmp_path: Path) -> None:
+    views = NodeViews(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY))
+    views.set("v", "node1", SLOW)
+    proc = _node1_process()
+    try:
+        views.for_caller(proc.pid, "getattr")  # may land inside execve: environ reads empty
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        assert views.for_caller(proc.pid, "getattr") is not None
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_the_view_answers_for_its_node_only_and_from_the_moment_it_started(
