@@ -5,8 +5,8 @@ host: ``run`` is each node's task of the batch script's ``srun``; the others are
 target's faults run through ``srun --jobid J --overlap -w NODE -N1 -n1`` (so they reach a node
 of a real cluster the way Slurm lets a job's owner reach it, and see the node's own process
 table). A process counts as the job's only if its environment names the job's run directory
-(``FAULTLAB_RUN_DIR``, which every agent and worker of the job inherits): nothing else on the
-node is ever signalled.
+(``FAULTLAB_RUN_DIR``, which every agent and worker of the job inherits) or it descends from
+one that does: nothing else on the node is ever signalled.
 
     python -m faultlab.targets.slurm.node run --run-dir D --nnodes 1:2 ... -- CMD ...
     python -m faultlab.targets.slurm.node pids --run-dir D
@@ -38,26 +38,38 @@ two faultlab jobs sharing a node do not collide."""
 
 def job_processes(run_dir: str) -> list[int]:
     """This node's processes whose environment names ``run_dir`` (agent and workers of the
-    job), topmost first; this command itself and its ancestors excluded."""
+    job), and their descendants, topmost first; this command itself and its ancestors excluded.
+
+    A descendant counts though its environment does not name the run: a child a rank started
+    with an environment of its own is the job's, and so is a worker the agent has just forked,
+    whose ``/proc`` environ reads empty until its ``execve`` has laid out the new stack (a
+    ``signal --all`` in that window would otherwise leave it running)."""
     mine = {os.getpid(), os.getppid()}
-    found: list[tuple[int, int]] = []
+    table: dict[int, int] = {}  # pid -> ppid of every live process
+    named: set[int] = set()
+    marker = f"FAULTLAB_RUN_DIR={run_dir}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in mine:
             continue
         try:
-            env = (entry / "environ").read_bytes().split(b"\0")
             stat = (entry / "stat").read_text()
+            env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
-            continue
-        if f"FAULTLAB_RUN_DIR={run_dir}".encode() not in env:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         if fields[0] == "Z":  # an unreaped zombie is gone
             continue
-        found.append((int(fields[3]), int(entry.name)))  # (ppid, pid)
-    pids = {pid for _ppid, pid in found}
+        table[int(entry.name)] = int(fields[1])
+        if marker in env:
+            named.add(int(entry.name))
+    pids = set(named)
+    grew = True
+    while grew:  # the descendants of the job's processes
+        grown = {pid for pid, ppid in table.items() if ppid in pids} - pids
+        pids |= grown
+        grew = bool(grown)
     # topmost first: a process whose parent is not the job's comes before its descendants
-    return [pid for ppid, pid in sorted(found, key=lambda f: (f[0] in pids, f[1]))]
+    return sorted(pids, key=lambda pid: (table[pid] in pids, pid))
 
 
 def _run(args: argparse.Namespace) -> int:
