@@ -15,7 +15,8 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["assert_no_job_processes", "job_processes", "require_docker_engine"]
+__all__ = ["assert_no_job_processes", "job_processes", "require_docker_engine",
+           "stopped_job_processes"]
 
 
 def job_processes(folder: Path) -> list[psutil.Process]:
@@ -49,6 +50,25 @@ def assert_no_job_processes(folder: Path, timeout_s: float = 15.0) -> None:
         except psutil.Error:
             continue
     assert described == [], f"processes of the job under {folder} are still alive"
+
+
+def stopped_job_processes(folder: Path, timeout_s: float = 10.0) -> list[psutil.Process]:
+    """The processes of a job under ``folder`` that are stopped (``SIGSTOP``: a hang fault), as
+    soon as there is one, or none after ``timeout_s``. A stop shows only once the victim has
+    been scheduled and taken the signal, which on a loaded machine is not at once after the
+    fault said it was injected."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stopped = []
+        for p in job_processes(folder):
+            try:
+                if p.status() == psutil.STATUS_STOPPED:
+                    stopped.append(p)
+            except psutil.Error:  # gone in between
+                continue
+        if stopped or time.monotonic() >= deadline:
+            return stopped
+        time.sleep(0.05)
 
 
 def require_docker_engine() -> None:

@@ -97,6 +97,7 @@ class NoticeBoard:
         """Azure's DocumentIncarnation: bumped on every change of the scheduled events."""
         self._tokens: dict[str, float] = {}  # IMDSv2 token -> expiry (time.monotonic())
         self._num_tokens_issued = 0
+        self._num_waiting = 0  # requests blocked in wait_for_change now
         self._requests_by_path: collections.Counter[str] = collections.Counter()
         self._recent: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=NUM_RECENT_REQUESTS)
@@ -194,11 +195,15 @@ class NoticeBoard:
         with self.changed:
             if reference_etag is None:
                 reference_etag = etag(render())
-            while etag(render()) == reference_etag and not self.stopping:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
-                self.changed.wait(remaining)
+            self._num_waiting += 1
+            try:
+                while etag(render()) == reference_etag and not self.stopping:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        break
+                    self.changed.wait(remaining)
+            finally:
+                self._num_waiting -= 1
             return render()
 
     # --- bookkeeping -----------------------------------------------------------------------
@@ -227,6 +232,7 @@ class NoticeBoard:
                 "document_incarnation": self.incarnation,
                 "num_tokens_issued": self._num_tokens_issued,
                 "num_requests": sum(self._requests_by_path.values()),
+                "num_waiting": self._num_waiting,
                 "requests_by_path": dict(self._requests_by_path),
                 "recent_requests": list(self._recent),
             }

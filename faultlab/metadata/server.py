@@ -190,8 +190,9 @@ class MetadataServer:
     def state(self) -> dict[str, Any]:
         """What is announced, acknowledgements, and the requests seen (JSON-serialisable):
         ``preemption``, ``rebalance``, ``maintenance``, ``acknowledged``,
-        ``document_incarnation``, ``num_tokens_issued``, ``num_requests``,
-        ``requests_by_path`` (path → count) and ``recent_requests``."""
+        ``document_incarnation``, ``num_tokens_issued``, ``num_requests``, ``num_waiting``
+        (requests blocked in GCE's ``wait_for_change`` now), ``requests_by_path`` (path →
+        count) and ``recent_requests``."""
         snap = self._board.snapshot()
         snap["url"] = self.url if self._httpd is not None else None
         snap["imds_v2_required"] = self.imds_v2_required

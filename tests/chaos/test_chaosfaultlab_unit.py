@@ -238,7 +238,8 @@ def test_hang_is_undone_by_a_rollback_in_another_process(fake_job: dict[str, Any
 
 
 def test_hang_with_a_duration_is_undone_in_time(fake_job: dict[str, Any]) -> None:
-    actions.hang_node("node0", run_dir=str(fake_job["run_dir"]), duration_s=0.3)
+    # long enough to see the stop under load: a SIGCONT before the stop shows would hide it
+    actions.hang_node("node0", run_dir=str(fake_job["run_dir"]), duration_s=2)
     assert _stopped(fake_job["agent"])
     deadline = time.monotonic() + 10
     while ActionLog(fake_job["run_dir"]).active() and time.monotonic() < deadline:

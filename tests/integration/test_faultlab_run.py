@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from faultlab.testing import assert_no_job_processes, job_processes
+from faultlab.testing import assert_no_job_processes, stopped_job_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -196,8 +195,7 @@ def test_interrupted_run_leaves_no_process_and_none_stopped(sig: int, tmp_path: 
     fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
                   "--report-dir", tmp_path)
     fl.wait_for("injected freeze-rank-1")
-    stopped = [p for p in job_processes(tmp_path) if p.status() == psutil.STATUS_STOPPED]
-    assert stopped, "the hang fault should have stopped a rank"
+    assert stopped_job_processes(tmp_path), "the hang fault should have stopped a rank"
     fl.proc.send_signal(sig)
     assert fl.wait(timeout_s=60) == 130, fl.output
     assert "interrupted" in fl.output

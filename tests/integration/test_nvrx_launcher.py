@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from faultlab.testing import assert_no_job_processes, job_processes
+from faultlab.testing import assert_no_job_processes, job_processes, stopped_job_processes
 from tests.integration.test_faultlab_run import Faultlab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -58,7 +58,7 @@ def test_killed_faultlab_leaves_no_ft_launcher_rank_monitor_or_rank(tmp_path: Pa
     fl = Faultlab("run", exp, "--report-dir", tmp_path)
     try:
         fl.wait_for("injected freeze-rank-1")
-        assert any(p.status() == psutil.STATUS_STOPPED for p in job_processes(tmp_path))
+        assert stopped_job_processes(tmp_path)
         monitors = _rank_monitors(tmp_path)
         assert len(monitors) == 2, [" ".join(p.cmdline()) for p in job_processes(tmp_path)]
         time.sleep(1.0)  # the guard's pid file is refreshed every 0.5 s

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,9 +94,12 @@ def test_a_hung_fsync_is_released_by_stop(mount: StorageMount) -> None:
 
     t = threading.Thread(target=save)
     t.start()
-    t.join(1.0)
+    deadline = time.monotonic() + 10  # the fsync reaches the rule (open and write first)
+    while mount.counts() != [{"id": "hang", "counts": {"fsync": 1}, "bytes_seen": 0}]:
+        assert time.monotonic() < deadline, mount.counts()
+        time.sleep(0.02)
+    t.join(0.5)
     assert t.is_alive(), "the fsync should hang while the rule is set"
-    assert mount.counts() == [{"id": "hang", "counts": {"fsync": 1}, "bytes_seen": 0}]
     mount.stop()
     t.join(10)
     assert not t.is_alive() and done

@@ -282,11 +282,14 @@ def test_stop_wakes_waiters_frees_the_port_and_is_idempotent() -> None:
     waiter = threading.Thread(target=lambda: answers.append(request(
         md.url, "GET", "/computeMetadata/v1/instance/preempted?wait_for_change=true", GOOGLE)))
     waiter.start()
-    time.sleep(0.3)  # let the request reach its handler and block there
+    deadline = time.monotonic() + 10  # the request reaches its handler and blocks there
+    while md.state()["num_waiting"] == 0:
+        assert time.monotonic() < deadline and waiter.is_alive(), answers
+        time.sleep(0.02)
     t0 = time.monotonic()
     md.stop()
-    waiter.join(2)
-    assert not waiter.is_alive() and time.monotonic() - t0 < 1.0
+    waiter.join(10)
+    assert not waiter.is_alive() and time.monotonic() - t0 < 5  # woken, not timed out
     assert answers and answers[0][0] == 200
     md.stop()  # idempotent
     with pytest.raises(ConnectionRefusedError):

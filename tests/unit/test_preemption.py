@@ -45,11 +45,12 @@ def test_watcher_sees_the_notice_within_a_poll(provider: str) -> None:
         assert not w.noticed and not seen
         deadline = md.announce_preemption(notice_s=60)
         t_announced = time.time()
-        wait_for(lambda: w.noticed)
-        assert len(seen) == 1 and errors == []
+        wait_for(lambda: seen)  # the watcher sets noticed before it calls back
+        assert len(seen) == 1 and errors == [] and w.noticed
         notice = seen[0]
         assert notice.provider == provider
-        assert notice.seen_t - t_announced < 0.5  # poll_s is 0.05
+        # poll_s is 0.05: a few polls, however loaded the machine, and far inside the notice
+        assert notice.seen_t - t_announced < 2
         if provider == "gce":  # GCE publishes no deadline
             assert notice.deadline_t == pytest.approx(notice.seen_t + GCE_NOTICE_S, abs=0.01)
         else:  # AWS and Azure publish it to the second

@@ -23,11 +23,12 @@ from faultlab.spec import load_experiment
 def test_a_gate_waits_until_opened_then_stays_open(tmp_path: Path) -> None:
     gates = StepGates(tmp_path, [9], timeout_s=10)
     assert gates.wait(8) is None  # no gate there: no wait at all
+    start = time.monotonic()  # before the timer: the waiter may start late under load
     threading.Timer(0.3, open_gate, (tmp_path, 9)).start()
     waited, opened = gates.wait(9)  # type: ignore[misc]
-    assert opened and 0.25 <= waited < 5
-    again = gates.wait(9)  # a replay of step 9 after a restart
-    assert again is not None and again[1] and again[0] < 0.05
+    assert opened and waited < 5 and time.monotonic() - start >= 0.3
+    again = gates.wait(9)  # a replay of step 9 after a restart: no wait for the open gate
+    assert again is not None and again[1] and again[0] < 1
 
 
 def test_a_waiting_rank_keeps_beating_its_watchdog(tmp_path: Path) -> None:
@@ -51,15 +52,17 @@ def test_a_level_2_trainer_waits_at_the_gate_through_its_runtime_agent(
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("FAULTLAB_RUN_DIR", str(tmp_path))
     monkeypatch.setenv(GATES_ENV, "7")
-    monkeypatch.setenv(GATE_TIMEOUT_ENV, "0.3")
+    monkeypatch.setenv(GATE_TIMEOUT_ENV, "10")
     rt = runtime.attach(None, None, emit=lambda kind, **fields: None)
     try:
         assert rt.step_done(6) == 0.0  # no gate at step 6
+        start = time.monotonic()
         threading.Timer(0.1, open_gate, (tmp_path, 7)).start()
-        assert 0.05 <= rt.step_done(7) < 0.3
-        assert rt.step_done(7) < 0.05  # a replayed step 7 passes the open gate
+        assert rt.step_done(7) < 5 and time.monotonic() - start >= 0.1  # opened, not timed out
+        assert rt.step_done(7) < 1  # a replayed step 7 passes the open gate
     finally:
         rt.close()
+    monkeypatch.setenv(GATE_TIMEOUT_ENV, "0.3")
     monkeypatch.setenv(GATES_ENV, "8")
     rt = runtime.attach(None, None, emit=lambda kind, **fields: None)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 
 import pytest
 
@@ -55,9 +56,12 @@ def test_hang_holds_the_operation_until_the_rule_is_removed() -> None:
     result: list[int] = []
     t = threading.Thread(target=lambda: result.append(rules.gate("fsync", "f")))
     t.start()
+    deadline = time.monotonic() + 10  # the thread reaches the gate
+    while rules.counts() != [{"id": "h", "counts": {"fsync": 1}, "bytes_seen": 0}]:
+        assert time.monotonic() < deadline, rules.counts()
+        time.sleep(0.01)
     t.join(0.3)
     assert t.is_alive() and not result
-    assert rules.counts() == [{"id": "h", "counts": {"fsync": 1}, "bytes_seen": 0}]
     rules.clear()
     t.join(5)
     assert result == [0]
