@@ -217,6 +217,7 @@ def test_killed_faultlab_leaves_no_container_network_or_image(docker_client: Any
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         left: dict[str, list[str]] = {}
+        deadline = time.monotonic() + 60  # the guard's own time, whatever the start took
         while time.monotonic() < deadline:
             left = run_resources(docker_client, run_id)
             if not any(left.values()):

@@ -76,8 +76,8 @@ def test_node_kill_takes_the_whole_container_under_the_teams_line(docker_client:
         assert set(victims) | {job.agent_pid("node1")} <= set(killed)
         _until(lambda: not any(psutil.pid_exists(p) for p in killed), 10,
                "every process of node1 gone")
-        container = docker_client.containers.get(f"faultlab-{run_id}-node1")
-        assert container.status == "exited"
+        _until(lambda: docker_client.containers.get(f"faultlab-{run_id}-node1").status
+               == "exited", 30, "node1's container exited")  # dockerd learns it after
         assert all(psutil.pid_exists(p) for p in survivors)  # the other node is untouched
     finally:
         target.stop()

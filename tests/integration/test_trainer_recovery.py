@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from scenarios import (
     Outcome,
@@ -163,13 +164,22 @@ def test_kill_during_save_leaves_nothing_that_is_loaded(golden: Any, tmp_path: P
         pid = latest_start(events, 0)["pid"]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # the save of step 20 lasts ~0.1 s: poll tightly
+            if not list(ckpt.glob(".tmp-step_00000020-*")):
+                time.sleep(0.001)
+                continue
+            # Rank 0 commits the save: freeze it, then look again. A kill right after the
+            # first look could land after a commit that happened in between.
+            os.kill(pid, signal.SIGSTOP)
+            while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+                time.sleep(0.001)
             tmp = list(ckpt.glob(".tmp-step_00000020-*"))
             if tmp and not (ckpt / "step_00000020").exists():
                 os.kill(pid, signal.SIGKILL)
                 seen["tmp"] = tmp[0].name
                 seen["committed_at_kill"] = [p.name for _s, p in list_checkpoints(ckpt)]
                 return True
-            time.sleep(0.001)
+            os.kill(pid, signal.SIGCONT)  # committed meanwhile: the window is gone
+            break
         raise AssertionError("never saw the save of step 20 in progress")
 
     o = run_scenario(Scenario("kill-rank0-while-saving", fault=kill_rank0_mid_save), tmp_path)
