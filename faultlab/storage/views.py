@@ -7,7 +7,9 @@ faultlab itself, keeps the coherent directory. The view belongs to the *node*, n
 processes: a caller is the node's when its environment says ``FAULTLAB_NODE=<node>`` (every
 process the local and docker targets start has it, workers a restart creates included), so a
 node whose processes are killed and started again on the same machine keeps the caches of
-that machine, as its kernel's NFS client would.
+that machine, as its kernel's NFS client would. A caller's node is read from ``/proc`` at most
+once a second per pid (pids are reused), and again while its environment reads empty (a
+process inside ``execve``).
 
 A view starts warm: at ``set`` it reads the directory tree once (listings and attributes, at
 most ``WARM_ENTRIES`` names), so the node's caches hold the directory as it was at that moment
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import stat
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -34,6 +37,11 @@ WARM_ENTRIES = 20_000
 """At most this many names are read into a view when it starts (a checkpoint directory of a
 tiny job has tens; a large DCP checkpoint has a file per rank per step)."""
 _CACHE = 65_536
+_CACHE_S = 1.0
+"""How long a caller's node is taken from the cache. Not for the view's whole life: a pid is
+reused once the kernel's pids wrap (``pid_max`` is 32,768 on this machine, and a CI machine
+starts thousands of processes a minute), and a new process must not be answered from the
+node of a dead one that had its pid."""
 _KEY = b"FAULTLAB_NODE="
 
 
@@ -80,7 +88,7 @@ class NodeViews:
         self._by_node: dict[str, _View] = {}
         self._retired: list[_View] = []
         self._removed: dict[str, dict[str, Any]] = {}
-        self._nodes: dict[int, str | None] = {}  # caller pid -> its node (cache)
+        self._nodes: dict[int, tuple[str | None, float]] = {}  # pid -> (node, when read)
 
     def __bool__(self) -> bool:
         return bool(self._by_node or self._retired)
@@ -120,15 +128,16 @@ class NodeViews:
         one."""
         if not self._by_node:
             return None
+        now = time.monotonic()
         with self._lock:
-            known, node = pid in self._nodes, self._nodes.get(pid)
-        if not known:
+            node, read_t = self._nodes.get(pid, (None, -_CACHE_S))
+        if now - read_t >= _CACHE_S:
             read, node = _environ_node(pid)  # outside the lock: /proc may be slow
             if read:  # an environment not readable yet is asked again next time
                 with self._lock:
                     if len(self._nodes) >= _CACHE:
                         self._nodes.clear()
-                    self._nodes[pid] = node
+                    self._nodes[pid] = (node, now)
         with self._lock:
             return self._counted(self._by_node.get(node) if node else None, op)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,3 +86,29 @@ def test_a_file_opened_through_the_view_stays_with_it_until_closed(
     views.released()
     assert (tmp_path / "shard").read_bytes() == b"abcdef"
     assert not views  # nothing retired is kept once its files are closed
+
+
+def test_a_pid_that_is_another_process_now_is_asked_again(tmp_path: Path) -> None:
+    """A pid is reused once the kernel's pids wrap. The stand-in here is a process that execs
+    itself with another node's environment: the same pid, another process."""
+    views = NodeViews(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY))
+    views.set("v", "node1", SLOW)
+    script = ("import os, sys; print('up', flush=True); sys.stdin.readline(); "
+              "os.execve(sys.executable, [sys.executable, '-c', "
+              "\"import time; print('up', flush=True); time.sleep(60)\"], "
+              "{**os.environ, 'FAULTLAB_NODE': 'node0'})")
+    proc = subprocess.Popen([sys.executable, "-c", script], text=True,
+                            env={**os.environ, "FAULTLAB_NODE": "node1"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline() == "up\n"
+        assert views.for_caller(proc.pid, "getattr") is not None  # node1's
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "up\n"  # node0's process now, the same pid
+        time.sleep(1.0)  # views.py's _CACHE_S
+        assert views.for_caller(proc.pid, "getattr") is None
+    finally:
+        proc.kill()
+        proc.wait()
