@@ -82,6 +82,10 @@ class FaultContext(Protocol):
     def node_pids(self, node: str) -> list[int]:
         """Agent and worker PIDs of ``node`` (only processes of this job)."""
 
+    def worker_ranks(self) -> dict[int, tuple[str, int]]:
+        """Rank → (node, pid) of every live worker on this host, read from the environment
+        its launcher gave it (torchrun's ``RANK``)."""
+
     def kill_node(self, node: str, sig: int) -> list[int]:
         """Signal a node's agent and every worker at once; returns the PIDs signalled."""
 

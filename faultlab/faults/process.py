@@ -11,7 +11,6 @@ import signal
 import time
 from typing import Any, ClassVar, Literal
 
-import psutil
 from pydantic import Field
 
 from faultlab.errors import FaultError
@@ -149,7 +148,11 @@ class NodeReturnFault(Fault):
         at_t = time.time()
         agent = ctx.restart_node(node)
         deadline = time.monotonic() + wait_s
-        while not (workers := _workers(ctx.node_pids(node))):
+        # the node's workers (what its launcher gave a RANK), not "every process but the
+        # topmost": a docker node's topmost process is the container's init, and its agent is
+        # up long before the job takes the node back
+        while not (workers := sorted(pid for n, pid in ctx.worker_ranks().values()
+                                     if n == node)):
             if time.monotonic() > deadline or not ctx.node_pids(node):
                 raise FaultError(f"{node} came back (agent {agent}) but started no worker "
                                  f"within {wait_s:g} s: the job did not take it back "
@@ -157,21 +160,6 @@ class NodeReturnFault(Fault):
             time.sleep(0.1)
         return {"node": node, "agent_pid": agent, "at_t": at_t,
                 "rejoined_s": round(time.time() - at_t, 3), "workers": workers}
-
-
-def _workers(pids: list[int]) -> list[int]:
-    """The workers among a node's processes: those torchrun gave a ``LOCAL_RANK``. Not "every
-    process but the agent": a docker node's topmost process is the container's init, and its
-    agent is up long before the job takes the node back (stale_shared_fs on docker returned at
-    once, and the job finished without node 1)."""
-    out = []
-    for pid in pids:
-        try:
-            if "LOCAL_RANK" in psutil.Process(pid).environ():
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
 
 
 class _StopFault(Fault):

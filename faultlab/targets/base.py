@@ -101,6 +101,10 @@ class Target(Protocol):
     def node_pids(self, node: str) -> list[int]:
         """Every live process of ``node`` that belongs to the job (agent and workers)."""
 
+    def worker_ranks(self) -> dict[int, tuple[str, int]]:
+        """Rank → (node, pid) of every live worker on this host, from the environment its
+        launcher gave it (torchrun's ``RANK``)."""
+
     def pids(self) -> set[int]:
         """Every live process of the job, on every node, and its helpers (the store)."""
 

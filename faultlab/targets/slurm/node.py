@@ -51,13 +51,12 @@ def job_processes(run_dir: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in mine:
             continue
+        fields = _stat(int(entry.name))
         try:
-            stat = (entry / "stat").read_text()
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] == "Z":  # an unreaped zombie is gone
+        if fields is None or fields[0] == "Z":  # gone, or an unreaped zombie: gone
             continue
         table[int(entry.name)] = int(fields[1])
         if marker in env:
@@ -126,13 +125,20 @@ def _signal(args: argparse.Namespace) -> int:
     return 3 if strangers else 0
 
 
-def _state(pid: int) -> str:
-    """The process's state letter (``R``, ``S``, ``T`` stopped ...); ``?`` if it is gone."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...); None if
+    the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return "?"
-    return stat[stat.rindex(")") + 2:].split()[0]
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``R``, ``S``, ``T`` stopped ...); ``?`` if it is gone."""
+    fields = _stat(pid)
+    return "?" if fields is None else fields[0]
 
 
 def _pids(args: argparse.Namespace) -> int:
