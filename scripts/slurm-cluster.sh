@@ -240,10 +240,19 @@ start_slurmctld() {  # CONFIG_CHANGED
   if pid_alive "$LAB/run/slurmctld.bgpid"; then
     kill "$(cat "$LAB/run/slurmctld.bgpid")"; sleep 0.5
   fi
+  # a port another process holds is the machine's problem, not the cluster's: say so first
+  # (a controller just killed above may hold it for a moment)
+  local holder wait_until=$((SECONDS + 10))
+  while holder=$(ss -Hltnp "sport = :6817" 2>/dev/null) && [ -n "$holder" ]; do
+    ((SECONDS < wait_until)) || die "resource: port 6817 (slurmctld's) is taken: $holder"
+    sleep 0.2
+  done
   nohup /usr/sbin/slurmctld -D -c -i >"$LAB/log/slurmctld.stdout" 2>&1 &
   echo $! >"$LAB/run/slurmctld.bgpid"
-  local deadline=$((SECONDS + 20))
+  local pid=$! deadline=$((SECONDS + 20))
   until controller_answers; do
+    { [ -r "/proc/$pid/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status"; } ||
+      die "slurmctld exited at start: $(tail -n 3 "$LAB/log/slurmctld.log" | tr '\n' ' ')"
     ((SECONDS < deadline)) || die "slurmctld does not answer ($LAB/log/slurmctld.log)"
     sleep 0.1
   done

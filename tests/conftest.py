@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# a failure the machine caused names the resource it lacked (tests/resources.py)
+from resources import pytest_runtest_makereport, pytest_sessionstart  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -28,6 +31,8 @@ def golden_cache(pytestconfig: pytest.Config) -> Path:
 
     settings = pytestconfig.stash[settings_key]
     return settings.golden_cache or settings.report_dir / ".golden"
+
+
 
 
 ONE_WORKER = "tests/slurm/"
