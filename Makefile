@@ -21,11 +21,12 @@ demo: $(STAMP) fuse
 # The shipped experiments that must pass run as pytest items through our own plugin, beside
 # the tests (rank_hang_default_timeouts fails by design; its test expects that;
 # rank_hang runs once, as tests/report/test_prelaunch_run.py's one-experiment suite, which
-# asserts that it passes; the slurm_*.yaml experiments run in tests/slurm, one at a time on the
-# local Slurm cluster). Two xdist workers, one per core: with three, a restarted rank's start-up
+# asserts that it passes; rank_kill runs twice, as tests/integration/test_faultlab_run.py's
+# `faultlab run --repeat 2`, which asserts that both pass: a third run as an item proved
+# nothing more for 20 CPU-s; the slurm_*.yaml experiments run in tests/slurm, one at a time on
+# the local Slurm cluster). Two xdist workers, one per core: with three, a restarted rank's start-up
 # outlasted the 5 s step watchdog of network_partition.yaml and the recovery SLAs went red.
-SHIPPED := experiments/rank_kill.yaml \
-	experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
+SHIPPED := experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
 	experiments/ckpt_torn_write.yaml experiments/spot_preemption_aws.yaml \
 	experiments/spot_preemption_gce.yaml experiments/nan_gradients.yaml \
 	experiments/collective_delay_straggler.yaml experiments/collective_hang.yaml \

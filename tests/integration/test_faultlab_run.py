@@ -254,8 +254,9 @@ def test_a_node_that_ignores_its_spot_notice_is_terminated_at_the_deadline(
 def test_repeat_runs_independent_jobs_that_share_one_golden_run(tmp_path: Path,
                                                                golden_cache: Path) -> None:
     """What unit tests of the summary cannot show: N real jobs, each in its own run and job
-    folder, and the golden run computed at most once for all of them. The shipped rank_kill
-    shares its golden run with the rank_kill item that make test runs."""
+    folder, and the golden run computed at most once for all of them. It is also where the
+    shipped rank_kill.yaml must pass (``make test`` runs no item of it: this runs it twice);
+    its golden run is the one the Chaos Toolkit and file-channel rank kills share."""
     rc, out = run("run", EXPERIMENTS / "rank_kill.yaml", "--repeat", "2",
                   "--report-dir", tmp_path / "reports", "--golden-cache", golden_cache)
     assert rc == 0, out
