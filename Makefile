@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.faultlab-installed
 
-.PHONY: demo test bench lint clean chromium docker-engine fuse docs etcd
+.PHONY: demo test bench suite-cpu lint clean chromium docker-engine fuse docs etcd
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -107,6 +107,12 @@ bench: $(STAMP) docker-engine fuse etcd
 	$(PY) benchmarks/bench_examples_launch.py --runs 3
 	$(PY) benchmarks/bench_docker_launch.py --runs 3
 	$(PY) benchmarks/bench_soak.py --runs 20 --parallel 2 --out reports --slurm-cluster
+
+# What make test costs: CPU-seconds of the whole run, per file and per test, Docker's containers
+# and every daemon a test starts included (docs/development.md). LOAD=2 runs it beside two busy
+# loops, the way to look for races.
+suite-cpu: $(STAMP)
+	$(PY) benchmarks/bench_suite.py --load $(or $(LOAD),0) --out reports/suite-cpu.json
 
 # The documentation site, into site/: --strict fails on a broken link, a page missing from the
 # nav or a reference page that does not generate (docs/gen_reference.py). The two variables
