@@ -7,7 +7,7 @@ per run. Three forms::
 
     launch: torchrun     # plain torchrun, torchrun's own defaults: the launch line most teams
                          # have; the default for a user's command
-    launch: faultlab     # faultlab's tuned launcher (store in a process of its own, 0.1 s
+    launch: faultlab     # faultlab's tuned launcher (store outside the nodes, 0.1 s
                          # polls, keep-alive 1 s x 3, last call 1 s): the reference trainer's
                          # default, and the bar a team's stack is measured against
     launch: [torchrun, --nnodes, "1:2", --nproc-per-node, "1", --rdzv-backend, c10d,

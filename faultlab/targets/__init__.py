@@ -3,7 +3,7 @@
 Implementations, none importing another's module but through this package's ``make_target``:
 
 - ``local``: torchrun agents on this host, started by ``launcher.LocalJob`` with a rendezvous
-  store of their own (``rdzv_store``) and a faster-polling torchrun agent (``torchrun_agent``);
+  store served by the launching process and a faster-polling torchrun agent (``torchrun_agent``);
 - ``docker``: one container per node on a network of the run's own (it reuses ``local``'s
   launch with the nodes swapped: ``DockerJob`` fills ``LocalJob``'s node hooks);
 - ``slurm``: a Slurm batch job (faultlab's batch script or the user's), followed through

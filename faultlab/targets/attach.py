@@ -93,12 +93,6 @@ class AttachedTarget(JobContext):
         pid = self._agent_pid(node)
         return super().kill_node(node, sig) if self._live_agent(pid) else []
 
-    def extra_pids(self) -> set[int]:
-        store = self.info.get("store_pid")
-        if isinstance(store, int) and self._is_ours(store, "faultlab.targets.rdzv_store"):
-            return {store}
-        return set()
-
     def running(self) -> bool:
         """True while any node's agent is still alive."""
         return any(self._live_agent(pid) for pid in self.agent_pids().values())

@@ -5,8 +5,8 @@
 
 Any command torchrun can start is a job: each node is a torchrun agent in its own session with
 its own workers, started with ``--no-python`` so the command is run as given, and every worker
-finds its run directory in ``FAULTLAB_RUN_DIR``. The c10d rendezvous store runs in a process of
-its own (``faultlab.targets.rdzv_store``) so that no node's death takes the store with it, and
+finds its run directory in ``FAULTLAB_RUN_DIR``. The c10d rendezvous store is served by the
+launching process itself, not by a node, so that no node's death takes the store with it, and
 the agents are torchrun's own with a faster rendezvous poll (``faultlab.targets.torchrun_agent``).
 The elastic pitfalls this works around are listed in ``node_environment`` and
 ``_start_rendezvous`` below (and in DESIGN.md). ``LocalJob`` is the same thing as a Python
@@ -27,7 +27,9 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -122,7 +124,8 @@ class LocalJob:
     reach this host at (``control_host``), where the node relays connect. None: no hub."""
     _nodes: list[_Node] = field(default_factory=list, init=False)
     _services: Services | None = field(default=None, init=False)
-    _store: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _store: Any = field(default=None, init=False)
+    """torch's ``TCPStore`` for the rendezvous, served from this process while the job runs."""
     _killed: set[str] = field(default_factory=set, init=False)
     _t0: float = field(default=0.0, init=False)
     _endpoint: str = field(default="", init=False)
@@ -241,23 +244,15 @@ class LocalJob:
         if self.launch_line is not None:  # the team's launcher runs its own rendezvous
             self._master_port = _free_port(host)
             return f"{host}:{_free_port(host)}", ""
-        port_file = self.run_dir / "logs" / f"rdzv-store-{uuid.uuid4().hex[:8]}.port"
-        self._store = subprocess.Popen(
-            [sys.executable, "-m", "faultlab.targets.rdzv_store", "--host", host,
-             "--port-file", str(port_file)],
-            stdout=subprocess.DEVNULL, stderr=open(self.run_dir / "logs" / "rdzv-store.log", "ab"),
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            if self._store.poll() is not None:
-                raise LaunchError(f"rendezvous store exited with {self._store.returncode}; see "
-                                  f"{self.run_dir / 'logs' / 'rdzv-store.log'}")
-            if time.monotonic() > deadline:
-                raise LaunchError("rendezvous store did not start within 60 s")
-            time.sleep(0.02)
-        port = int(port_file.read_text())
-        port_file.unlink()
+        # The store is served from this process, by a thread of torch's that needs no GIL: not
+        # a node, so no node's death takes it, and it ends with the job or with this process,
+        # whose death ends the job anyway (the guard reaps it). It had a process of its own,
+        # which cost every job 1.4 CPU-s of `import torch` (docs/development.md).
+        from torch.distributed import TCPStore
+
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=60))
+        port = self._store.port
         # is_host=false: no agent tries to host the store. A short last call: once min_nodes
         # are in, wait only this long for the rest (torchrun's default is 30 s). A dead node
         # stays a participant until it misses keep_alive_max_attempt heartbeats: 3 x 1 s here,
@@ -377,7 +372,6 @@ class LocalJob:
     def _launch_info(self, endpoint: str) -> dict[str, object]:
         return {
             "rdzv_endpoint": endpoint, "rdzv_id": self._rdzv_id,
-            "store_pid": self._store.pid if self._store else None,
             "nodes": [self._node_info(n) for n in self._nodes],
             "procs_per_node": self.procs_per_node, "min_nodes": self.min_nodes,
             "max_restarts": self.max_restarts, "launcher_pid": os.getpid(),
@@ -423,10 +417,8 @@ class LocalJob:
             return []
 
     def pids(self) -> set[int]:
-        """Every live process of the job: store, agents, workers and their children."""
+        """Every live process of the job: agents, workers and their children, services."""
         out = {p.pid for n in self._nodes for p in process_tree(self._root_pid(n))}
-        if self._store is not None and self._store.poll() is None:
-            out.add(self._store.pid)
         if self._services is not None:
             out |= self._services.pids()
         return out
@@ -463,7 +455,7 @@ class LocalJob:
                          killed=set(self._killed), wall_s=time.monotonic() - self._t0)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Reap everything: agents, workers (stopped ones too) and the store. Idempotent."""
+        """Reap everything: agents, workers (stopped ones too); stop the store. Idempotent."""
         procs: list[psutil.Process] = []
         for n in self._nodes:
             procs += process_tree(n.popen.pid)
@@ -486,13 +478,7 @@ class LocalJob:
     def _stop_store(self) -> None:
         if self._services is not None:
             self._services.stop()
-        if self._store is not None and self._store.poll() is None:
-            self._store.terminate()
-            try:
-                self._store.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._store.kill()
-                self._store.wait()
+        self._store = None  # its last reference: torch stops serving it
 
     def _node(self, name: str) -> _Node:
         for n in self._nodes:

@@ -133,7 +133,7 @@ class LocalTarget(JobContext):
         line = self.job.launch_line
         if line is None:
             return {"launch": "faultlab", "filled": {},
-                    "note": "launch: faultlab's tuned launcher (its own store process, 0.1 s "
+                    "note": "launch: faultlab's tuned launcher (its store outside the nodes, 0.1 s "
                             "polls, keep-alive 1 s x 3, last call 1 s)"}
         filled = dict(self.job.filled)
         shown = ", ".join(f"{{{k}}}={v}" for k, v in filled.items() if k != "run_dir")
