@@ -40,8 +40,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Before any test: what the machine lacks stops the run at once, its first line naming
     the resource (not a timeout in a test minutes later). Docker is checked here only where CI
     requires it (``FAULTLAB_REQUIRE_DOCKER=1``); elsewhere its tests skip, saying why."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # the controller checked
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller checked (PYTEST_XDIST_WORKER would also be
+        # set in a pytest a worker's test starts, which must check for itself)
     problems = disk_problems()
     if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
         from faultlab.targets.docker.engine import engine_problem

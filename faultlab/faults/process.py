@@ -179,9 +179,16 @@ class _StopFault(Fault):
         return pids
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
-        """SIGCONT to every process it stopped (one already gone is skipped); faultlab's guard
-        continues them too if faultlab itself dies."""
-        continued = [pid for pid in self._stopped if _continue(ctx, pid)]
+        """SIGCONT to every process it stopped (one already gone is skipped), in the reverse
+        order of stopping: a node's workers and their children before its agent. faultlab's
+        guard continues them too if faultlab itself dies.
+
+        Why the order: an agent continued first may kill its workers at once (its job
+        restarted while it was frozen), and a worker's child in a session of its own (the node
+        relay) is then no longer in the job's process tree, so it is not the job's to signal,
+        and stays stopped for good. Seen under load: node 1's relay stayed stopped, and every
+        restart of the job hung at the step gate it served."""
+        continued = [pid for pid in reversed(self._stopped) if _continue(ctx, pid)]
         self._stopped = []
         return {"continued": continued}
 

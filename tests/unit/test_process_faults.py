@@ -160,6 +160,50 @@ def test_node_hang_freezes_agent_and_workers_and_undo_continues_all(ctx: Ctx) ->
     assert all(wait_running(p) for p in pids)
 
 
+# A node as torchrun's is when its job restarted while it was frozen: once continued, its agent
+# kills its worker at once; the worker's child lives in a session of its own (the node relay).
+AGENT_THAT_KILLS_ITS_WORKER = f"""
+import signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                           "subprocess.Popen({SLEEPER!r}, start_new_session=True); "
+                           "time.sleep(600)"])
+signal.signal(signal.SIGCONT, lambda *_: worker.kill())
+time.sleep(600)
+"""
+
+
+class LoadedCtx(Ctx):
+    """The node above, and a signal that takes 0.2 s to return, as on a loaded machine."""
+
+    def __init__(self) -> None:  # not Ctx.__init__: its node is not this one
+        self.ranks_ = {}
+        self.agent = subprocess.Popen([sys.executable, "-c", AGENT_THAT_KILLS_ITS_WORKER])
+        deadline = time.monotonic() + 20
+        while len(self.node_pids("node0")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def signal(self, pid: int, sig: int) -> bool:
+        sent = super().signal(pid, sig)
+        time.sleep(0.2)
+        return sent
+
+
+def test_node_hang_undo_continues_the_workers_children_before_the_agent_can_orphan_them(
+        ) -> None:
+    ctx = LoadedCtx()
+    pids = ctx.node_pids("node0")
+    try:
+        fault = NodeHangFault(NodeHangFault.Params())
+        assert fault.inject(ctx, V("node", 0))["pids"] == pids and len(pids) == 3
+        assert all(wait_status(p, psutil.STATUS_STOPPED) == psutil.STATUS_STOPPED for p in pids)
+        agent, _worker, relay = pids
+        assert fault.undo(ctx)["continued"][-1] == agent  # the agent last
+        assert wait_running(relay)  # with the agent first, it stayed stopped, orphaned
+    finally:
+        continue_and_kill([p for p in pids if status(p) != "gone"])
+        ctx.cleanup()
+
+
 def test_node_kill_takes_agent_and_workers_at_once(ctx: Ctx) -> None:
     pids = NodeKillFault(NodeKillFault.Params()).inject(ctx, V("node", 0))["pids"]
     assert len(pids) == 2
