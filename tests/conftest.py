@@ -33,8 +33,6 @@ def golden_cache(pytestconfig: pytest.Config) -> Path:
     return settings.golden_cache or settings.report_dir / ".golden"
 
 
-
-
 ONE_WORKER = "tests/slurm/"
 """Tests under this folder share one local Slurm cluster (scripts/slurm-cluster.sh): they must
 run one at a time, on one xdist worker."""
