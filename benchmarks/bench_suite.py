@@ -14,9 +14,11 @@ every trainer, torchrun agent, FUSE server, etcd, slurmctld and browser a test s
 to the worker that ran the test, and a test's CPU time is its worker group's usage across the
 test (setup, call, teardown; a session fixture's setup is charged to the first test that needs
 it). Docker containers live in the engine's groups: their usage over each interval is shared
-equally among the tests running in it. The engine's own daemons (dockerd, containerd) are
-counted for the whole run only. CPU-seconds vary far less between machines of one kind than
-wall seconds do, and a loaded machine stretches wall time, not CPU time.
+equally among the docker and Slurm tests running in it (``DOCKER_USERS``; among all of them when
+none is). The engine's own daemons (dockerd, containerd) are counted for the whole run only. At
+the end it names every process the run left in its group: a leak, or a fault never undone.
+CPU-seconds vary far less between machines of one kind than wall seconds do, and a loaded
+machine stretches wall time, not CPU time.
 
 Before it measures, it runs ``make test``'s prerequisites (the venv, chromium, the Docker engine,
 fuse3, etcd) unmeasured. Slurm's Debian packages are installed by the cluster's first ``up``,
