@@ -1,7 +1,7 @@
 """faultlab.observe: read a job's event stream as it grows and derive the experiment metrics.
 
 ``EventStream`` takes the node relays' batches from the engine's hub, or tails
-``RUN_DIR/events/*.jsonl`` (the event protocol of DESIGN.md), for the engine;
+``RUN_DIR/events/*.jsonl`` (the event protocol of ``faultlab.runtime.events``), for the engine;
 ``compute_metrics`` turns the records and the injected faults into ``Metrics`` — detection
 latency, resume and recovery time, lost steps, goodput, sample accounting — with
 every definition spelled out in ``faultlab.observe.timeline`` (per fault) and

@@ -41,9 +41,9 @@ service_lost
     torchft's lighthouse), and the nodes' logs show a rank failing to reach it at its port
     afterwards: the job depended on one process that nothing restarts. Runs for any launcher.
 abort_at_exit
-    Not the launcher's but the trainer's, and seen under any launcher: a rank that finished
-    cleanly died of SIGABRT at interpreter exit (``terminate called without an active
-    exception`` in its node's log). torch 2.13's gloo race (DESIGN.md; pytorch/pytorch#190489,
+    Not the launcher's but the trainer's, and seen under any launcher: a rank that finished cleanly
+    died of SIGABRT at interpreter exit (``terminate called without an active exception`` in its
+    node's log). torch 2.13's gloo race (docs/guides/in-rank-faults.md; pytorch/pytorch#190489,
     #117762): a gloo worker thread drops its last reference to a tensor during interpreter
     finalization, takes the GIL, and CPython 3.11 ends it with ``pthread_exit`` inside a
     ``noexcept`` destructor. The launcher restarts the group for a run that had finished.
@@ -63,12 +63,12 @@ native_crash
     the finding says how to catch the culprit (core dumps, ``gdb``). Seen once in a CI run of
     the reference trainer (rank 1 after its last step, torch 2.13 on gloo).
 restart_hung
-    The job restarted, then never trained again until faultlab stopped it at the timeout,
-    under torchrun with the workers sharing the agent's store: torch 2.13's re-rendezvous can
-    leave a new group disagreeing on its master port (DESIGN.md), and ``init_process_group``
-    waits out its timeout. The same ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (measured with
-    benchmarks/bench_launchers.py: the elastic rank kill that hung under torchrun's defaults
-    resumed with it).
+    The job restarted, then never trained again until faultlab stopped it at the timeout, under
+    torchrun with the workers sharing the agent's store: torch 2.13's re-rendezvous can leave a new
+    group disagreeing on its master port (docs/guides/torchrun-and-bar.md), and
+    ``init_process_group`` waits out its timeout. The same ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    (measured with benchmarks/bench_launchers.py: the elastic rank kill that hung under torchrun's
+    defaults resumed with it).
 """
 
 from __future__ import annotations

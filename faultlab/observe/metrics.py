@@ -1,4 +1,4 @@
-"""The experiment metrics of DESIGN.md, computed from event records and fault records.
+"""The experiment metrics (docs/concepts.md, SLA), computed from event records and fault records.
 
 Pure functions: :func:`compute_metrics` takes the records of a job's event stream (any order,
 any subset of optional fields) and what faultlab injected, and never raises on what a killed

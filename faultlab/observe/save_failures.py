@@ -18,7 +18,7 @@ save_failure_detected
     reported it saved, or reported nothing.
 save_hang_detected_s (per io_hang fault), save_hang_detected_within_s (run level)
     ``t`` of the first save-failure sign after ``T`` − ``T``: the ``detection_latency_s`` of
-    DESIGN.md with the reactions narrowed to signs of a failed save (a hang is noticed by a
+    ``metrics`` with the reactions narrowed to signs of a failed save (a hang is noticed by a
     watchdog or a save deadline, never by an error from the kernel). Run level: the worst
     (max) over the io_hang faults that struck; None if there is none or one was never noticed.
 training_continued_through_save_failure

@@ -350,8 +350,8 @@ class EventStream:
         return best
 
     REACTION_KINDS = ("anomaly", "checkpoint_loaded", "exit", "start")
-    """The kinds of record in which a job shows that it noticed a fault (DESIGN.md's
-    detection)."""
+    """The kinds of record in which a job shows that it noticed a fault (``metrics``'
+    detection latency)."""
 
     LATE_S = 5.0
     """How much older than the newest record of its kind a late-flushed line can be and still

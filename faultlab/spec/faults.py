@@ -25,7 +25,7 @@ ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 EVENT_KINDS = ("start", "step", "checkpoint_saved", "checkpoint_loaded", "anomaly",
                "preemption_notice", "fault_injected", "final_digest", "exit")
-"""Event kinds of the protocol (DESIGN.md) that ``after_event`` may wait for."""
+"""Event kinds of the protocol (``faultlab.runtime.events``) that ``after_event`` may wait for."""
 
 
 class Selector(SpecModel):

@@ -9,8 +9,8 @@ finds its run directory in ``FAULTLAB_RUN_DIR``. The c10d rendezvous store is se
 launching process itself, not by a node, so that no node's death takes the store with it, and
 the agents are torchrun's own with a faster rendezvous poll (``faultlab.targets.torchrun_agent``).
 The elastic pitfalls this works around are listed in ``node_environment`` and
-``_start_rendezvous`` below (and in DESIGN.md). ``LocalJob`` is the same thing as a Python
-object, for tests and for the local and docker targets.
+``_start_rendezvous`` below (and in reference_trainer/README.md). ``LocalJob`` is the same
+thing as a Python object, for tests and for the local and docker targets.
 """
 
 from __future__ import annotations

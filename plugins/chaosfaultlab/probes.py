@@ -1,8 +1,8 @@
 """Chaos Toolkit probes: the state of a training job, read from its run directory.
 
 Every probe reads the job's event stream (``RUN_DIR/events``, the event protocol of
-DESIGN.md) afresh, so it works the same on a job launched by this ``chaos`` process and on one
-that was already running. The boolean probes are made for a steady-state hypothesis with
+docs/concepts.md) afresh, so it works the same on a job launched by this ``chaos`` process and on
+one that was already running. The boolean probes are made for a steady-state hypothesis with
 ``"tolerance": true``; ``current_step`` suits a ``range`` tolerance. Metric definitions
 (high-water step, recovery time, completion) are those of ``faultlab.observe.metrics``.
 

@@ -1,7 +1,7 @@
 """The tests/gpu suite needs a CUDA GPU: without one every test here is skipped, saying why.
 Run it where there is one: ``python -m pytest tests/gpu -v``.
 
-What ran (``../shared/gpu-verified.md``): on one H100 80GB HBM3 (torch 2.11.0+cu130, NCCL
+What ran (docs/guides/running-on-gpu.md): on one H100 80GB HBM3 (torch 2.11.0+cu130, NCCL
 2.28.9, Python 3.12), faultlab 2790742, 2026-11-26: 7 passed, 1 failed, in 199 s. The failure was
 ``test_reference_trainer_experiment_on_nccl_world_size_1[rank_kill]``: detection measured 8.46 s
 against 2 s, because with no surviving rank the first sign was the restarted rank's first
