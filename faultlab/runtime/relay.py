@@ -7,12 +7,18 @@ abstract Unix socket (node-local, no file, gone with the process), and the relay
 only link to the engine:
 
 - **events** (``E <record>``): the relay gathers them for ``BATCH_S``, appends the batch to
-  ``events/<node>-relay.jsonl`` (one ``write`` of whole lines, the file opened and closed
-  around it, so NFS close-to-open makes it visible: one metadata operation, the open), *then*
-  pushes the same bytes to the engine's hub with the offset they end at. The file is the
-  durable record (journal, report, Chaos Toolkit probes, post-mortem) and never lacks what the
-  engine saw; the push is how the engine sees it at once. A job whose ranks step together
-  makes one batch per node per step.
+  ``events/<node>-relay.jsonl`` (one ``write`` of whole lines), *then* pushes the same bytes
+  to the engine's hub with the offset they end at. The file is the durable record (journal,
+  report, Chaos Toolkit probes, post-mortem); the push is how the engine sees it at once. On
+  the socket channel the file stays open between batches and is closed ``FILE_CLOSE_S`` after
+  it was opened, and when the relay leaves (before it hangs up on the hub): at most one
+  metadata operation a second (the open), however many batches the node's ranks make, in
+  lockstep or not. Each batch is in the node's kernel before its push (no user-space
+  buffer), so a killed relay loses nothing and this host reads the file whole; other hosts
+  of an NFS mount see a batch once the file is closed (close-to-open), within about a
+  second, and a node whose kernel dies (power, a VM gone) can lose that last second from the
+  file, not from the engine. On the file channel the file *is* the channel: each batch is
+  closed at once, as the engine's tail needs.
 - **live faults** (``C`` registers a rank's control server, ``runtime/control.py``): the
   engine sends one message per node with what each of its ranks is to get; the relay asks
   each rank's server on the node and answers with every reply at once.
@@ -72,6 +78,11 @@ GATES_FILE = "gates.txt"
 
 BATCH_S = 0.01
 """How long the relay gathers records before it writes and pushes them."""
+FILE_CLOSE_S = 1.0
+"""Socket channel: how long the events file stays open after the relay opened it (the batches
+of that second go to the open file); then it is closed, and the next batch opens it again.
+At most one open a second, where one a batch was 8 a second for a node of 8 ranks that each
+step once a second at a moment of their own."""
 FILE_GATE_POLL_S = 0.1
 ORPHAN_S = 5.0
 HUBLESS_S = 300.0
@@ -299,6 +310,9 @@ class Relay:
         self.open_gates: set[int] = set()
         self.waiters: dict[int, list[socket.socket]] = {}
         self.size = self._prepare_file()
+        self.fd: int | None = None
+        """The events file, open for appending since ``fd_opened`` (None: closed)."""
+        self.fd_opened = 0.0
         self.hub: socket.socket | None = None
         self.hub_in = b""
         self.hub_out = bytearray()
@@ -328,12 +342,22 @@ class Relay:
     # the loop
 
     def run(self) -> None:
+        try:
+            self._loop()
+            self._flush()
+        finally:
+            self._close_file()  # before the hub hears the relay hang up: the file is whole
+        self._hub_drain()
+
+    def _loop(self) -> None:
         while not self.stop:
             now = time.monotonic()
             if self.hub_addr and self.hub is None and now >= self.next_hub_try:
                 self._hub_connect()
             timeout = BATCH_S if self.pending else \
                 FILE_GATE_POLL_S if self.waiters and not self.hub_addr else 0.2
+            if self.fd is not None:
+                timeout = min(timeout, max(0.0, self.fd_opened + FILE_CLOSE_S - now))
             for key, mask in self.sel.select(timeout):
                 if key.data == "listen":
                     self._accept()
@@ -346,12 +370,11 @@ class Relay:
             now = time.monotonic()
             if self.pending and now - self.first_pending_t >= BATCH_S:
                 self._flush()
+            self._close_file_if_due(now)
             if not self.hub_addr and self.waiters and now >= self.next_gate_read:
                 self._read_gates_file()
                 self.next_gate_read = now + FILE_GATE_POLL_S
             self._maybe_exit(now)
-        self._flush()
-        self._hub_drain()
 
     def _maybe_exit(self, now: float) -> None:
         if self.watch_pid and now >= self.next_watch:
@@ -360,6 +383,7 @@ class Relay:
                 print(f"faultlab relay {self.node}: the node's agent {self.watch_pid} is gone: "
                       f"exiting", flush=True)
                 self._flush()
+                self._close_file()
                 if self.hub is not None and self.hub_ready:
                     self._hub_send(b"X agent-gone\n")
                 self.stop = True
@@ -492,16 +516,35 @@ class Relay:
             return
         data = b"".join(self.pending)
         self.pending = []
-        # One write of whole lines, the file opened and closed around it (NFS close-to-open
-        # makes it visible to other hosts): one metadata operation per batch, the open.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # One write of whole lines to the open file (no user-space buffer: the bytes are in the
+        # kernel when the push goes out, and outlive this process). The file is opened at most
+        # once per FILE_CLOSE_S on the socket channel (the open is the metadata operation);
+        # on the file channel it is closed after every batch (NFS close-to-open: the engine,
+        # on another host, tails it).
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self.fd_opened = time.monotonic()
         try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+            os.write(self.fd, data)
+        except OSError:
+            self._close_file()
+            raise
+        if not self.hub_addr:
+            self._close_file()
         self.size += len(data)
         if self.hub is not None and self.hub_ready:
             self._hub_send(f"B {self.size} {len(data)}\n".encode() + data)
+
+    def _close_file_if_due(self, now: float) -> None:
+        if self.fd is not None and now - self.fd_opened >= FILE_CLOSE_S:
+            self._close_file()
+
+    def _close_file(self) -> None:
+        """Close the events file (NFS writes its bytes back and other hosts see them)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _hub_connect(self) -> None:
         assert self.hub_addr is not None

@@ -283,3 +283,61 @@ def test_a_live_fault_reaches_every_rank_with_one_message_per_node(
     assert sorted(got) == [(0, {"op": "inject", "n": 0}), (2, {"op": "inject", "n": 2})]
     for server in servers:
         server.close()
+
+
+class _Opens:
+    """Counts ``os.open`` of one path (the relay's events file)."""
+
+    def __init__(self, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.path, self.count, real = os.fspath(path), 0, os.open
+
+        def counted(path: object, *args: object, **kwargs: object) -> int:
+            if os.fspath(path) == self.path:  # type: ignore[arg-type]
+                self.count += 1
+            return real(path, *args, **kwargs)  # type: ignore[arg-type]
+        monkeypatch.setattr(relay_mod.os, "open", counted)
+
+
+def _batch(relay: relay_mod.Relay, step: int) -> None:
+    relay.pending.append(_record(0, "step", step=step).encode())
+    relay._flush()
+
+
+def test_the_relay_opens_its_file_once_a_second_whatever_the_batches_on_the_socket_channel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    relay = relay_mod.Relay(tmp_path, "node0", SECRET, hub="127.0.0.1:9")  # never connected
+    opens = _Opens(relay.path, monkeypatch)
+    try:
+        for step in range(1, 21):  # 20 batches within FILE_CLOSE_S: one open
+            _batch(relay, step)
+            relay._close_file_if_due(relay.fd_opened + relay_mod.FILE_CLOSE_S / 2)
+        assert opens.count == 1 and relay.fd is not None
+        # every batch is in the file already (this host reads it whole while it is open)
+        assert len(relay.path.read_text().splitlines()) == 20
+        assert relay.path.stat().st_size == relay.size
+        relay._close_file_if_due(relay.fd_opened + relay_mod.FILE_CLOSE_S)
+        assert relay.fd is None  # closed a second after it was opened
+        _batch(relay, 21)
+        assert opens.count == 2
+        relay.stop = True
+        relay.pending.append(_record(0, "step", step=22).encode())
+        relay.run()  # leaving: the last batch written, the file closed
+        assert relay.fd is None and opens.count == 2
+        assert [json.loads(line)["step"] for line in relay.path.read_text().splitlines()] == \
+            list(range(1, 23))
+    finally:
+        relay._close_file()
+        relay.listener.close()
+
+
+def test_on_the_file_channel_the_relay_closes_its_file_after_every_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    relay = relay_mod.Relay(tmp_path, "node0", SECRET, hub=None)
+    opens = _Opens(relay.path, monkeypatch)
+    try:
+        for step in (1, 2, 3):  # the engine tails the file: each batch closed (NFS close-to-open)
+            _batch(relay, step)
+            assert relay.fd is None
+        assert opens.count == 3 and len(relay.path.read_text().splitlines()) == 3
+    finally:
+        relay.listener.close()
