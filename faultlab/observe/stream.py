@@ -1,12 +1,16 @@
 """Tail a job's event stream: ``RUN_DIR/events/*.jsonl``, one append-only file per process.
 
 The engine polls an :class:`EventStream` every few tens of milliseconds while faults are in
-flight, so a poll costs one directory scan plus one ``stat`` per file, and reads only the bytes
+flight, so a poll costs an open and a ``stat`` of the directory (listed again only when its
+mtime says a file may have been added) plus one ``stat`` per file, and reads only the bytes
 appended since the previous poll (offsets are kept per file; nothing is ever read twice).
 
 What a reader can see, and what it does about it:
 
-- **New files** appear whenever a rank process (re)starts; every poll scans the directory.
+- **New files** appear whenever a rank process (re)starts; a new file changes the
+  directory's mtime, which every poll looks at (an open and a ``stat`` of the directory),
+  and the directory is listed when it changed (and again until ``DIR_TICK_S`` after, for a
+  coarse mtime clock).
 - **A torn line.** A writer flushes one line at a time, so the last line of a file can be
   incomplete (being written, or the writer was SIGKILLed mid-line). Bytes after the last
   newline are kept and retried next poll; they are never parsed early.
@@ -16,8 +20,9 @@ What a reader can see, and what it does about it:
   relays push each batch of their node's file (``<node>-relay.jsonl``) as they write it, with
   its offset; ``poll`` then takes those bytes through the same parser and advances that file's
   offset, and touches the disk only every ``SCAN_EVERY_S`` (a rank whose relay is down writes a
-  file of its own). ``detach`` goes back to reading files, from the offsets the hub reached:
-  the final read after the run gets only what the hub did not deliver.
+  file of its own): an open and a ``stat`` of the directory while no file was added.
+  ``detach`` goes back to reading files, from the offsets the hub reached: the final read
+  after the run gets only what the hub did not deliver.
 - **Order.** Files are written concurrently, so the records of one poll are sorted by ``t``,
   and :attr:`EventStream.events` stays sorted by ``t`` even when a late-flushed line from one
   file is older than lines already seen from another.
@@ -41,7 +46,11 @@ from faultlab.runtime.relay import RELAY_FILE_SUFFIX as _RELAY
 __all__ = ["SCAN_EVERY_S", "EventStream"]
 
 SCAN_EVERY_S = 2.0
-"""With a hub attached: how often ``poll`` still lists the events directory."""
+"""With a hub attached: how often ``poll`` still looks at the events directory."""
+DIR_TICK_S = 1.0
+"""The coarsest clock of a directory's mtime allowed for (ext3, and NFS served from it: one
+second): a file made within one tick of the last change leaves the mtime as it was, so the
+directory is listed again until a listing comes this long after the change was seen."""
 
 Record = dict[str, Any]
 
@@ -103,6 +112,10 @@ class EventStream:
         self._hub: Any = None
         self._next_scan = 0.0
         self._was_fed: set[str] = set()
+        self._listed: list[tuple[str, str]] = []  # the *.jsonl files of the last listing
+        self._dir_key: tuple[int, int] | None = None  # (inode, mtime) the directory had
+        self._dir_seen = 0.0  # when that key was first seen
+        self._dir_racy = True  # the last listing came within DIR_TICK_S of a change
         self.late: dict[str, list[float]] = {}
         """After ``detach``: relay files whose records the hub had not delivered, with each
         such record's ``t``: what the engine did not see while the job ran."""
@@ -173,12 +186,35 @@ class EventStream:
             lines += self._lines(tail, data)
         self._parse_lines(lines, out)
 
-    def _scan(self, new: list[Record], *, skip_fed: bool) -> None:
+    def _files(self) -> list[tuple[str, str]] | None:
+        """The ``*.jsonl`` files of the events directory (None: no directory yet). The
+        directory is opened (an open is what makes NFS check it with the server, as a listing
+        did) and its mtime read; it is listed only when that mtime is not the one of the last
+        listing, or that listing came within ``DIR_TICK_S`` of the change. Else the files of
+        the last listing: two metadata calls instead of the listing's four."""
         try:
-            entries = sorted((e.name, e.path) for e in os.scandir(self.events_dir)
-                             if e.name.endswith(".jsonl"))
+            fd = os.open(self.events_dir, os.O_RDONLY | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
-            return  # the job has not created its events directory yet
+            return None  # the job has not created its events directory yet
+        try:
+            st = os.fstat(fd)
+            now = time.monotonic()
+            key = (st.st_ino, st.st_mtime_ns)
+            if key != self._dir_key:
+                self._dir_key, self._dir_seen, self._dir_racy = key, now, True
+            if self._dir_racy:
+                with os.scandir(fd) as it:
+                    names = sorted(e.name for e in it if e.name.endswith(".jsonl"))
+                self._listed = [(n, os.path.join(self.events_dir, n)) for n in names]
+                self._dir_racy = now - self._dir_seen < DIR_TICK_S
+        finally:
+            os.close(fd)
+        return self._listed
+
+    def _scan(self, new: list[Record], *, skip_fed: bool) -> None:
+        entries = self._files()
+        if entries is None:
+            return
         for name, path in entries:
             tail = self._tails.get(name)
             if tail is None:

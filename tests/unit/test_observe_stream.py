@@ -213,3 +213,40 @@ def test_polling_a_large_run_is_cheap(tmp_path: Path) -> None:
         assert len(stream.poll()) == 1
     assert time.process_time() - t0 < 2.0
     assert stream.max_step() == 10_099 and len(stream.events) == 40_100
+
+
+def test_the_directory_is_listed_only_when_it_may_have_changed(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A poll opens and stats the events directory; it lists it only when the mtime changed,
+    or again within DIR_TICK_S of a change (a file made in the same tick of a coarse mtime
+    clock leaves the mtime as it was). Appends to known files need no listing."""
+    import os
+
+    from faultlab.observe import stream as stream_mod
+
+    events = tmp_path / "events"
+    append(events / "a.jsonl", line(1.0))
+    clock = [100.0]
+    monkeypatch.setattr(stream_mod.time, "monotonic", lambda: clock[0])
+    listings, real = [0], os.scandir
+
+    def counted(path: Any) -> Any:
+        listings[0] += 1
+        return real(path)
+    monkeypatch.setattr(stream_mod.os, "scandir", counted)
+    stream = EventStream(tmp_path)
+    assert ts(stream.poll()) == [1.0] and listings[0] == 1
+    clock[0] += 0.5  # a file made in the same mtime tick: the directory's mtime is unchanged
+    mtime = events.stat().st_mtime_ns
+    append(events / "b.jsonl", line(2.0))
+    os.utime(events, ns=(mtime, mtime))
+    assert ts(stream.poll()) == [2.0] and listings[0] == 2  # within the tick: listed again
+    clock[0] += 1.0
+    assert stream.poll() == [] and listings[0] == 3  # the listing that ends the tick
+    for _ in range(5):
+        clock[0] += 2.0
+        assert stream.poll() == []
+    append(events / "a.jsonl", line(3.0))  # an append: the known file, no listing
+    assert ts(stream.poll()) == [3.0] and listings[0] == 3
+    append(events / "c.jsonl", line(4.0))  # a new file changes the mtime
+    assert ts(stream.poll()) == [4.0] and listings[0] == 4
