@@ -432,7 +432,10 @@ class _Run:
         slas = [] if self.stopped else judge(
             exp, metrics, self.golden, timed_out=self.timed_out or self.interrupted,
             faults=self.records, events=events, final_state=final_state, job_s=self.job_s,
-            findings=findings)
+            findings=findings,
+            node_exits=target.result().returncodes if target is not None else None,
+            lost_nodes=target.result().killed if target is not None else (),
+            stopped_nodes=self.lingering)
         slas += on_time if slas else []
         own = own_checkpoints_check(exp, self.source, events, job_dir) if events else None
         if own is not None:  # first: every other line of the verdict is vacuous beside it

@@ -6,7 +6,7 @@ digest against the golden run's, and whether each fault was injected at all.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,6 +15,7 @@ from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState, first_difference
 from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.observe.metrics import UNFINISHED_RUN, completion
+from faultlab.observe.node_exits import final_world_shortfall, struck_nodes, unclean_node_exit
 from faultlab.observe.save_failures import sign_note, struck
 from faultlab.spec import Experiment, arrival_times_s
 
@@ -57,7 +58,10 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
           events: Sequence[Mapping[str, Any]] = (),
           final_state: FinalState | None = None,
           job_s: float | None = None,
-          findings: Sequence[LaunchFinding] = ()) -> list[SLAResult]:
+          findings: Sequence[LaunchFinding] = (),
+          node_exits: Mapping[str, int | None] | None = None,
+          lost_nodes: Collection[str] = (),
+          stopped_nodes: Collection[str] = ()) -> list[SLAResult]:
     """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
     fault was injected at least once (an experiment whose fault never fired proved nothing).
 
@@ -66,7 +70,14 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
     at which step, why the bitwise verdict could not be measured; ``job_s`` (how long the job
     ran, on the clock the triggers read) says which time trigger the run never reached;
     ``findings`` (the team's launch line at work: ``faultlab.observe.launch_findings``) are
-    added to the note of every SLA they explain that failed."""
+    added to the note of every SLA they explain that failed.
+
+    ``completes`` also asks of the nodes (``faultlab.observe.node_exits``): the final
+    incarnation's world is the topology's (an elastic one shrunk only by the nodes the faults
+    struck, not below ``min_nodes``), and each node no fault struck exited 0. ``node_exits``
+    is the target's exit code per node (``Target.result().returncodes``; None: that half is not
+    measured), ``lost_nodes`` its nodes lost on purpose (``killed``), ``stopped_nodes`` those
+    the engine stopped because training had completed and they still ran."""
     out = []
     fired = {f.id.split("#")[0] for f in faults if not f.details.get("error")}
     for i, spec in enumerate(exp.faults):
@@ -101,6 +112,11 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
                 note += " without reaching a single step (see the nodes' logs)"
         elif name == "completes" and measured is False:
             note = _last_failure(events) or completion(list(events))[1] or note
+        elif name == "completes" and measured is True:
+            short = _nodes_fell_short(exp, faults, events, node_exits, lost_nodes,
+                                      stopped_nodes)
+            if short:
+                measured, note = False, short
         if name == "bitwise_equal_to_golden":
             note = _bitwise_note(measured, golden, final_state) or note
         if name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded") and \
@@ -153,6 +169,26 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
             note = "; ".join(filter(None, [note, *why]))
         out.append(SLAResult(name, bound, measured, passed, note))
     return out
+
+
+def _nodes_fell_short(exp: Experiment, faults: list[FaultRecord],
+                      events: Sequence[Mapping[str, Any]],
+                      node_exits: Mapping[str, int | None] | None,
+                      lost: Collection[str], stopped: Collection[str]) -> str:
+    """Why a job whose ranks completed did not complete on its nodes ('' if it did): its
+    final world fell short of the topology, or a node no fault struck exited non-zero."""
+    topo = exp.topology
+    names = [n for n in node_exits or () if not n.startswith("job ")] or \
+        [f"node{i}" for i in range(topo.nodes)]  # a Slurm job's one code is no node's
+    struck, struck_all = struck_nodes(faults, events, names)
+    return "; ".join(filter(None, [
+        final_world_shortfall(events, nodes=topo.nodes, procs_per_node=topo.procs_per_node,
+                              min_nodes=topo.min_nodes,
+                              struck=topo.nodes if struck_all else min(len(struck),
+                                                                       topo.nodes)),
+        unclean_node_exit(node_exits or {}, struck=struck, struck_all=struck_all, lost=lost,
+                          stopped=stopped,
+                          any_struck=any(not f.details.get("error") for f in faults))]))
 
 
 _HEALING_SLAS = ("survivor_restarts", "survivor_lost_steps", "healed_by_step", "heal_time_s",
