@@ -38,7 +38,10 @@ class Sla:
 
 SLAS: dict[str, Sla] = {s.key: s for s in [
     Sla(key="completes", unit="bool", metric="completes", kind="bool",
-        description="the job reached run.steps and exited cleanly"),
+        description="the job reached run.steps and exited cleanly: every rank of its final "
+                    "incarnation, at the topology's world size (an elastic job: less only the "
+                    "nodes a fault struck, not below min_nodes), and every node no fault "
+                    "struck with exit 0"),
     Sla(key="max_restarts", unit="restarts", metric="restarts", kind="max",
         description="restarts of the job (torchrun restarts of the worker group)"),
     Sla(key="detection_latency_s", unit="s", metric="detection_latency_s", kind="max",

@@ -19,7 +19,11 @@ completes
     a world of its own (a ``start`` with ``own_world``: torchft's replica groups), rank 0 is
     one group among others, and the job completes when any group finishes: the last ``exit``
     of any rank stands for rank 0's (a group 0 whose machine was lost for good leaves none,
-    and group 1 finished the job).
+    and group 1 finished the job). The judge then asks of the nodes what these records cannot
+    show (:mod:`faultlab.observe.node_exits`): the final incarnation's ``world_size`` is the
+    topology's (an elastic job's may be smaller by the nodes a fault struck, not below
+    ``min_nodes``), and every node no fault struck exited 0; a note names the node and its
+    exit code, or the world size against the topology's.
 final_digest
     ``digest`` of the last ``final_digest`` record; None if there is none.
 restarts
