@@ -1,25 +1,37 @@
-"""The golden run: the same experiment without faults, cached so it runs once per code version.
+"""The golden run: the same experiment without faults, on its own target, cached per code version.
+
+It runs where the experiment runs, through the same ``JobSession``: as local processes for a
+local experiment, on docker nodes for a docker one, and on a Slurm cluster as the same batch
+job without faults (the team's own script when there is one, the same ``--nodes``, partition
+and options), so a trainer that reads its allocation starts, and the reference is computed on
+the accelerators, world size and collectives that the experiment's run uses.
 
 The cache key covers everything that decides the final bits: the target's full config (trainer,
 preset, every override, the command for a user's trainer), the seed, the steps, the topology
-and the code version (a hash of the registered trainer's source files, faultlab's version and
-torch's, or for a user's command the git commit and uncommitted diff of the working
-directory). Entries are written atomically under a per-key file lock, so parallel experiments
-(pytest-xdist) that need the same golden run it once.
+(where the nodes run included), where it computes (``reference_site``: the target kind, the
+accelerator, the torch, CUDA and NCCL versions, the Slurm cluster) and the code version (a hash
+of the registered trainer's source files, faultlab's version and torch's, or for a user's
+command the git commit and uncommitted diff of the working directory). Entries are written
+atomically under a per-key file lock, so parallel experiments (pytest-xdist) that need the same
+golden run it once. A Slurm experiment's cache is on the cluster's shared filesystem
+(``golden_cache_dir``).
+
+``runs: 2`` (the experiment's ``golden.runs``) runs it a second time: two fault-free runs that
+differ say the trainer is not reproducible (``faultlab.judge.noise``), and measure its
+run-to-run noise.
 
 A golden run that resumed from a checkpoint it did not write (a fixed ``--ckpt-dir`` that an
 earlier run filled) is no reference: it raises ``SharedCheckpoint`` and is not cached. Where
 it saved its checkpoints, when that is outside its run directory, is kept with the entry
 (``checkpoints_outside``): the experiment would find them there
-(``faultlab.engine.shared_checkpoints``).
-
-The golden run always runs on local nodes: where the nodes run (``topology.launcher``) decides
-no bit of the result — the same interpreter, torch and gloo compute it either way — so it is
-not part of the key, and a container experiment shares its golden run with a local one.
+(``faultlab.engine.shared_checkpoints``). One that fails raises ``GoldenRunFailed``: the
+experiment is then never launched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -36,16 +48,23 @@ import torch
 import faultlab
 from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.engine.shared_checkpoints import SharedCheckpoint
+from faultlab.engine.view import NullView
 from faultlab.errors import TargetError
 from faultlab.observe import compute_metrics
 from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
+from faultlab.observe.final_state import final_checkpoint_path
 from faultlab.observe.launch_findings import trainer_findings
 from faultlab.observe.logs import node_logs
-from faultlab.runtime.events import read_events
 from faultlab.spec import Experiment
 from faultlab.spec.trainers import get_trainer
 
-__all__ = ["GoldenRun", "code_version", "golden_key", "golden_run"]
+__all__ = ["GoldenRun", "GoldenRunFailed", "code_version", "golden_cache_dir", "golden_key",
+           "golden_run", "reference_site"]
+
+
+class GoldenRunFailed(TargetError):
+    """The fault-free run failed or timed out: there is no reference, and the experiment is
+    not launched."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +87,12 @@ class GoldenRun:
     ``golden_run_fault_free``; such a run is not cached, so the next run measures again)."""
     failures: tuple[str, ...] = ()
     """How its failed processes ended (exit reason and error), when it restarted."""
+    final_checkpoint: str | None = None
+    """The checkpoint its final state was read from (weights for the noise verdict)."""
+    where: dict[str, Any] = field(default_factory=dict)
+    """Where it ran (``reference_site``; a Slurm job's id as ``slurm_job_id``)."""
+    second: dict[str, Any] | None = None
+    """The second fault-free run (``runs: 2``): its digest, tensors, losses, checkpoint."""
 
 
 def code_version(exp: Experiment) -> str:
@@ -105,16 +130,60 @@ def golden_key(exp: Experiment) -> str:
                    # which one stack's cached run cannot say of another's.
                    "launch": t.launch if isinstance(t.launch, str | None) else list(t.launch)},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
-        "topology": exp.topology.model_dump(mode="json", exclude={"launcher", "slurm"}),
+        # Where the nodes run and what computes: a reference is of one target (module doc).
+        "topology": exp.topology.model_dump(mode="json"),
+        "site": reference_site(exp),
         "code": code_version(exp),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenRun:
-    """The cached golden result for ``exp``, running it (without faults) if needed."""
-    from faultlab.targets.local import LocalTarget
+def reference_site(exp: Experiment) -> dict[str, Any]:
+    """Where a golden run of ``exp`` computes its bits, as far as it is known before the run:
+    the target kind, the accelerator this host sees and the torch, CUDA and NCCL versions,
+    and for a Slurm job the cluster (its nodes' accelerators are the partition's, which the
+    topology's ``slurm`` section names). Part of the cache key: a CPU reference is never used
+    for a GPU run, and one cluster's reference never for another's."""
+    site: dict[str, Any] = {"target": exp.topology.launcher, "torch": torch.__version__,
+                            "cuda": torch.version.cuda, "accelerator": "cpu", "nccl": None}
+    if torch.cuda.is_available():
+        site["accelerator"] = torch.cuda.get_device_name(0)
+        with contextlib.suppress(Exception):  # a build without NCCL
+            site["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if exp.topology.launcher == "slurm":
+        site["cluster"] = _slurm_cluster()
+    return site
 
+
+def _slurm_cluster() -> str | None:
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    return None
+
+
+def golden_cache_dir(exp: Experiment, default: Path) -> Path:
+    """Where ``exp``'s golden runs are cached: ``default`` (the report directory's
+    ``.golden``) where the nodes see this host's files; on a Slurm cluster, the shared
+    filesystem's runs root (``topology.slurm.run_dir``), where every experiment of a suite,
+    from whichever login node, finds them."""
+    if exp.topology.launcher == "slurm" and exp.topology.slurm is not None:
+        with contextlib.suppress(ValueError):  # no shared root: prepare_run_dir says so
+            return exp.topology.slurm.runs_root() / ".golden"
+    return default
+
+
+def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int = 1,
+               view: NullView | None = None) -> GoldenRun:
+    """The cached golden result for ``exp``, running it (without faults, on its own target)
+    ``runs`` times if needed: a second run measures whether the trainer is reproducible and
+    its run-to-run noise (``GoldenRun.second``)."""
     key = golden_key(exp)
     cache_dir.mkdir(parents=True, exist_ok=True)
     entry = cache_dir / f"{key}.json"
@@ -122,72 +191,130 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float) -> GoldenR
         fcntl.flock(lock, fcntl.LOCK_EX)
         cached: dict[str, Any] | None = json.loads(entry.read_text()) \
             if entry.exists() else None
-        if cached is not None and cached.get("checkpoints_outside") is None:
-            # an entry written before they were kept: read them from its events
-            events_dir = Path(cached["run_dir"]) / "events"
-            events = read_events(events_dir) if events_dir.is_dir() else []
-            cached["checkpoints_outside"] = outside_saves(events, cached["run_dir"])
-            if foreign_resumes(events, cached["run_dir"]):
-                cached = None  # cached before such a run was refused: no reference, run again
         if cached is not None:
-            return GoldenRun(key=key, digest=cached["digest"],
-                             losses={int(k): v for k, v in cached["losses"].items()},
-                             wall_s=cached["wall_s"], run_dir=cached["run_dir"], cached=True,
-                             tensors=cached.get("tensors") or {},
-                             not_measured=cached.get("not_measured"),
-                             checkpoints_outside=tuple(cached["checkpoints_outside"]))
-        run_dir = cache_dir / key
-        shutil.rmtree(run_dir, ignore_errors=True)
-        target = LocalTarget(exp.model_copy(update={"faults": []}), run_dir)
-        t0 = time.monotonic()
-        try:
-            target.start()
-            while not target.finished():
-                if time.monotonic() - t0 > timeout_s:
-                    raise TargetError(f"the golden run of {exp.name!r} did not finish within "
-                                      f"{timeout_s:.0f} s; logs in {run_dir / 'logs'}")
-                time.sleep(0.1)
-        finally:
-            target.stop()
+            first = _from_dict(key, cached, cached=True)
+            if runs < 2 or first.second is not None:
+                return first
+        else:
+            first = _measure(exp, cache_dir / key, key, timeout_s, view)
+            if first.restarts:  # a run that restarted without a fault is no stable reference
+                return first
+            _store(entry, first)
+        if runs < 2:
+            return first
+        second = _measure(exp, cache_dir / f"{key}-2", key, timeout_s, view)
+        if second.restarts:
+            return dataclasses.replace(second, cached=False)  # the finding, from run 2
+        both = dataclasses.replace(first, second=_second_of(second), cached=False)
+        _store(entry, both)
+        return both
+
+
+def _store(entry: Path, golden: GoldenRun) -> None:
+    tmp = entry.with_suffix(".tmp")
+    data = dataclasses.asdict(golden)
+    data.pop("cached"), data.pop("key"), data.pop("failures")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, entry)
+
+
+def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:
+    second = d.get("second")
+    return GoldenRun(key=key, digest=d["digest"],
+                     losses={int(k): v for k, v in d["losses"].items()},
+                     wall_s=d["wall_s"], run_dir=d["run_dir"], cached=cached,
+                     tensors=d.get("tensors") or {}, not_measured=d.get("not_measured"),
+                     checkpoints_outside=tuple(d.get("checkpoints_outside") or ()),
+                     final_checkpoint=d.get("final_checkpoint"), where=d.get("where") or {},
+                     second=None if second is None else {
+                         **second, "losses": {int(k): v for k, v in second["losses"].items()}})
+
+
+def _second_of(run: GoldenRun) -> dict[str, Any]:
+    return {"digest": run.digest, "losses": run.losses, "tensors": run.tensors,
+            "run_dir": run.run_dir, "final_checkpoint": run.final_checkpoint,
+            "where": run.where, "wall_s": run.wall_s}
+
+
+def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
+             view: NullView | None) -> GoldenRun:
+    """One fault-free run of ``exp`` on its own target, through the same ``JobSession`` an
+    experiment's run uses; raises ``GoldenRunFailed`` (never launched) or ``SharedCheckpoint``."""
+    from faultlab.engine.session import JobSession
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    plain = exp.model_copy(update={"faults": []})
+    session = JobSession(plain, folder, view=view)
+    run_dir = session.job_dir
+    t0 = time.monotonic()
+    finished = False
+    try:
+        session.prepare()
+        session.start()
+        finished = session.watch(timeout_s)
+    finally:
+        session.stop()
+    target = session.target
+    assert target is not None
+    where = {**reference_site(exp), **_job_id(target)}
+    if not finished:
+        raise GoldenRunFailed(f"the golden run of {exp.name!r} did not finish within "
+                              f"{timeout_s:.0f} s; logs in {run_dir / 'logs'}")
+    target.stream.poll()
+    foreign = None
+    if exp.target.command:  # a user's trainer: judged by exit codes and its checkpoint
+        foreign = complete_events(run_dir, target.stream.events)
         target.stream.poll()
-        foreign = None
-        if exp.target.command:  # a user's trainer: judged by exit codes and its checkpoint
-            foreign = complete_events(run_dir, target.stream.events)
-            target.stream.poll()
-        resumes = foreign_resumes(target.stream.events, run_dir)
-        if resumes:  # before judging its outcome: this is why it is what it is
-            raise SharedCheckpoint(resumes, run_dir)
-        metrics = compute_metrics(target.stream.events, [])
-        result = target.result()
-        failed = not result.ok if foreign is not None else \
-            not metrics.completes or metrics.final_digest is None
-        if failed:
-            raise TargetError(f"the golden run of {exp.name!r} failed (exit codes "
-                              f"{result.returncodes}); logs in {run_dir / 'logs'}")
-        losses = {e["step"]: e["loss"] for e in target.stream.events
-                  if e["kind"] == "step" and e["rank"] == 0 and "loss" in e}
-        losses = losses or log_losses(exp, run_dir)
-        data: dict[str, Any] = {"digest": metrics.final_digest, "losses": losses,
-                                "wall_s": time.monotonic() - t0, "run_dir": str(run_dir),
-                                "tensors": foreign.tensors if foreign else {},
-                                "not_measured": foreign.not_measured if foreign else None,
-                                "checkpoints_outside": outside_saves(target.stream.events,
-                                                                     run_dir)}
-        failures = tuple(
-            f"rank {e.get('rank')} exited {e.get('reason')}" + (
-                f" ({str(e.get('error')).splitlines()[0][:120]})" if e.get("error") else "")
-            for e in target.stream.events if e.get("kind") == "exit"
-            and e.get("reason") not in ("completed", "stopped"))
-        # A rank aborted at exit, or crashed, writes no record of its own: its node's log says
-        # it, and the finding names the cause (last: the verdict's note quotes the last one).
-        failures += tuple(f"{f.text}; to change it: {f.change}" for f in
-                          trainer_findings(node_logs(run_dir), (), target.stream.events))
-        if not metrics.restarts:  # a run that restarted without a fault is no stable reference
-            tmp = entry.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, entry)
-        return GoldenRun(key=key, digest=data["digest"], losses=losses, wall_s=data["wall_s"],
-                         run_dir=str(run_dir), cached=False, tensors=data["tensors"],
-                         not_measured=data["not_measured"],
-                         checkpoints_outside=tuple(data["checkpoints_outside"]),
-                         restarts=metrics.restarts, failures=failures)
+    events = target.stream.events
+    resumes = foreign_resumes(events, run_dir)
+    if resumes:  # before judging its outcome: this is why it is what it is
+        raise SharedCheckpoint(resumes, run_dir)
+    metrics = compute_metrics(events, [])
+    result = target.result()
+    failed = not result.ok if foreign is not None else \
+        not metrics.completes or metrics.final_digest is None
+    if failed:
+        tail = _log_tail(run_dir)
+        raise GoldenRunFailed(f"the golden run of {exp.name!r} failed on its target "
+                              f"({where.get('target')}{_job_suffix(where)}; exit codes "
+                              f"{result.returncodes}); logs in {run_dir / 'logs'}"
+                              + (f"; last log line: {tail}" if tail else ""))
+    losses = {e["step"]: e["loss"] for e in events
+              if e["kind"] == "step" and e["rank"] == 0 and "loss" in e}
+    losses = losses or log_losses(exp, run_dir)
+    failures = tuple(
+        f"rank {e.get('rank')} exited {e.get('reason')}" + (
+            f" ({str(e.get('error')).splitlines()[0][:120]})" if e.get("error") else "")
+        for e in events if e.get("kind") == "exit"
+        and e.get("reason") not in ("completed", "stopped"))
+    # A rank aborted at exit, or crashed, writes no record of its own: its node's log says
+    # it, and the finding names the cause (last: the verdict's note quotes the last one).
+    failures += tuple(f"{f.text}; to change it: {f.change}" for f in
+                      trainer_findings(node_logs(run_dir), (), events))
+    return GoldenRun(key=key, digest=metrics.final_digest, losses=losses,
+                     wall_s=time.monotonic() - t0, run_dir=str(run_dir), cached=False,
+                     tensors=foreign.tensors if foreign else {},
+                     not_measured=foreign.not_measured if foreign else None,
+                     checkpoints_outside=tuple(outside_saves(events, run_dir)),
+                     restarts=metrics.restarts, failures=failures,
+                     final_checkpoint=(foreign.path if foreign else
+                                       final_checkpoint_path(events)),
+                     where=where)
+
+
+def _job_id(target: Any) -> dict[str, Any]:
+    job_id = getattr(target, "job_id", None)
+    return {"slurm_job_id": job_id} if job_id is not None else {}
+
+
+def _job_suffix(where: dict[str, Any]) -> str:
+    return f" job {where['slurm_job_id']}" if where.get("slurm_job_id") else ""
+
+
+def _log_tail(run_dir: Path) -> str | None:
+    for text in node_logs(run_dir).values():
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if lines:
+            return lines[-1][:200]
+    return None

@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,9 +25,10 @@ from typing import Any
 
 from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.foreign import complete_events, log_losses
-from faultlab.engine.golden import GoldenRun, golden_run
+from faultlab.engine.golden import GoldenRun, GoldenRunFailed, golden_cache_dir, golden_run
 from faultlab.engine.hub import Hub, control_plane
 from faultlab.engine.runtime_plan import RuntimeSetup
+from faultlab.engine.session import LINGER_S, JobSession, training_done
 from faultlab.engine.shared_checkpoints import (
     SharedCheckpoint,
     SharedCheckpointStop,
@@ -38,12 +37,11 @@ from faultlab.engine.shared_checkpoints import (
     golden_resumed_message,
     own_checkpoints_check,
 )
-from faultlab.engine.storage import needs_exact_mount, needs_storage_mount, storage_dir
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
-from faultlab.errors import FaultError, FaultlabError, TargetError
+from faultlab.errors import FaultError, FaultlabError
 from faultlab.faults import Fault, Victim
-from faultlab.faults.gpu import GpuFault, gpu_node_env
+from faultlab.faults.gpu import GpuFault
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
@@ -54,8 +52,7 @@ from faultlab.observe.metrics import withhold_unfinished
 from faultlab.report.journal import environment, write_journal
 from faultlab.spec import Experiment, resolve_selector
 from faultlab.storage import StorageMount
-from faultlab.targets import make_target, target_class
-from faultlab.targets.local import LocalTarget
+from faultlab.targets.base import Target
 
 __all__ = ["RunResult", "landed_steps", "new_run_folder", "run_experiment"]
 
@@ -92,20 +89,6 @@ class _Active:
     deadline: float | None
     until_reaction: bool
     known_pids: set[int] = field(default_factory=set)
-
-
-LINGER_S = 10.0
-"""How long nodes may keep running once every rank has finished training before the engine
-stops them (a node cut off by a partition may wait minutes for its store connection to fail)."""
-
-
-def _training_done(stream: Any) -> bool:
-    """Has every rank of the newest incarnation exited with reason ``completed``?"""
-    ranks = stream.current_ranks()
-    completed = {e.get("rank"): e["t"] for e in stream.of_kind("exit")
-                 if e.get("reason") == "completed"}
-    return bool(ranks) and all(completed.get(r, 0.0) >= stream.latest_start(r)["t"]
-                               for r in ranks)
 
 
 @contextlib.contextmanager
@@ -211,10 +194,9 @@ class _Run:
                  run_folder: Path, golden_cache: Path, poll_s: float) -> None:
         self.exp, self.source, self.view, self.poll_s = exp, source, view, poll_s
         self.run_folder, self.golden_cache = run_folder, golden_cache
-        try:  # run_folder/job, or on the filesystem the target's nodes see, linked as job/
-            self.job_dir = target_class(exp).prepare_run_dir(exp, run_folder)
-        except TargetError as e:
-            raise FaultlabError(f"{source or exp.name}: {e}") from None
+        # The job itself (directory, target, guard, hub, passthrough) is the session's.
+        self.session = JobSession(exp, run_folder, view=view, source=source)
+        self.job_dir = self.session.job_dir
         self.started_t = time.time()
         self.records: list[FaultRecord] = []
         self.active: list[_Active] = []
@@ -222,22 +204,30 @@ class _Run:
         self.stopped = False  # before the launch, for checkpoints shared between runs
         self.error: str | None = None
         self.golden: GoldenRun | None = None
-        self.target: LocalTarget | None = None
-        self.launch_info: dict[str, Any] | None = None
-        self.reaper: subprocess.Popen[bytes] | None = None
+        self.golden_failed = False  # the reference could not be computed: nothing launched
+        self.target: Target | None = None
         # Faults that set something up before the launch (a metadata endpoint per node) are
         # built once; every firing of such a fault uses the same instance.
         self.prepared: dict[int, Fault] = {}
-        self.lingering: list[str] = []
-        self.runtime: RuntimeSetup | None = None
-        self.hub: Hub | None = None
-        self.storage: StorageMount | None = None
-        self.storage_undo: list[str] = []
-        self.gpu_dir: Path | None = None
-        self.pidfile = run_folder / ".job-pids.json"
         self.t0: float | None = None
         self.job_s: float | None = None  # how long the job ran, on the clock triggers read
         self.watched_until: float | None = None
+
+    @property
+    def runtime(self) -> RuntimeSetup | None:
+        return self.session.runtime
+
+    @property
+    def hub(self) -> Hub | None:
+        return self.session.hub
+
+    @property
+    def storage(self) -> StorageMount | None:
+        return self.session.storage
+
+    @property
+    def launch_info(self) -> dict[str, Any] | None:
+        return self.session.launch_info
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -245,7 +235,7 @@ class _Run:
         exp, view = self.exp, self.view
         for warning in before_golden(exp, self.source):
             view.note(f"warning: {warning}")
-        if exp.expect.bitwise_equal_to_golden is not None:
+        if exp.golden_runs:
             self._golden()
         node_env: dict[str, dict[str, str]] = {}
         nodes = [f"node{i}" for i in range(exp.topology.nodes)]
@@ -254,34 +244,22 @@ class _Run:
                 self.prepared[i] = spec.build()
                 for node, env in self.prepared[i].prepare(nodes).items():
                     node_env.setdefault(node, {}).update(env)
-        runtime = self.runtime = RuntimeSetup.create(exp, self.job_dir)
-        for node in nodes:
-            node_env.setdefault(node, {}).update(runtime.env)
-        if any(spec.fault_class.family == "gpu" for spec in exp.faults):
-            self.gpu_dir = self.job_dir / "gpu"  # each node's GPU state and kernel-log stand-in
-            for node in nodes:
-                node_env[node].update(gpu_node_env(self.job_dir, node,
-                                                   exp.topology.procs_per_node))
-        target = self.target = make_target(exp, self.job_dir, node_env=node_env)
-        if runtime.channel == "socket":
-            self.hub = runtime.hub = Hub(runtime.secret)
-            unreachable = target.attach_hub(self.hub)
-            if unreachable:
-                runtime.channel = "file"
-                view.note(f"the node relays use the file channel: {unreachable}")
-        if needs_storage_mount(exp):  # before the job opens a file there
-            self.storage = StorageMount.start(storage_dir(exp, self.job_dir, self.source),
-                                              self.run_folder / ".storage",
-                                              kernel_cache=not needs_exact_mount(exp))
-            view.note(f"serving {self.storage.path} through the storage passthrough")
+        self.target = self.session.prepare(node_env)
 
     def _golden(self) -> None:
         exp, view = self.exp, self.view
-        view.note("golden run (same experiment, no faults; cached per code version)")
+        runs = exp.golden_runs
+        view.note(f"golden run{'s' if runs > 1 else ''} (same experiment, no faults, on its "
+                  f"own target: {exp.topology.launcher}; cached per code version)")
         try:
-            golden = golden_run(exp, self.golden_cache, timeout_s=exp.run.timeout_s)
+            golden = golden_run(exp, golden_cache_dir(exp, self.golden_cache),
+                                timeout_s=exp.run.timeout_s, runs=runs, view=view)
         except SharedCheckpoint as e:
             raise SharedCheckpointStop(golden_resumed_message(exp, self.source, e)) from None
+        except GoldenRunFailed as e:
+            self.golden_failed = True
+            raise FaultlabError(f"{e}; the experiment was never launched: no SLA was "
+                                f"measured") from None
         view.note(f"golden digest {str(golden.digest)[:16]}… "
                   f"({'cached' if golden.cached else f'{golden.wall_s:.1f} s'})")
         self.golden = golden  # kept in the journal if the next check stops the run
@@ -290,18 +268,10 @@ class _Run:
     # -- launch ----------------------------------------------------------------------------
 
     def launch(self) -> None:
-        target = self.target
-        assert target is not None
+        assert self.target is not None
         self.view.start(self.exp.name, self.exp.planned_steps)
-        # The guard first: faultlab may die while the job is still starting.
-        self.reaper = _start_reaper(self.pidfile, target.run_id, target.guard_path,
-                                    self.gpu_dir,
-                                    self.storage.guard_path if self.storage else None)
-        target.start()
-        self.launch_info = target.launch_summary()
-        if self.launch_info:
-            self.view.note(self.launch_info["note"])
-        self.t0 = time.monotonic()
+        self.session.start()
+        self.t0 = self.session.t0
 
     # -- supervise -------------------------------------------------------------------------
 
@@ -311,14 +281,11 @@ class _Run:
         exp, view, target, runtime, t0 = self.exp, self.view, self.target, self.runtime, self.t0
         assert target is not None and runtime is not None and t0 is not None
         states = [TriggerState(exp, i) for i in range(len(exp.faults))]
-        last_pids_write = 0.0
         done_at: float | None = None
         while True:
             view.on_events(target.stream.poll())
             now = time.monotonic()
-            if now - last_pids_write > 0.5:
-                _write_pids(self.pidfile, target)
-                last_pids_write = now
+            self.session.tick(now)
             for i, state in enumerate(states):
                 if i in runtime.planned:  # in the launch plan: recorded when it strikes
                     if not state.exhausted and _struck(exp, i, target, self.records):
@@ -339,13 +306,10 @@ class _Run:
                     self.active.remove(act)
             if target.finished():
                 return
-            if _training_done(target.stream):
+            if training_done(target.stream):
                 done_at = done_at or now
                 if now - done_at > LINGER_S:
-                    self.lingering = [n for n, rc in target.result().returncodes.items()
-                                      if rc is None]
-                    view.note(f"training completed {LINGER_S:g} s ago; stopping nodes still "
-                              f"running: {', '.join(self.lingering)}")
+                    self.session.stop_lingering()
                     return
             if now - t0 > exp.run.timeout_s:
                 self.timed_out = True
@@ -363,26 +327,13 @@ class _Run:
         with _shielded():
             if self.t0 is not None:
                 self.job_s = time.monotonic() - self.t0
-            if self.runtime is not None:
-                self.runtime.open_all_gates()
-            for act in self.active:
-                _undo(act, target, self.records, view)
-            _release(self.exp, self.prepared, self.records, view)
-            if self.hub is not None:
-                self.hub.ending()
-            if target is not None:
-                target.continue_all()
-                target.stop()
-            if self.hub is not None:  # the relays flush, push their last batch and exit
-                self.hub.close()
-                if target is not None:
-                    target.stream.detach()
-            if self.storage is not None:  # after the job: nothing holds a file open any more
-                self.storage_undo = self.storage.stop()
-                view.note(f"storage passthrough: {'; '.join(self.storage_undo)}")
-            if self.reaper is not None:
-                self.reaper.terminate()
-                self.reaper.wait()
+
+            def undo() -> None:
+                for act in self.active:
+                    _undo(act, target, self.records, view)
+                _release(self.exp, self.prepared, self.records, view)
+
+            self.session.stop(undo)
             view.stop()
 
     # -- judge -----------------------------------------------------------------------------
@@ -429,13 +380,13 @@ class _Run:
         findings += trainer_findings(logs, self.records, events)  # under any launcher
         # Stopped before the launch: no SLA was measured, and a table of "not measured" would
         # only bury the reason (the error).
-        slas = [] if self.stopped else judge(
+        slas = [] if self.stopped or self.golden_failed else judge(
             exp, metrics, self.golden, timed_out=self.timed_out or self.interrupted,
             faults=self.records, events=events, final_state=final_state, job_s=self.job_s,
             findings=findings,
             node_exits=target.result().returncodes if target is not None else None,
             lost_nodes=target.result().killed if target is not None else (),
-            stopped_nodes=self.lingering)
+            stopped_nodes=self.session.lingering, losses=losses or None)
         slas += on_time if slas else []
         own = own_checkpoints_check(exp, self.source, events, job_dir) if events else None
         if own is not None:  # first: every other line of the verdict is vacuous beside it
@@ -480,11 +431,12 @@ class _Run:
                     "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
                                           if k != "tensors"} if final_state else None),
                     "log_losses": judged.losses or None,
-                    "stopped_after_completion": self.lingering,
+                    "stopped_after_completion": self.session.lingering,
                     "checkpoints_outside": judged.saved_outside,
                     "slurm": judged.slurm_view,
                     "control_plane": judged.control,
-                    "storage_mount": ({"path": str(storage.path), "undo": self.storage_undo}
+                    "storage_mount": ({"path": str(storage.path),
+                                       "undo": self.session.storage_undo}
                                       if storage else None)},
             "environment": environment(),
         }
@@ -497,7 +449,7 @@ class _Run:
                          findings=list(judged.findings))
 
 
-def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: NullView,
+def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,
           prepared: Fault | None = None) -> _Active:
     spec = exp.faults[index]
     fid = spec.id if nth == 1 else f"{spec.id}#{nth}"
@@ -522,7 +474,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: LocalTarget, view: Null
     return _Active(index, fault, record, deadline, spec.until == "reaction", known)
 
 
-def _undo(act: _Active, target: LocalTarget | None, records: list[FaultRecord],
+def _undo(act: _Active, target: Target | None, records: list[FaultRecord],
           view: NullView) -> None:
     # When the undo began: a continued rank can step before the undo call returns (seen: a
     # group SIGCONTed at undo stepped 10 ms before a timestamp taken after it, under load),
@@ -539,7 +491,7 @@ def _undo(act: _Active, target: LocalTarget | None, records: list[FaultRecord],
     view.note(f"undone {act.record.id} {json.dumps(details, default=str)[:60]}")
 
 
-def _struck(exp: Experiment, index: int, target: LocalTarget,
+def _struck(exp: Experiment, index: int, target: Target,
             records: list[FaultRecord]) -> bool:
     """Record a planned runtime fault once a rank reports it struck (its ``fault_injected``)."""
     spec = exp.faults[index]
@@ -633,23 +585,3 @@ def _record_dict(r: FaultRecord, landed: tuple[int, int] | None = None) -> dict[
     if landed is not None:
         d["at_step"], d["landed_after_step"] = landed
     return d
-
-
-def _start_reaper(pidfile: Path, docker_run: str | None = None,
-                  slurm_guard: Path | None = None,
-                  gpu_dir: Path | None = None,
-                  storage_guard: Path | None = None) -> subprocess.Popen[bytes]:
-    pidfile.write_text("[]")
-    extra = ["--docker-run", docker_run] if docker_run else []
-    extra += ["--slurm-guard", str(slurm_guard)] if slurm_guard else []
-    extra += ["--gpu-dir", str(gpu_dir)] if gpu_dir else []
-    extra += ["--storage-guard", str(storage_guard)] if storage_guard else []
-    return subprocess.Popen(
-        [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
-         "--pidfile", str(pidfile), *extra], start_new_session=True, stdin=subprocess.DEVNULL)
-
-
-def _write_pids(pidfile: Path, target: LocalTarget) -> None:
-    tmp = pidfile.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sorted(target.pids())))
-    os.replace(tmp, pidfile)

@@ -56,6 +56,10 @@ SLAS: dict[str, Sla] = {s.key: s for s in [
         description="useful step time ÷ wall time over the run"),
     Sla(key="bitwise_equal_to_golden", unit="bool", metric="bitwise_equal_to_golden", kind="bool",
         description="final digest equals the fault-free golden run's"),
+    Sla(key="matches_golden_within_noise", unit="noise units",
+        metric="matches_golden_within_noise", kind="max",
+        description="largest distance to the golden run (per-step loss, final weights) in "
+                    "units of two fault-free runs' spread"),
     Sla(key="samples_exactly_once", unit="bool", metric="samples_exactly_once", kind="bool",
         description="every sample was trained on exactly once"),
     Sla(key="corrupt_checkpoint_never_loaded", unit="bool",

@@ -6,13 +6,15 @@ digest against the golden run's, and whether each fault was injected at all.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from faultlab.judge.noise import reproducibility, run_losses, within_noise
 from faultlab.judge.slas import CAMPAIGN_SLAS, SLA_KINDS, SLAS
 from faultlab.observe import FaultRecord, Metrics
-from faultlab.observe.final_state import FinalState, first_difference
+from faultlab.observe.final_state import FinalState, final_checkpoint_path, first_difference
 from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.observe.metrics import UNFINISHED_RUN, completion
 from faultlab.observe.node_exits import final_world_shortfall, struck_nodes, unclean_node_exit
@@ -61,7 +63,8 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
           findings: Sequence[LaunchFinding] = (),
           node_exits: Mapping[str, int | None] | None = None,
           lost_nodes: Collection[str] = (),
-          stopped_nodes: Collection[str] = ()) -> list[SLAResult]:
+          stopped_nodes: Collection[str] = (),
+          losses: Mapping[int, float] | None = None) -> list[SLAResult]:
     """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
     fault was injected at least once (an experiment whose fault never fired proved nothing).
 
@@ -99,6 +102,15 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
     if golden is not None and metrics.final_digest is not None and golden.digest is not None \
             and metrics.completes:  # an unfinished run's last checkpoint is not its final state
         values["bitwise_equal_to_golden"] = metrics.final_digest == golden.digest
+    # Two fault-free runs that differ: the bitwise verdict has nothing to do with recovery.
+    repro = reproducibility(golden) if golden is not None else None
+    within = None
+    if exp.expect.matches_golden_within_noise is not None:
+        within = within_noise(golden, losses if losses is not None else run_losses(events),
+                              final_state.path if final_state is not None else
+                              final_checkpoint_path(events),
+                              exp.expect.matches_golden_within_noise)
+        values["matches_golden_within_noise"] = within.measured
     unfinished = _unfinished(metrics, timed_out)
     for name, bound in exp.expect.items():
         sla = SLAS[name]
@@ -119,6 +131,16 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
                 measured, note = False, short
         if name == "bitwise_equal_to_golden":
             note = _bitwise_note(measured, golden, final_state) or note
+        if name == "bitwise_equal_to_golden" and repro is not None and not repro.reproducible:
+            out.append(SLAResult(name, bound, None, True, repro.note()))  # never failed
+            continue
+        if name == "matches_golden_within_noise" and within is not None:
+            if not metrics.completes:
+                within = dataclasses.replace(within, measured=None, note=(
+                    "not measured: the run did not complete; " + within.note))
+            out.append(SLAResult(name, bound, within.measured,
+                                 within.measured is not None and within.passed, within.note))
+            continue
         if name in ("corrupt_checkpoint_never_loaded", "failed_save_never_loaded") and \
                 measured is False:
             note = _loaded_damage(faults, events) or _loaded_failed_save(events) or note

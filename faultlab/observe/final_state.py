@@ -14,13 +14,15 @@ the bitwise verdict is *not measured*, with the reason, never guessed.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FinalState", "final_checkpoint_state", "first_difference"]
+__all__ = ["FinalState", "final_checkpoint_path", "final_checkpoint_state", "first_difference",
+           "weights_distance"]
 
 NO_FINAL_CHECKPOINT = ("the job saved no final checkpoint; add a save at the end or use level 1 "
                        "(faultlab.runtime.attach)")
@@ -112,3 +114,51 @@ def first_difference(ours: Mapping[str, str], golden: Mapping[str, str]) -> str 
         if ours[name] != golden[name]:
             return name
     return None
+
+
+def final_checkpoint_path(events: Iterable[Mapping[str, Any]]) -> str | None:
+    """The newest checkpoint the job reported saving (``checkpoint_saved``), or None."""
+    saves = [e for e in events if e.get("kind") == "checkpoint_saved"
+             and isinstance(e.get("path"), str) and isinstance(e.get("t"), int | float)]
+    if not saves:
+        return None
+    return str(max(saves, key=lambda e: (_int(e.get("step")) or -1, float(e["t"])))["path"])
+
+
+def weights_distance(ours: str | None, reference: str | None) -> float | None:
+    """``||ours - reference|| / ||reference||`` over every floating-point tensor both final
+    checkpoints hold (read whole, without a process group); None if either is unreadable."""
+    if not ours or not reference:
+        return None
+    import torch
+
+    from faultlab.runtime.dcp import read_checkpoint
+
+    try:
+        a, b = _tensors(read_checkpoint(Path(ours))), _tensors(read_checkpoint(Path(reference)))
+    except (ValueError, OSError):
+        return None
+    num = den = 0.0
+    for name in a.keys() & b.keys():
+        x, y = a[name], b[name]
+        if x.shape != y.shape:
+            return None
+        num += float(torch.sum((x.double() - y.double()) ** 2))
+        den += float(torch.sum(y.double() ** 2))
+    return math.sqrt(num / den) if den > 0 else None
+
+
+def _tensors(state: Any, prefix: str = "") -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {}
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point():
+            out[prefix] = state.detach().cpu()
+    elif isinstance(state, Mapping):
+        for k, v in state.items():
+            out.update(_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(state, list | tuple):
+        for i, v in enumerate(state):
+            out.update(_tensors(v, f"{prefix}.{i}"))
+    return out

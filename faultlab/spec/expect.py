@@ -7,11 +7,16 @@ entry per field here, in the same order (a test keeps the two in step).
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, field_validator
 
 from faultlab.spec._base import SpecModel
 
-__all__ = ["Expect"]
+__all__ = ["NOISE_K_DEFAULT", "Expect"]
+
+NOISE_K_DEFAULT = 10.0
+"""``matches_golden_within_noise: true``: a run may stray 10 times the fault-free spread."""
 
 
 class Expect(SpecModel):
@@ -32,7 +37,12 @@ class Expect(SpecModel):
     goodput: float | None = Field(default=None, gt=0, le=1)
     """Lower bound, a fraction in (0, 1]."""
     bitwise_equal_to_golden: bool | None = None
-    """Final state bitwise equal (or not) to the fault-free golden run's."""
+    """Final state bitwise equal (or not) to the fault-free golden run's. With ``golden:
+    {runs: 2}`` and two fault-free runs that differ, not measured (never failed)."""
+    matches_golden_within_noise: float | None = Field(default=None, gt=0)
+    """``k``: the run's losses at every step, and its final weights, stay within ``k`` times
+    the spread of two fault-free runs (``true``: 10). For trainers that are not bitwise
+    reproducible; runs the golden run twice."""
     samples_exactly_once: bool | None = None
     """Every sample trained on exactly once (or not)."""
     corrupt_checkpoint_never_loaded: bool | None = None
@@ -84,6 +94,16 @@ class Expect(SpecModel):
     """Every rank of each restart resumed from the same checkpoint step (or, if false, some
     did not): one node with an older view of the checkpoint directory (``stale_shared_fs``)
     must not make its ranks load another checkpoint than the rest."""
+
+    @field_validator("matches_golden_within_noise", mode="before")
+    @classmethod
+    def _noise_k(cls, value: Any) -> Any:
+        if value is True:
+            return NOISE_K_DEFAULT
+        if value is False:
+            raise ValueError("expected k, a number > 0 (or true for the default, "
+                             f"{NOISE_K_DEFAULT:g}); leave the key out not to judge it")
+        return value
 
     def items(self) -> list[tuple[str, bool | int | float]]:
         """``(key, bound)`` for every key that is set, in the order of the fields above."""

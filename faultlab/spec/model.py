@@ -36,7 +36,7 @@ from faultlab.spec.observation import ObserveSpec
 from faultlab.spec.target import RunSpec, TargetSpec, Topology
 from faultlab.spec.trainers import get_trainer
 
-__all__ = ["Experiment", "JobSpec", "Suite"]
+__all__ = ["Experiment", "GoldenSpec", "JobSpec", "Suite"]
 
 
 class JobSpec(SpecModel):
@@ -139,6 +139,15 @@ class JobSpec(SpecModel):
         return value
 
 
+class GoldenSpec(SpecModel):
+    """How the fault-free reference is computed (on the experiment's own target)."""
+
+    runs: int = Field(default=1, ge=1, le=2)
+    """Fault-free runs: 2 also measures whether the trainer is reproducible (two runs that
+    differ make ``bitwise_equal_to_golden`` not measured) and its run-to-run noise
+    (``matches_golden_within_noise``, which asks for 2 itself)."""
+
+
 class Experiment(JobSpec):
     """One experiment: run the target with this topology, inject the faults, judge ``expect``.
     """
@@ -149,6 +158,15 @@ class Experiment(JobSpec):
     """The faults to inject, in any order (each has its own trigger)."""
     expect: Expect = Expect()
     """SLAs judged after the run."""
+    golden: GoldenSpec = GoldenSpec()
+    """The fault-free reference run(s) the bitwise and noise verdicts compare with."""
+
+    @property
+    def golden_runs(self) -> int:
+        """Fault-free runs needed: none without a verdict that compares with them."""
+        if self.expect.matches_golden_within_noise is not None:
+            return 2
+        return self.golden.runs if self.expect.bitwise_equal_to_golden is not None else 0
 
     @field_validator("faults")
     @classmethod

@@ -11,10 +11,11 @@ kept in a second registry, by its run directory. Any other run directory is a jo
 already running on this host (``AttachedTarget``). Attached jobs take faults but are never
 stopped by this extension.
 
-A launched job is guarded like the engine guards its own: a reaper process
-(``faultlab.reaper``) holds the job's pids and, should this process die without
-stopping the job (SIGKILL, OOM), continues every stopped process and kills the job. An
-``atexit`` hook stops whatever is still running when the interpreter exits normally.
+A launched job is started through the engine's public ``JobSession``, the one every job of
+faultlab starts through, so it is guarded like the engine's own: a reaper process
+(``faultlab.reaper``) holds the job's pids and, should this process die without stopping the
+job (SIGKILL, OOM), continues every stopped process and kills the job; the relays push to a
+hub. An ``atexit`` hook stops whatever is still running when the interpreter exits normally.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +51,13 @@ EXPERIMENT_FILE = "experiment.json"
 
 @dataclass
 class Launched:
-    target: Any
+    session: Any
+    """The ``faultlab.engine.session.JobSession`` that started the job."""
     exp: Experiment
-    reaper: subprocess.Popen[bytes]
-    stop_event: threading.Event = field(default_factory=threading.Event)
-    pid_writer: threading.Thread | None = None
+
+    @property
+    def target(self) -> Any:
+        return self.session.target
 
 
 _LAUNCHED: dict[Path, Launched] = {}
@@ -171,42 +172,29 @@ def build_experiment(experiment_file: str | None, *, name: str = "chaos",
 
 def launch(exp: Experiment, run_dir: Path) -> Launched:
     """Start ``exp``'s job (faults and SLAs are not used) in ``run_dir``, guarded."""
-    from faultlab.engine.runtime_plan import RuntimeSetup
-    from faultlab.targets import make_target, target_class
+    from faultlab.engine.session import JobSession
 
     # The same layout as an engine run's: the folder, and the job's own directory in it where
     # every node sees it (``folder/job`` here; on the cluster's shared filesystem for Slurm,
     # linked as ``folder/job``). Which is the target's business, not this extension's.
     folder = run_dir.resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    run_dir = target_class(exp).prepare_run_dir(exp, folder)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # Every rank's runtime agent listens for live in-rank faults (grad_nan, collective_delay...)
+    # under this run's secret; the experiment's own faults are not planned here.
+    session = JobSession(exp.model_copy(update={"faults": ()}), folder,
+                         pidfile=folder / STATE_DIR / "job-pids.json")
+    run_dir = session.job_dir
     state = run_dir / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     (state / EXPERIMENT_FILE).write_text(json.dumps(exp.model_dump(mode="json"), indent=1))
-    # Every rank's runtime agent listens for live in-rank faults (grad_nan, collective_delay...)
-    # under this run's secret; the experiment's own faults are not planned here.
-    runtime = RuntimeSetup.create(exp.model_copy(update={"faults": ()}), run_dir)
-    target = make_target(exp, run_dir, node_env={f"node{i}": runtime.env
-                                                  for i in range(exp.topology.nodes)})
-    pidfile = state / "job-pids.json"
-    pidfile.write_text("[]")
-    guard = getattr(target, "guard_path", None)  # a Slurm job: cancelled, nodes resumed
-    reaper = subprocess.Popen(
-        [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
-         "--pidfile", str(pidfile), *(["--slurm-guard", str(guard)] if guard else [])],
-        start_new_session=True, stdin=subprocess.DEVNULL)
     try:
-        target.start()
+        session.prepare()
+        session.start()
     except BaseException:
-        target.stop()
-        reaper.terminate()
-        reaper.wait()
+        session.stop()
         raise
-    own = Launched(target, exp, reaper)
-    own.pid_writer = threading.Thread(target=_write_pids, args=(own, pidfile), daemon=True,
-                                      name=f"faultlab-pids-{run_dir.name}")
-    own.pid_writer.start()
+    session.guard_in_background()
+    own = Launched(session, exp)
     with _LOCK:
         _LAUNCHED[run_dir] = own
     return own
@@ -218,25 +206,8 @@ def stop(run_dir: Path) -> dict[str, Any]:
         own = _LAUNCHED.pop(run_dir.resolve(), None)
     if own is None:
         return {"stopped": False}
-    own.stop_event.set()
-    own.target.continue_all()
-    own.target.stop()
-    own.reaper.terminate()
-    own.reaper.wait()
-    if own.pid_writer is not None:
-        own.pid_writer.join(timeout=5)
+    own.session.stop()
     return {"stopped": True, "exit_codes": own.target.result().returncodes}
-
-
-def _write_pids(own: Launched, pidfile: Path) -> None:
-    # The guard needs the current pids: workers change on every restart.
-    tmp = pidfile.with_suffix(".tmp")
-    while not own.stop_event.wait(0.5):
-        try:
-            tmp.write_text(json.dumps(sorted(own.target.pids())))
-            os.replace(tmp, pidfile)
-        except OSError:
-            pass  # a failed write must not kill the guard's feed; the next one may succeed
 
 
 def stop_all() -> None:

@@ -215,7 +215,7 @@ def _golden_digest(run_dir: Path, golden_experiment: str | None, cache_dir: Path
                    timeout_s: float) -> str:
     import json
 
-    from faultlab.engine.golden import golden_run
+    from faultlab.engine.golden import GoldenRunFailed, golden_cache_dir, golden_run
     from faultlab.errors import InvalidExperimentError
     from faultlab.spec import experiment_from_dict, load_experiment
 
@@ -231,7 +231,10 @@ def _golden_digest(run_dir: Path, golden_experiment: str | None, cache_dir: Path
                               f"golden_digest or golden_experiment")
     except InvalidExperimentError as e:
         raise TargetError(f"golden_experiment: {e}") from None
-    golden = golden_run(exp, cache_dir, timeout_s=timeout_s)
+    try:  # on the job's own target, like the engine's
+        golden = golden_run(exp, golden_cache_dir(exp, cache_dir), timeout_s=timeout_s)
+    except GoldenRunFailed as e:
+        raise TargetError(str(e)) from None
     if golden.digest is None:
         raise TargetError(f"the golden run of {exp.name!r} produced no final digest")
     return golden.digest

@@ -86,6 +86,10 @@ def test_a_shipped_slurm_experiment_passes(path: Path, cluster: Path, tmp_path: 
     landed = [(f["id"], f["at_step"], f["landed_after_step"]) for f in journal["faults"]]
     assert landed and all(at == after for _id, at, after in landed), landed
     assert view["final_state"] == "COMPLETED", view
+    # The reference was computed on the cluster: the same batch job without faults, through
+    # sbatch (the team's own script for slurm_rank_kill, which needs its allocation to start).
+    where = journal["golden"]["where"]
+    assert where["target"] == "slurm" and isinstance(where.get("slurm_job_id"), int), where
     requeued = path.stem != "slurm_rank_kill"  # a rank kill is recovered inside the allocation
     assert (view["restarts"] >= 1) == requeued, view
     _assert_nothing_left([view["job_id"]])
