@@ -71,8 +71,8 @@ Measured, each rank stepping once a second, its steps spread over the second (ra
 
 Measured on one machine, so what it does not show: a shared filesystem's own delays (NFS
 attribute caching makes a new gate file or new appended bytes invisible for up to a minute;
-a relay's write and close of its batch, which comes before its push to the hub, is a round
-trip to the file server there), the network between the nodes and the submit host, and
+a relay's close of its events file, a second after it opened it, is a round trip to the file
+server there), the network between the nodes and the submit host, and
 ranks and relays on cores of their own. Here thousands of threads and hundreds of relay
 processes share 2 cores: from 1,024 ranks on, "before"'s ranks poll the gate files half a
 million times a second and more between them, which saturates the machine, and "after"'s
