@@ -36,6 +36,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -55,6 +56,7 @@ from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
 from faultlab.observe.final_state import final_checkpoint_path
 from faultlab.observe.launch_findings import trainer_findings
 from faultlab.observe.logs import node_logs
+from faultlab.runtime.events import read_events
 from faultlab.spec import Experiment
 from faultlab.spec.trainers import get_trainer
 
@@ -191,6 +193,13 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int 
         fcntl.flock(lock, fcntl.LOCK_EX)
         cached: dict[str, Any] | None = json.loads(entry.read_text()) \
             if entry.exists() else None
+        if cached is not None and cached.get("checkpoints_outside") is None:
+            # an entry written before they were kept: read them from its events
+            events_dir = Path(cached["run_dir"]) / "events"
+            events = read_events(events_dir) if events_dir.is_dir() else []
+            cached["checkpoints_outside"] = outside_saves(events, cached["run_dir"])
+            if foreign_resumes(events, cached["run_dir"]):
+                cached = None  # cached before such a run was refused: no reference, run again
         if cached is not None:
             first = _from_dict(key, cached, cached=True)
             if runs < 2 or first.second is not None:
@@ -312,9 +321,19 @@ def _job_suffix(where: dict[str, Any]) -> str:
     return f" job {where['slurm_job_id']}" if where.get("slurm_job_id") else ""
 
 
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+_LAUNCHER = re.compile(r"^([EWIF]\d{4} |Traceback \(most recent call last\))")
+
+
 def _log_tail(run_dir: Path) -> str | None:
+    """The trainer's own last word in the nodes' logs: its last exception line (``KeyError:
+    'SLURM_JOB_ID'``), else its last line before the launcher's report of the failure."""
+    said = None
     for text in node_logs(run_dir).values():
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if lines:
-            return lines[-1][:200]
-    return None
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        raised = [ln for ln in lines if _EXCEPTION.match(ln) and "ChildFailedError" not in ln]
+        if raised:
+            return raised[-1][:200]
+        before = next((i for i, ln in enumerate(lines) if _LAUNCHER.match(ln)), len(lines))
+        said = said or (lines[before - 1][:200] if before else None)
+    return said

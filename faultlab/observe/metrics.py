@@ -94,6 +94,14 @@ bitwise_equal_to_golden (judged, not computed here)
     :mod:`faultlab.observe.final_state`) equals the fault-free golden run's. Not measured
     without a golden run, without a final state on either side (no record, and no checkpoint
     saved at or after the last step), or when the run did not complete.
+    Not measured (and not failed) when two fault-free runs (``golden: {runs: 2}``) differ:
+    the trainer is not bitwise reproducible on its target.
+matches_golden_within_noise (judged, not computed here)
+    The run's largest distance to the golden run in units of the trainer's own run-to-run
+    noise: at each step, its loss's distance to the golden run's over the largest loss
+    difference of two fault-free runs up to that step; and its final weights' relative L2
+    distance over theirs (:mod:`faultlab.judge.noise`). Not measured without a second
+    fault-free run, or when the run did not complete.
 checkpoints_all_finite (set by the engine)
     Every committed checkpoint the job left, read back after the run
     (:mod:`faultlab.engine.checkpoints`), holds only finite floating-point values; False at the

@@ -7,7 +7,7 @@ entry per field here, in the same order (a test keeps the two in step).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -39,7 +39,7 @@ class Expect(SpecModel):
     bitwise_equal_to_golden: bool | None = None
     """Final state bitwise equal (or not) to the fault-free golden run's. With ``golden:
     {runs: 2}`` and two fault-free runs that differ, not measured (never failed)."""
-    matches_golden_within_noise: float | None = Field(default=None, gt=0)
+    matches_golden_within_noise: Annotated[float, Field(gt=0)] | Literal[True] | None = None
     """``k``: the run's losses at every step, and its final weights, stay within ``k`` times
     the spread of two fault-free runs (``true``: 10). For trainers that are not bitwise
     reproducible; runs the golden run twice."""

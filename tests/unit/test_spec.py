@@ -238,7 +238,7 @@ def test_all_problems_are_reported_at_once_sorted_by_line() -> None:
      (2, "topolgy", "unknown key 'topolgy'; did you mean 'topology'?")),
     ("name: t\nzzz: 1\n",
      (2, "zzz", "unknown key 'zzz'; valid keys: name, description, seed, topology, run, "
-                "target, observe, faults, expect")),
+                "target, observe, faults, expect, golden")),
     (doc("- {type: rank_kill, target: {rank: 1}, tigger: {at_step: 2}, trigger: {at_step: 2}}"),
      (5, "faults[0].tigger", "unknown key 'tigger'; did you mean 'trigger'?")),
     (doc(KILL, topology="topology: {nodes: 2, procs_per_nod: 1}"),
@@ -474,10 +474,10 @@ def test_a_command_that_cannot_start_is_refused_at_load(target: str, message: st
     ("", 1, "the document is empty; an experiment needs at least a name"),
     ("# only a comment\n\n", 1, "the document is empty; an experiment needs at least a name"),
     ("- name: t\n", 1, "expected a mapping with keys name, description, seed, topology, run, "
-                       "target, observe, faults, expect (or a suite: name, description, "
+                       "target, observe, faults, expect, golden (or a suite: name, description, "
                        "suite), got [{'name': 't'}]"),
     ("just text\n", 1, "expected a mapping with keys name, description, seed, topology, run, "
-                       "target, observe, faults, expect (or a suite: name, description, "
+                       "target, observe, faults, expect, golden (or a suite: name, description, "
                        "suite), got 'just text'"),
     ("name: t\nfaults: [\n", 3, "invalid YAML: while parsing a flow node expected the node "
                                 "content, but found '<stream end>'"),
