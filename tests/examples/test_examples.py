@@ -212,9 +212,15 @@ def test_an_example_left_to_slurm_is_that_slurm_experiment_on_local_nodes(name: 
     slurm = load_experiment(EXAMPLES.parent / "experiments" / SHOWN_ON_SLURM[name])
     assert slurm.topology.launcher == "slurm" and local.topology.launcher == "local"
     # launch: on Slurm the batch script starts the nodes; locally the example names its line
+    # On Slurm the team's entry point names the run after its allocation and runs the same
+    # train.py with the same arguments (examples/slurm/train_entry.py).
+    entry = ("python", "examples/slurm/train_entry.py")
+    assert slurm.target.command is not None and slurm.target.command[:2] == entry
+    command = ("python", "examples/fsdp2_dcp/train.py", *slurm.target.command[2:])
     assert (local.target.model_copy(update={"launch": None}), local.run, local.observe,
             local.faults, local.expect) == \
-        (slurm.target, slurm.run, slurm.observe, slurm.faults, slurm.expect)
+        (slurm.target.model_copy(update={"command": command}), slurm.run, slurm.observe,
+         slurm.faults, slurm.expect)
     assert (local.topology.nodes, local.topology.max_restarts) == \
         (slurm.topology.nodes, slurm.topology.max_restarts)
     assert SCENARIOS[name].verdict == "pass"  # tests/slurm asserts that the Slurm run passes
