@@ -9,7 +9,11 @@ and only the flags that must differ per node or per launch become placeholders: 
 rendezvous endpoint, master address or port, node rank or rendezvous id (the golden run, the
 experiment and runs in parallel must never collide on a port), and it says so. A command that
 is not a torchrun line runs under plain torchrun (``launch: torchrun``). It runs that line
-once without faults under faultlab (level 0: the trainer is not changed), and writes a
+without faults under faultlab (level 0: the trainer is not changed), twice by default: two runs
+that end bitwise equal make the starter check ``bitwise_equal_to_golden``; two that differ (a
+GPU trainer's atomics, cuBLAS workspaces, NCCL's choices) make it judge recovery within the
+trainer's own noise (``matches_golden_within_noise``, ``golden: {runs: 2}``), and its header
+says from which step they differ and the usual causes. Then it writes a
 starter experiment from what it measured: the topology, the checkpoint directory the trainer
 used (an argument naming it becomes ``{run_dir}/...``, so that runs never share
 checkpoints), a ``rank_kill`` after the first checkpoint, and SLAs set from the measured
@@ -40,6 +44,7 @@ from typing import Any
 import yaml
 
 from faultlab.errors import FaultlabError, InvalidExperimentError
+from faultlab.judge.noise import CAUSES, Reproducibility, compare_runs
 from faultlab.observe.checkpoint_origin import checkpoint_roots, foreign_resumes, outside_saves
 from faultlab.spec import experiment_from_dict
 from faultlab.spec.checkpoint_args import CheckpointArg, checkpoint_args
@@ -250,6 +255,8 @@ class Measured:
     final_readable: bool = False
     """The final checkpoint was read back and hashed (the ``final_digest`` record faultlab
     appends for a job that writes none, or the job's own): the bitwise check can be judged."""
+    reproducible: Reproducibility | None = None
+    """What a second fault-free run said (None: init ran one, ``--runs 1``)."""
 
     @property
     def checkpoint_dir(self) -> str | None:
@@ -262,6 +269,28 @@ class Measured:
                                       strict=False) if b > a]
         return min(gaps) if gaps else (self.checkpoint_steps[0] if self.checkpoint_steps
                                        else None)
+
+
+def _compare(m: Measured, dir_a: Path, events_a: list[dict[str, Any]], dir_b: Path,
+             events_b: list[dict[str, Any]]) -> Reproducibility:
+    """Two fault-free runs of the same line: the same final digest, or where they differ (by
+    the losses their logs print, and their final checkpoints' weights)."""
+    from faultlab.observe.final_state import final_checkpoint_path
+    from faultlab.observe.logs import losses_from_logs
+
+    def digest(events: list[dict[str, Any]]) -> str | None:
+        found = [e["digest"] for e in events if e.get("kind") == "final_digest"
+                 and isinstance(e.get("digest"), str)]
+        return found[-1] if found else None
+
+    def losses(run_dir: Path) -> dict[int, float]:
+        if not m.loss_pattern:
+            return {}
+        return losses_from_logs(sorted((run_dir / "logs").glob("node*.log")), m.loss_pattern)
+
+    a, b = digest(events_a), digest(events_b)
+    return compare_runs(a is not None and a == b, losses(dir_a), losses(dir_b),
+                        final_checkpoint_path(events_a), final_checkpoint_path(events_b))
 
 
 def measure(events: list[dict[str, Any]], logs: list[Path], ok: bool,
@@ -380,8 +409,11 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
     }
     # Whenever the golden run's final checkpoint reads back: init has already refused a run
     # whose checkpoints lie outside its run directory, so every run's are its own.
-    if m.final_readable:
+    if m.final_readable and (m.reproducible is None or m.reproducible.reproducible):
         doc["expect"]["bitwise_equal_to_golden"] = True
+    elif m.reproducible is not None:  # two fault-free runs differ: judge it by its own noise
+        doc["golden"] = {"runs": 2}
+        doc["expect"]["matches_golden_within_noise"] = True
     if m.loss_pattern:
         doc["observe"] = {"log_pattern": m.loss_pattern}
     try:
@@ -445,10 +477,25 @@ def render(doc: dict[str, Any], tr: TorchrunArgs, m: Measured, argv: list[str]) 
         lines.append(f"# NOTE: the trainer wrote checkpoints to {m.checkpoint_dir}, which no "
                      f"argument names: every run would share them. Give the trainer a flag for "
                      f"it and pass {{run_dir}}/checkpoints.")
-    if "bitwise_equal_to_golden" not in doc["expect"]:
+    repro = m.reproducible
+    if repro is not None and repro.reproducible:
+        lines.append("# Two fault-free runs ended bitwise equal: the trainer is reproducible "
+                     "here, and the experiment checks bitwise equality with the golden run.")
+    elif repro is not None:
+        lines.append(f"# Two fault-free runs differ {_where(repro)}: the trainer is not bitwise "
+                     f"reproducible here, so the experiment judges recovery against its own "
+                     f"run-to-run noise (matches_golden_within_noise, golden: {{runs: 2}}). To "
+                     f"make it bitwise, look at {CAUSES.removeprefix('the usual causes and ')}.")
+    elif "bitwise_equal_to_golden" not in doc["expect"]:
         lines.append(f"# No bitwise_equal_to_golden: the final checkpoint "
                      f"{'could not be read back' if m.final_checkpoint else 'was not found'}.")
     return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=100)
+
+
+def _where(repro: Reproducibility) -> str:
+    if repro.first_step is None:
+        return "in their final checkpoints only"
+    return f"from step {repro.first_step} (largest loss difference {repro.max_loss_diff:.3g})"
 
 
 def _final(m: Measured) -> str:
@@ -474,6 +521,9 @@ def init_parser() -> argparse.ArgumentParser:
                         help="where the fault-free run's folder goes (default: reports/)")
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="stop the fault-free run after this long (default 900)")
+    parser.add_argument("--runs", type=int, choices=(1, 2), default=2,
+                        help="fault-free runs: 2 (the default) also measures whether the trainer "
+                             "is bitwise reproducible, and picks the starter's verdict by it")
     return parser
 
 
@@ -546,6 +596,19 @@ def main(argv: list[str], console: Any) -> int:
     if not ok:
         console.print(f"the fault-free run did not complete; see {job_dir / 'logs'}")
         return 1
+    if args.runs == 2 and measured.final_readable:
+        console.print("second fault-free run: is the trainer bitwise reproducible?")
+        again = run_experiment(probe, report_dir=args.report_dir)
+        second = read_events(again.run_folder / "job" / "events")
+        if again.error is None and not again.timed_out:
+            repro = measured.reproducible = _compare(measured, job_dir, events,
+                                                     again.run_folder / "job", second)
+            said = "yes, bitwise" if repro.reproducible else \
+                f"no: the runs differ {_where(repro)}"
+            console.print(f"  reproducible: {escape(said)}")
+        else:
+            console.print(f"  the second run did not complete ({again.error or 'timeout'}); "
+                          f"reproducibility not measured")
     doc = starter_document(args.name, tr, measured)
     out.write_text(render(doc, tr, measured, command))
     console.print(f"wrote {out}: run it with `faultlab run {out}`")

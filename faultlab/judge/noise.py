@@ -35,7 +35,8 @@ from typing import Any
 from faultlab.observe.final_state import weights_distance
 from faultlab.spec.expect import NOISE_K_DEFAULT as DEFAULT_K
 
-__all__ = ["CAUSES", "DEFAULT_K", "Reproducibility", "WithinNoise", "reproducibility", "run_losses",
+__all__ = ["CAUSES", "DEFAULT_K", "Reproducibility", "WithinNoise", "compare_runs",
+           "reproducibility", "run_losses",
            "weights_distance", "within_noise"]
 
 CAUSES = ("the usual causes and their fixes: nondeterministic kernels "
@@ -81,13 +82,18 @@ def reproducibility(golden: Any) -> Reproducibility | None:
     if not second:
         return None
     same = (golden.digest is not None and golden.digest == second.get("digest")) or (
-        not golden.digest and golden.tensors and golden.tensors == second.get("tensors"))
-    first, biggest = _differ(golden.losses, second.get("losses") or {})
+        not golden.digest and bool(golden.tensors) and golden.tensors == second.get("tensors"))
+    return compare_runs(same, golden.losses, second.get("losses") or {},
+                        golden.final_checkpoint, second.get("final_checkpoint"))
+
+
+def compare_runs(same: bool, losses_a: Mapping[int, float], losses_b: Mapping[int, float],
+                 checkpoint_a: str | None, checkpoint_b: str | None) -> Reproducibility:
+    """Two fault-free runs: ``same`` final state, or where and how far they differ."""
     if same:
         return Reproducibility(True)
-    return Reproducibility(False, first, biggest,
-                           weights_distance(golden.final_checkpoint,
-                                            second.get("final_checkpoint")))
+    first, biggest = _differ(losses_a, losses_b)
+    return Reproducibility(False, first, biggest, weights_distance(checkpoint_a, checkpoint_b))
 
 
 @dataclass(frozen=True, slots=True)

@@ -297,7 +297,7 @@ def test_with_fix_turns_the_finding_into_a_pass(name: str, tmp_path: Path,
 
 
 @pytest.mark.integration
-def test_init_writes_a_valid_starter_from_one_fault_free_run(tmp_path: Path) -> None:
+def test_init_writes_a_valid_starter_from_two_fault_free_runs(tmp_path: Path) -> None:
     from faultlab.cli import main
 
     out = tmp_path / "starter.yaml"
@@ -307,6 +307,9 @@ def test_init_writes_a_valid_starter_from_one_fault_free_run(tmp_path: Path) -> 
                  "--nproc-per-node", "1", str(trainer), "--steps", "8", "--ckpt-every", "4",
                  "--ckpt-dir", str(tmp_path / "ckpts")])
     assert code == 0 and out.read_text().startswith("# starter: a starter chaos experiment")
+    # the second fault-free run ended bitwise equal: the starter checks bitwise equality
+    assert "# Two fault-free runs ended bitwise equal: the trainer is reproducible here" in \
+        out.read_text()
     exp = load_experiment(out)
     # pointed into init's own run folder before the run: the user's directory stays untouched
     assert exp.target.command == ("python", str(trainer), "--steps", "8", "--ckpt-every", "4",

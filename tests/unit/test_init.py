@@ -215,6 +215,40 @@ def test_the_bitwise_check_whenever_the_final_checkpoint_reads_back(
         render(doc, tr, unread, ["torchrun", "train.py"])
 
 
+def test_two_fault_free_runs_pick_the_starters_verdict(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bitwise for a trainer whose two fault-free runs ended equal; the noise verdict, with
+    the step they differ from and the causes, for one whose runs differ (issue 45)."""
+    from faultlab.engine.starter import _compare
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    tr = parse_torchrun(["torchrun", "train.py", "--ckpt-dir", "{run_dir}/ckpt"])
+    runs = []
+    for name, loss in (("a", "0.5"), ("b", "0.5000001")):
+        (tmp_path / name / "logs").mkdir(parents=True)
+        (tmp_path / name / "logs" / "node0.log").write_text(
+            f"step 1 loss 2.5\nstep 2 loss 1.25\nstep 3 loss {loss}\n")
+        runs.append((tmp_path / name, _events(tmp_path / name / "ckpt")))
+    m = measure(runs[0][1], [tmp_path / "a" / "logs" / "node0.log"], ok=True, wall_s=20.0)
+    m.reproducible = _compare(m, *runs[0], *runs[0])
+    assert m.reproducible.reproducible
+    doc = starter_document("same", tr, m)
+    assert doc["expect"]["bitwise_equal_to_golden"] is True and "golden" not in doc
+    assert "# Two fault-free runs ended bitwise equal" in render(doc, tr, m, ["train.py"])
+    differ = [(d, [{**e, "digest": "e" * 64} if e["kind"] == "final_digest" else e
+                   for e in ev]) for d, ev in runs[1:]]
+    m.reproducible = _compare(m, *runs[0], *differ[0])
+    assert not m.reproducible.reproducible and m.reproducible.first_step == 3
+    doc = starter_document("noisy", tr, m)
+    assert "bitwise_equal_to_golden" not in doc["expect"]
+    assert doc["expect"]["matches_golden_within_noise"] is True and doc["golden"] == {"runs": 2}
+    text = render(doc, tr, m, ["train.py"])
+    assert "# Two fault-free runs differ from step 3 (largest loss difference 1e-07)" in text
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in text
+    assert experiment_from_dict(yaml.safe_load(text)).golden_runs == 2
+
+
 def test_a_run_without_steps_is_refused_with_the_reason(tmp_path: Path) -> None:
     m = measure([{"t": 1.0, "kind": "start", "rank": 0}], [], ok=True, wall_s=3.0)
     with pytest.raises(InitError, match="faultlab saw no optimizer steps"):
