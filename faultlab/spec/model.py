@@ -168,6 +168,21 @@ class Experiment(JobSpec):
             return 2
         return self.golden.runs if self.expect.bitwise_equal_to_golden is not None else 0
 
+    @field_validator("expect")
+    @classmethod
+    def _noise_needs_losses(cls, expect: Expect, info: ValidationInfo) -> Expect:
+        target: TargetSpec | None = info.data.get("target")
+        observe: ObserveSpec | None = info.data.get("observe")
+        if expect.matches_golden_within_noise is not None and target is not None and \
+                target.command and not (observe and observe.log_pattern):
+            raise located([spec_error(
+                ("matches_golden_within_noise",),
+                "needs the loss of every step of your trainer to compare with its fault-free "
+                "runs: set observe.log_pattern (a regular expression with the groups step and "
+                "loss, e.g. 'step (?P<step>\\d+) loss (?P<loss>\\S+)')",
+                expect.matches_golden_within_noise)])
+        return expect
+
     @field_validator("faults")
     @classmethod
     def _faults_fit(cls, faults: tuple[FaultSpec, ...],

@@ -137,3 +137,32 @@ def test_reference_trainer_experiment_on_nccl_world_size_1(name: str, tmp_path: 
     assert result.verdict == "pass"
     if name == "rank_kill":  # no survivor: the first sign is the launcher's new worker
         assert result.metrics.faults[0].detection_source == "launcher_respawn"
+
+
+@pytest.mark.integration
+def test_the_reproducibility_check_and_the_noise_verdict_on_nccl(tmp_path: Path) -> None:
+    """Issue 45 on a GPU: the golden run twice on the experiment's own target (one rank, NCCL).
+    The reference trainer with every determinism switch on (its default) must end bitwise
+    equal both times, so bitwise is judged and the rank kill's resume passes it; the noise
+    verdict is measured beside it and passes too."""
+    import yaml
+
+    from faultlab.engine import run_experiment
+    from faultlab.judge.noise import reproducibility
+    from faultlab.spec import parse_experiment
+
+    doc = yaml.safe_load((ROOT / "experiments" / "rank_kill.yaml").read_text())
+    doc.update(NCCL)
+    doc["faults"][0]["target"] = {"rank": 0}
+    doc["expect"] = {"completes": True, "bitwise_equal_to_golden": True,
+                     "matches_golden_within_noise": True}
+    result = run_experiment(parse_experiment(yaml.safe_dump(doc)), report_dir=tmp_path)
+    print("\n".join(s.describe() for s in result.slas))
+    assert result.golden is not None and result.golden.second is not None
+    print("golden where:", result.golden.where)
+    assert result.golden.where["accelerator"] != "cpu" and result.golden.where["cuda"]
+    repro = reproducibility(result.golden)
+    assert repro is not None and repro.reproducible, repro and repro.note()
+    slas = {s.name: s for s in result.slas}
+    assert slas["bitwise_equal_to_golden"].measured is True
+    assert slas["matches_golden_within_noise"].passed, slas["matches_golden_within_noise"]

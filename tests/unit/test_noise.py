@@ -9,6 +9,7 @@ step named, what "not measured" means, and the spec's key.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from faultlab.errors import InvalidExperimentError
 from faultlab.judge import judge
 from faultlab.judge.noise import CAUSES, reproducibility, run_losses, within_noise
 from faultlab.observe import compute_metrics
-from faultlab.spec import parse_experiment
+from faultlab.spec import experiment_from_dict, parse_experiment
 from tests.unit.test_engine import BASE, INJECTED, KILL, _run_events, exp_with
 
 A = {1: 2.0, 2: 1.5, 3: 1.2, 4: 1.0, 5: 0.9}
@@ -117,3 +118,26 @@ def test_a_golden_run_is_of_one_target() -> None:
     docker = parse_experiment(BASE.replace("procs_per_node: 1}",
                                            "procs_per_node: 1, launcher: docker}"))
     assert golden_key(local) != golden_key(docker)
+
+
+def test_validate_refuses_the_noise_verdict_without_the_losses_it_reads(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    doc = {"name": "nolog", "target": {"command": ["python", str(tmp_path / "train.py")]},
+           "expect": {"matches_golden_within_noise": 5}}
+    with pytest.raises(InvalidExperimentError, match="set observe.log_pattern"):
+        experiment_from_dict(doc)
+    doc["observe"] = {"log_pattern": r"step (?P<step>\d+) loss (?P<loss>\S+)"}
+    assert experiment_from_dict(doc).golden_runs == 2
+
+
+def test_a_teams_batch_script_is_part_of_its_golden_runs_key(tmp_path: Path,
+                                                              monkeypatch: Any) -> None:
+    monkeypatch.setenv("FAULTLAB_SLURM_SHARED", str(tmp_path))
+    monkeypatch.setattr("faultlab.engine.golden._slurm_cluster", lambda: "test")
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\nsrun python train.py\n")
+    exp = experiment_from_dict({"name": "s", "topology": {
+        "nodes": 2, "launcher": "slurm", "slurm": {"script": str(script)}}})
+    before = golden_key(exp)
+    script.write_text("#!/bin/bash\nsrun python train.py --lr 0.1\n")
+    assert golden_key(exp) != before
