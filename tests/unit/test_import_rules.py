@@ -5,6 +5,8 @@
 - ``faultlab.runtime`` (the in-rank API) imports nothing else of faultlab.
 - ``reference_trainer`` imports nothing of faultlab but ``faultlab.runtime``, as a user's trainer
   would.
+- The plugins (pytest, Chaos Toolkit) import no private name of faultlab: a job starts through
+  ``faultlab.engine.session.JobSession``, as every job of the engine does.
 - The data flow spec → engine → targets + faults → observe → judge → report points one way:
   ``ALLOWED`` lists, per package of faultlab, the packages it may import.
 
@@ -44,6 +46,12 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": set(),
 }
 """Which faultlab packages each one may import (its own modules always)."""
+
+ENGINE_API = {"session", "golden", "runner", "campaign", "repeat", "RunView", "NullView",
+              "RunResult", "run_experiment", "judge", "SLAResult"}
+"""What of ``faultlab.engine`` its plugins may import: the package's own names and the modules
+that start, run and judge a job; never a piece of how the engine does it (its runtime plan,
+hub, storage mount)."""
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -92,9 +100,21 @@ def violations(root: Path) -> list[str]:
             return None
 
         check(path, ok)
+    def plugin_ok(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[0] == "reference_trainer":
+            return "plugins reach the trainer through faultlab, never directly"
+        if parts[0] == "faultlab" and any(p.startswith("_") and not p.startswith("__")
+                                          for p in parts[1:]):
+            return "plugins use faultlab's public names only"
+        if parts[:2] == ["faultlab", "engine"] and len(parts) > 2 and \
+                parts[2] not in ENGINE_API:
+            return (f"plugins reach the engine through {', '.join(sorted(ENGINE_API))} only "
+                    f"(a job starts through faultlab.engine.session.JobSession)")
+        return None
+
     for path in sorted((root / "plugins").rglob("*.py")):
-        check(path, lambda m: "plugins reach the trainer through faultlab, never directly"
-              if m.split(".")[0] == "reference_trainer" else None)
+        check(path, plugin_ok)
     for path in sorted((root / "reference_trainer").rglob("*.py")):
         def trainer_ok(module: str) -> str | None:
             parts = module.split(".")
