@@ -198,7 +198,7 @@ def test_the_file_channel_keeps_one_file_per_node_and_reads_gates_from_one_file(
     t.join(5)
     assert result and result[0] is not None and result[0][1]
     pid = _relay_pid(tmp_path, "node0")
-    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGKILL)  # the job's notice signals do not end it (see below)
     _until(lambda: not pid_alive(pid))
 
 
@@ -341,3 +341,25 @@ def test_on_the_file_channel_the_relay_closes_its_file_after_every_batch(
         assert opens.count == 3 and len(relay.path.read_text().splitlines()) == 3
     finally:
         relay.listener.close()
+
+
+def test_a_notice_signal_to_every_process_of_the_job_leaves_the_relay_reporting(
+        tmp_path: Path, hub: Hub) -> None:
+    """Slurm's preemption signals every process of the job's steps, the relay among them. A
+    relay that died on it lost the ranks' preemption_notice records (seen under load in
+    slurm_preemption). It ignores the job's notice signals and goes on relaying."""
+    env = _env(tmp_path, "node0", hub)
+    up = Uplink(tmp_path, "node0", SECRET, rank=0, env=env)
+    stream = EventStream(tmp_path)
+    stream.attach(hub)
+    up.emit_line(_record(0, "step", step=1))
+    _until(lambda: stream.poll() or stream.count("step") == 1)
+    pid = _relay_pid(tmp_path, "node0")
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+        os.kill(pid, sig)
+    up.emit_line(_record(0, "preemption_notice", provider="slurm"))
+    _until(lambda: stream.poll() or stream.count("preemption_notice") == 1)
+    assert pid_alive(pid) and _relay_pid(tmp_path, "node0") == pid  # the same relay
+    assert hub.relays["node0"].connects == 1 and not hub.relays["node0"].lost_t
+    hub.close()  # the run is over: it leaves by its own rule
+    _until(lambda: not pid_alive(pid))
