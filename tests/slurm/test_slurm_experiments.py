@@ -85,6 +85,11 @@ def test_a_shipped_slurm_experiment_passes(path: Path, cluster: Path, tmp_path: 
     # machine killed, a preemption signal): the ranks wait at the step gate until it is in.
     landed = [(f["id"], f["at_step"], f["landed_after_step"]) for f in journal["faults"]]
     assert landed and all(at == after for _id, at, after in landed), landed
+    # Slurm's notice reached every rank, and their records the engine, within the wait (the
+    # relays ignore it: one killed by it lost them all, under load for good)
+    for fault in journal["faults"]:
+        if fault["type"] == "slurm_preempt":
+            assert fault["details"]["notice_missing"] == [], fault["details"]
     assert view["final_state"] == "COMPLETED", view
     # The reference was computed on the cluster: the same batch job without faults, through
     # sbatch (the team's own script for slurm_rank_kill, which needs its allocation to start).

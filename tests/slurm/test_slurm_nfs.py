@@ -45,6 +45,10 @@ def test_a_preemption_passes_under_nfs_semantics_through_the_node_relays(
     # relays, the gates timed out after 60 s and the engine never saw a step)
     landed = [(f["at_step"], f["landed_after_step"]) for f in journal["faults"]]
     assert landed == [(14, 14)], landed
+    # every rank's notice came in while they waited there (a relay killed by the notice
+    # itself lost them all, and the wait used up the grace time: issue 47's load failure)
+    [preempt] = journal["faults"]
+    assert preempt["details"]["notice_missing"] == [], preempt["details"]
     # both ranks resumed from the emergency checkpoint (before rank 0's listing was shared,
     # rank 1's cached listing showed none: it started from 0 and both hung 120 s)
     starts = [e for e in result_events(journal) if e["kind"] == "start" and e["restart"] == 0]
