@@ -97,7 +97,7 @@ def hook_cost(num_blocks: int = 20, block_steps: int = 200) -> dict[str, float]:
     import torch
 
     from faultlab.runtime import auto
-    from faultlab.runtime.records import Identity
+    from faultlab.runtime.identity import Identity
 
     torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1 does for its workers
     torch.manual_seed(0)

@@ -318,7 +318,7 @@ def _sim_ranks(cfg_json: str) -> int:
     when every rank is done with it."""
     from faultlab.runtime.events import EventLog
     from faultlab.runtime.gates import StepGates
-    from faultlab.runtime.relay import Uplink
+    from faultlab.runtime.uplink import Uplink
 
     cfg = json.loads(cfg_json)
     if cfg["traced"]:

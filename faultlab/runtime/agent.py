@@ -33,8 +33,10 @@ from faultlab.runtime import interposer
 from faultlab.runtime.collective import CollectiveFault, make_collective_fault
 from faultlab.runtime.control import ControlServer
 from faultlab.runtime.gates import StepGates
+from faultlab.runtime.identity import Identity
 from faultlab.runtime.plan import FaultEntry, PlanError, parse_entry
-from faultlab.runtime.records import EventFile, FiredMarkers, Identity
+from faultlab.runtime.records import EventFile, FiredMarkers
+from faultlab.runtime.uplink import RelayDown, uplink_for
 
 __all__ = ["Agent", "Emit", "Identity", "NullAgent"]
 
@@ -99,8 +101,6 @@ class Agent(NullAgent):
                 host=host, secret=secret, handler=self._handle,
                 info_path=ident.run_dir / "runtime" / f"rank{ident.rank}.json",
                 info={"rank": ident.rank, "restart": ident.restart})
-            from faultlab.runtime.relay import RelayDown, uplink_for
-
             uplink = uplink_for(ident.run_dir)
             if uplink is not None:  # live faults then come through the node's relay
                 with contextlib.suppress(RelayDown):

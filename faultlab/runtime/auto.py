@@ -112,8 +112,9 @@ from faultlab.runtime.agent import Agent
 from faultlab.runtime.auto_checkpoints import CheckpointHooks, PendingLoad
 from faultlab.runtime.auto_checkpoints import report_once as _report
 from faultlab.runtime.gates import StepGates
+from faultlab.runtime.identity import Identity
 from faultlab.runtime.plan import FaultEntry, load_plan
-from faultlab.runtime.records import EventFile, Identity
+from faultlab.runtime.records import EventFile
 
 __all__ = ["Observer", "observer", "on_import"]
 

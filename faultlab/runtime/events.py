@@ -4,9 +4,9 @@ One append-only JSON-lines file per process under ``RUN_DIR/events/`` (``FAULTLA
 flushed per line, so a reader tailing the directory sees every record the moment the rank wrote
 it and a SIGKILL loses at most the line being written. Under faultlab's engine
 (``FAULTLAB_CHANNEL`` set) the same records go instead to the node's relay over a node-local
-socket (``faultlab.runtime.relay``), which writes one file per node and pushes it to the
-engine: no rank touches the shared filesystem for its events. If the relay cannot be reached,
-the emitter falls back to its own file, so no record is lost.
+socket (``faultlab.runtime.uplink``; the relay is ``faultlab.runtime.relay``), which writes one
+file per node and pushes it to the engine: no rank touches the shared filesystem for its events.
+If the relay cannot be reached, the emitter falls back to its own file, so no record is lost.
 
 Every record carries ``t`` (wall clock, seconds), ``kind``, ``rank``, ``world_size``, ``pid``,
 ``restart`` (``TORCHELASTIC_RESTART_COUNT``) and ``node`` (``FAULTLAB_NODE``)::
@@ -32,6 +32,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from faultlab.runtime.identity import Identity
+from faultlab.runtime.uplink import RelayDown, uplink_for
 
 __all__ = ["RECORD_KINDS", "EventLog", "read_events"]
 
@@ -68,8 +71,6 @@ class EventLog:
             f"{node}-rank{rank}-restart{restart}-pid{os.getpid()}{suffix}.jsonl")
         self._file: Any = None
         self._lock = threading.Lock()
-        from faultlab.runtime.relay import uplink_for
-
         self._uplink = uplink_for(Path(events_dir).parent) \
             if Path(events_dir).name == "events" else None
 
@@ -77,8 +78,6 @@ class EventLog:
     def from_env(cls, suffix: str = "") -> EventLog | None:
         """The emitter of this rank from the environment faultlab and torchrun set; None when
         faultlab did not launch the process (no ``FAULTLAB_RUN_DIR``)."""
-        from faultlab.runtime.records import Identity
-
         if not os.environ.get("FAULTLAB_RUN_DIR"):
             return None
         ident = Identity.from_env(os.environ)
@@ -89,8 +88,6 @@ class EventLog:
         record = {"t": time.time(), "kind": kind, **self.base, **fields}
         line = json.dumps(record, separators=(",", ":"), allow_nan=True, default=str) + "\n"
         if self._uplink is not None and not self._uplink.down:
-            from faultlab.runtime.relay import RelayDown
-
             try:
                 self._uplink.emit_line(line)
                 return

@@ -10,7 +10,7 @@ it has written the record of step N, waits until the engine opens gate N: the fi
 ``RUN_DIR/runtime/gates/step{N}``, created once every fault due at step N has been injected (or
 has failed). The gate stays open, so a rank that replays step N after a restart passes at once.
 Under faultlab's engine the
-wait is on the node relay's socket instead (``faultlab.runtime.relay``): the engine opens the
+wait is on the node relay's socket instead (``faultlab.runtime.uplink``): the engine opens the
 gate once, and every waiting rank wakes without touching the shared filesystem; the file is
 the fallback when the relay cannot be reached. A gate not opened within
 ``FAULTLAB_STEP_GATE_TIMEOUT_S`` (60 s: faultlab died, or the fault
@@ -30,6 +30,8 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+from faultlab.runtime.uplink import RelayDown, uplink_for
 
 __all__ = ["GATES_ENV", "GATE_TIMEOUT_ENV", "StepGates", "gate_path", "open_gate"]
 
@@ -96,8 +98,6 @@ class StepGates:
         while waiting: a trainer's own step watchdog must not take the pause for a hang."""
         if step not in self.steps:
             return None
-        from faultlab.runtime.relay import RelayDown, uplink_for
-
         uplink = uplink_for(self.run_dir)
         if uplink is not None and not uplink.down:
             try:

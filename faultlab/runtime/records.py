@@ -1,5 +1,5 @@
-"""What the agent knows about its process and keeps on disk: its identity, its own event file,
-and the fire-once markers.
+"""What the agent keeps on disk: its own event file and the fire-once markers (who the process
+is: ``faultlab.runtime.identity``).
 
 The markers are why a numeric fault strikes at most once per (fault id, rank, step) for the
 whole job: the in-memory set covers an in-process rollback, and a marker file under
@@ -13,44 +13,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import socket
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from faultlab.runtime.events import EventLog
+from faultlab.runtime.identity import Identity
 
-__all__ = ["EventFile", "FiredMarkers", "Identity"]
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Who this process is, from the environment torchrun and faultlab set."""
-
-    run_dir: Path
-    rank: int
-    world_size: int
-    restart: int
-    node: str
-    pid: int
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Identity:
-        def num(name: str, default: int) -> int:
-            raw = env.get(name) or str(default)
-            try:
-                return int(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not an integer") from None
-        # Where every node is a torchrun world of its own (torchft's replica groups), each
-        # world's ranks start at 0: faultlab's launcher gives each node its offset and the
-        # job's size, so that a rank names one process across the job.
-        return cls(run_dir=Path(env["FAULTLAB_RUN_DIR"]),
-                   rank=num("FAULTLAB_RANK_OFFSET", 0) + num("RANK", 0),
-                   world_size=num("FAULTLAB_WORLD_SIZE", 0) or num("WORLD_SIZE", 1),
-                   restart=num("TORCHELASTIC_RESTART_COUNT", 0),
-                   node=env.get("FAULTLAB_NODE") or socket.gethostname(), pid=os.getpid())
+__all__ = ["EventFile", "FiredMarkers"]
 
 
 class EventFile(EventLog):

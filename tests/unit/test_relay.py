@@ -20,7 +20,8 @@ from faultlab.observe import EventStream
 from faultlab.runtime import relay as relay_mod
 from faultlab.runtime.events import EventLog
 from faultlab.runtime.gates import StepGates, open_gate
-from faultlab.runtime.relay import RelayDown, Uplink, relay_file, socket_name
+from faultlab.runtime.relay import relay_file
+from faultlab.runtime.uplink import RelayDown, Uplink, socket_name
 from faultlab.targets.procs import pid_alive
 
 SECRET = "s3cret-of-this-run"

@@ -497,4 +497,6 @@ def test_importing_the_runtime_pulls_in_no_other_faultlab_module_nor_torch() -> 
                          check=True).stdout
     assert json.loads(out) == sorted(["faultlab", "faultlab.runtime", *(
         f"faultlab.runtime.{m}" for m in ("agent", "client", "collective", "control", "gates",
-                                          "records", "events", "interposer", "plan"))])
+                                          "identity", "records", "events", "interposer", "plan",
+                                          "uplink"))])
+    # the node relay's daemon (runtime.relay) is a process of its own: no rank imports it

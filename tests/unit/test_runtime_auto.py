@@ -24,8 +24,8 @@ from faultlab import runtime
 from faultlab.runtime import auto, auto_checkpoints
 from faultlab.runtime.bootstrap import BOOTSTRAP_DIR, bootstrap_env
 from faultlab.runtime.bootstrap.sitecustomize import should_activate
+from faultlab.runtime.identity import Identity
 from faultlab.runtime.plan import write_plan
-from faultlab.runtime.records import Identity
 
 WORKER = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
 PROBE = ("import os, sys; print(json.dumps({'finder': any(type(f).__name__ == "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.runtime.records import Identity
+from faultlab.runtime.identity import Identity
 from faultlab.spec import experiment_from_dict
 from faultlab.targets.launcher import LocalJob
 from tests.unit.test_spec import doc, one_problem
