@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from faultlab.errors import FaultError
-from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
 
 __all__ = ["SpotPreemptionFault"]
 

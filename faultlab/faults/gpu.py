@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from faultlab.errors import FaultError
-from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
 from faultlab.runtime.gpu import (
     FAKE_MEMORY_MIB,
     XIDS,

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from faultlab.errors import FaultError
-from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
 from faultlab.targets.docker.netns import (
     add_drop_chain,
     host_veth,

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import model_validator
 
 from faultlab.errors import FaultError
-from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
 from faultlab.runtime.plan import PlanError, validate_params
 
 __all__ = ["RuntimeContext", "RuntimeFault", "RuntimeFaultParams"]

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from faultlab.errors import FaultError
-from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
 
 __all__ = ["SlurmNodeDownFault", "SlurmPreemptFault"]
 

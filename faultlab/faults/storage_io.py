@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from faultlab.errors import FaultError
-from faultlab.faults.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
 from faultlab.spec._base import show, unknown
 from faultlab.storage.mount import fuse_unavailable, mount_for, propagates
 from faultlab.storage.rules import ERRNOS, OPS

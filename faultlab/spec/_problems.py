@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from faultlab.errors import Problem
-from faultlab.faults import fault_types
+from faultlab.fault_api import fault_types
 from faultlab.spec._base import SPEC_ERROR, SpecModel, choices, did_you_mean, render_path, show
 from faultlab.spec._yaml import Key, YamlDoc
 from faultlab.spec.faults import FaultSpec

@@ -343,7 +343,7 @@ def campaign_schedule(campaign: Campaign) -> list[Planned]:
 def _victim(campaign: Campaign, mix: MixEntry, draw: float) -> Selector:
     if mix.target.kind != "random":
         return mix.target
-    from faultlab.faults import fault_types
+    from faultlab.fault_api import fault_types
 
     kind = next(k for k in fault_types()[mix.type].targets if k in ("rank", "node"))
     count = campaign.topology.world_size if kind == "rank" else campaign.topology.nodes

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, cast
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
-from faultlab.faults import Fault, FaultParams, fault_types
+from faultlab.fault_api import Fault, FaultParams, fault_types
 from faultlab.spec._base import SpecModel, choices, located, show, spec_error, unknown
 
 __all__ = ["EVENT_KINDS", "AfterEvent", "Every", "FaultSpec", "Selector", "Trigger"]

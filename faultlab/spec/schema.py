@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from faultlab.faults import fault_types
+from faultlab.fault_api import fault_types
 
 __all__ = ["SCHEMA_ID", "document_schema", "markdown"]
 

@@ -5,7 +5,7 @@ Every way of running a job — torchrun agents on this host (``local``), one con
 engine, the faults, the Chaos Toolkit extension and the golden run talk to a job only through
 it. Each method's docstring is the contract (in the style of a pluggy hookspec): what it must
 do, what it returns, what it raises. Faults see the narrower ``FaultContext``
-(``faultlab.faults.base``), which every ``Target`` is.
+(``faultlab.fault_api.base``), which every ``Target`` is.
 
 ``JobContext`` implements the addressing half for any job whose nodes are process trees this
 host can see: a node is its torchrun agent's pid (by node name), ranks are mapped to processes

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from faultlab.engine import run_experiment
-from faultlab.faults.base import Victim
+from faultlab.faults import Victim
 from faultlab.faults.process import NodeHangFault, RankHangFault, RankKillFault
 from faultlab.spec import load_experiment
 from faultlab.targets.slurm import SlurmTarget

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from faultlab.errors import InvalidExperimentError
-from faultlab.faults import fault_types
-from faultlab.faults.base import Victim
+from faultlab.faults import Victim, fault_types
 from faultlab.faults.gpu import GpuErrorFault, GpuOomFault, GpuSlowFault
 from faultlab.reaper import clear_gpu_state
 from faultlab.runtime.bootstrap import BOOTSTRAP_DIR

@@ -9,6 +9,11 @@
   ``faultlab.engine.session.JobSession``, as every job of the engine does.
 - The data flow spec → engine → targets + faults → observe → judge → report points one way:
   ``ALLOWED`` lists, per package of faultlab, the packages it may import.
+- No import cycles, between faultlab's packages (``faultlab.spec``, ``faultlab.faults``, ...;
+  ``cli``, ``errors`` and the other top-level modules count as packages) or between its files,
+  and no list of exceptions (``cycles``). What two packages both need lives beneath both: the
+  fault contract and registry (``faultlab.fault_api``) beneath the spec and the faults, a rank's
+  link to its node's relay (``runtime/uplink.py``) beneath the emitter and the relay.
 
 The check reads the source (``ast``), so an import inside a function counts as much as one at
 the top; ``if TYPE_CHECKING:`` imports count too (they are still a dependency of the code).
@@ -27,9 +32,10 @@ REPO = Path(__file__).resolve().parents[2]
 # (cli, errors, reaper, testing) are listed like packages.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "fault_api": {"errors"},
     "runtime": set(),
-    "spec": {"errors", "faults"},
-    "faults": {"errors", "spec", "runtime", "metadata", "targets", "storage"},
+    "spec": {"errors", "fault_api"},
+    "faults": {"errors", "fault_api", "spec", "runtime", "metadata", "targets", "storage"},
     "storage": {"errors"},
     "targets": {"errors", "spec", "observe", "runtime"},
     "metadata": {"errors"},
@@ -65,6 +71,138 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             out.append((node.lineno, node.module))
             out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
     return out
+
+
+def _import_graph(root: Path) -> dict[str, dict[str, tuple[Path, int]]]:
+    """Module of faultlab → the faultlab modules it imports, each with where (file, line) it
+    first does: every import counts (at the top, in a function, under ``TYPE_CHECKING``,
+    relative ones resolved). An import names the deepest module that exists: ``from
+    faultlab.runtime import events`` is an import of ``faultlab.runtime.events``, ``from
+    faultlab.spec import Experiment`` one of ``faultlab.spec`` (its ``__init__``)."""
+    files: dict[str, Path] = {}
+    for path in sorted((root / "faultlab").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def resolve(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in files:
+            parts.pop()
+        return ".".join(parts) if parts else None
+
+    graph: dict[str, dict[str, tuple[Path, int]]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        out = graph.setdefault(module, {})
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                names = [f"{base}.{a.name}" for a in node.names]
+            for name in names:
+                target = resolve(name)
+                if target and target != module:
+                    out.setdefault(target, (path, node.lineno))
+    return graph
+
+
+def _package(module: str) -> str:
+    """``faultlab.spec.model`` → ``spec``; ``faultlab.cli`` → ``cli``; ``faultlab`` →
+    ``__init__`` (the names of ``ALLOWED``)."""
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def _cycle_in(graph: dict[str, dict[str, tuple[Path, int]]],
+              members: set[str]) -> list[str]:
+    """A shortest cycle through the first of ``members`` (a strongly connected component),
+    as its nodes in order, the first one repeated at the end."""
+    start = min(members)
+    before: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        nxt = []
+        for node in todo:
+            for succ in sorted(graph.get(node, {})):
+                if succ == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(before[path[-1]])
+                    return [*reversed(path), start]
+                if succ in members and succ not in before:
+                    before[succ] = node
+                    nxt.append(succ)
+        todo = nxt
+    raise AssertionError(f"no cycle through {start}")  # a component of one has no cycle
+
+
+def _components(graph: dict[str, dict[str, tuple[Path, int]]]) -> list[set[str]]:
+    """The strongly connected components of more than one node (Tarjan's, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, {}))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, succs = work[-1]
+            succ = next(succs, None)
+            if succ is not None:
+                if succ not in index:
+                    index[succ] = low[succ] = len(index)
+                    stack.append(succ)
+                    on_stack.add(succ)
+                    work.append((succ, iter(sorted(graph.get(succ, {})))))
+                elif succ in on_stack:
+                    low[node] = min(low[node], index[succ])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    members.add(member)
+                    if member == node:
+                        break
+                if len(members) > 1:
+                    found.append(members)
+    return found
+
+
+def cycles(root: Path) -> list[str]:
+    """Every import cycle of faultlab under ``root`` (a checkout), between packages and between
+    files, one line each: the members, then one cycle through them, each step as the file and
+    line of the import that makes it."""
+    graph = _import_graph(root)
+    packages: dict[str, dict[str, tuple[Path, int]]] = {}
+    for module, targets in sorted(graph.items()):
+        for target, where in targets.items():
+            if _package(module) != _package(target):
+                packages.setdefault(_package(module), {}).setdefault(_package(target), where)
+    found: list[str] = []
+    for kind, g in (("packages", packages), ("files", graph)):
+        for members in sorted(_components(g), key=min):
+            loop = _cycle_in(g, members)
+            steps = "; ".join(f"{g[a][b][0].relative_to(root)}:{g[a][b][1]} imports "
+                              f"{b if kind == 'files' else 'faultlab.' + b}"
+                              for a, b in zip(loop, loop[1:], strict=False))
+            rest = sorted(members - set(loop))
+            also = f" (also in it: {', '.join(rest)})" if rest else ""
+            found.append(f"import cycle between {kind} {' -> '.join(loop)}: {steps}{also}")
+    return found
 
 
 def violations(root: Path) -> list[str]:
@@ -130,6 +268,10 @@ def test_the_tree_keeps_the_import_rules() -> None:
     assert violations(REPO) == []
 
 
+def test_no_import_cycles_between_packages_or_files() -> None:
+    assert cycles(REPO) == []
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for name in ("faultlab/__init__.py", "plugins/p/__init__.py",
                  "reference_trainer/__init__.py", *files):
@@ -148,7 +290,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
      "faultlab/runtime/z.py:1: imports faultlab.spec: faultlab.runtime may import only itself"),
     ("faultlab/spec/w.py", "from faultlab.engine import run_experiment\n",
      "faultlab/spec/w.py:1: imports faultlab.engine: faultlab.spec may import only errors, "
-     "faults"),
+     "fault_api"),
     ("reference_trainer/t.py", "from faultlab.targets.launcher import LocalJob\n",
      "reference_trainer/t.py:1: imports faultlab.targets.launcher: a trainer may use "
      "faultlab.runtime only"),
@@ -168,3 +310,53 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
         "faultlab/runtime/z.py": "from faultlab.runtime.plan import load_plan\n",
     })
     assert violations(root) == []
+
+
+def test_a_deliberate_cycle_is_reported_naming_its_files(tmp_path: Path) -> None:
+    """``a`` and ``b`` import each other through two files (the import back is inside a
+    function, where it is still a dependency): a cycle between the packages and between the
+    files, each step named by the file and line of its import."""
+    root = _tree(tmp_path, {
+        "faultlab/a/__init__.py": "",
+        "faultlab/a/x.py": "import os\nfrom faultlab.b.y import f\n",
+        "faultlab/b/__init__.py": "",
+        "faultlab/b/y.py": "def f():\n    from faultlab.a import x\n    return x\n",
+    })
+    assert cycles(root) == [
+        "import cycle between packages a -> b -> a: faultlab/a/x.py:2 imports faultlab.b; "
+        "faultlab/b/y.py:2 imports faultlab.a",
+        "import cycle between files faultlab.a.x -> faultlab.b.y -> faultlab.a.x: "
+        "faultlab/a/x.py:2 imports faultlab.b.y; faultlab/b/y.py:2 imports faultlab.a.x",
+    ]
+
+
+def test_a_cycle_between_packages_alone_is_reported(tmp_path: Path) -> None:
+    """No file imports itself back, but ``spec`` needs ``faults`` (for a type check only) and
+    ``faults`` needs ``spec`` through other files: the packages still depend on each other."""
+    root = _tree(tmp_path, {
+        "faultlab/spec/__init__.py": "",
+        "faultlab/spec/model.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from faultlab.faults.base import Fault\n",
+        "faultlab/faults/__init__.py": "",
+        "faultlab/faults/base.py": "",
+        "faultlab/faults/io.py": "from faultlab.spec._base import show\n",
+        "faultlab/spec/_base.py": "",
+        "faultlab/cli.py": "from .spec import model\n",
+    })
+    assert cycles(root) == [
+        "import cycle between packages faults -> spec -> faults: faultlab/faults/io.py:1 "
+        "imports faultlab.spec; faultlab/spec/model.py:3 imports faultlab.faults",
+    ]
+
+
+def test_a_relative_import_counts(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "faultlab/runtime/__init__.py": "",
+        "faultlab/runtime/events.py": "from . import relay\n",
+        "faultlab/runtime/relay.py": "from .events import EventLog\n",
+    })
+    assert cycles(root) == [
+        "import cycle between files faultlab.runtime.events -> faultlab.runtime.relay -> "
+        "faultlab.runtime.events: faultlab/runtime/events.py:1 imports faultlab.runtime.relay; "
+        "faultlab/runtime/relay.py:1 imports faultlab.runtime.events",
+    ]

@@ -18,8 +18,7 @@ import psutil
 import pytest
 
 from faultlab.errors import FaultError
-from faultlab.faults import fault_types
-from faultlab.faults.base import Victim
+from faultlab.faults import Victim, fault_types
 from faultlab.faults.process import NodeHangFault, NodeKillFault, RankHangFault, RankKillFault
 from faultlab.reaper import continue_and_kill
 

@@ -24,7 +24,7 @@ from fsdp_helpers import Recorder
 
 from faultlab import runtime
 from faultlab.errors import FaultError
-from faultlab.faults.base import Victim
+from faultlab.faults import Victim
 from faultlab.faults.collective import (
     CollectiveDelayFault,
     CollectiveErrorFault,
