@@ -7,9 +7,9 @@ goes without a description:
 - :func:`faults_page`: every registered fault type (the ``faultlab.faults`` entry points, a
   third party's included), its parameters with their types, defaults and bounds, the targets
   and launchers it takes, and what undoes it (its ``undo`` docstring);
-- :func:`slas_page`: every SLA of ``faultlab.judge.slas``, its unit and bound, and the
-  metric's definition, read from the docstrings of ``faultlab.observe`` where each metric is
-  defined once (when it is *not measured* is part of that definition);
+- :func:`slas_page`: every SLA declared (``faultlab.sla``, a team's included), its unit and
+  bound, and the metric's definition, read from the docstrings of ``faultlab.observe`` where
+  each metric is defined once (when it is *not measured* is part of that definition);
 - :func:`yaml_page`: every field of every document model (experiment, campaign, suite), from
   the pydantic models and their field docstrings;
 - :func:`cli_page`: every command and option, from the argparse parsers.
@@ -167,7 +167,8 @@ def slas_page() -> str:
            "needs; an SLA on a metric that was not measured fails, and its note says why "
            "(`not measured: ...`), never guessed. The definitions below are the ones the code "
            "measures (the docstrings of `faultlab.observe`). `faultlab list slas` prints the "
-           "short form.\n\n",
+           "short form. Each SLA is one declaration (`faultlab.sla`); those a team registers "
+           "appear here beside the built-ins ([Adding an SLA](../guides/extending.md)).\n\n",
            "| key | unit | kind | what |\n| --- | --- | --- | --- |\n"]
     for key, sla in SLAS.items():
         out.append(f"| [`{key}`](#{key}) | {sla.unit} | {sla.kind} | {_cell(sla.description)} |\n")
@@ -179,8 +180,13 @@ def slas_page() -> str:
         for key, sla in table.items():
             out.append(f"\n### {key}\n\n{_md(sla.description)}.\n\n")
             out.append(f"- **unit:** {sla.unit}\n- **judged as:** {bound[sla.kind]}\n")
-            out.append(f"- **metric:** `{sla.metric}`\n")
-            definition = defs.get(sla.metric)
+            if sla.metric:
+                out.append(f"- **metric:** `{sla.metric}`\n")
+            else:  # a declaration that measures the run's records itself
+                measure = type(sla).measure
+                out.append(f"- **measured by:** `{measure.__module__}.{measure.__qualname__}`"
+                           f"\n")
+            definition = defs.get(sla.metric) if sla.metric else None
             if definition:
                 out.append(f"- **measured:** {_cell(definition)}\n")
             if sla.metric in UNFINISHED_RUN:

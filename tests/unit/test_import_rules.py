@@ -7,6 +7,8 @@
   would.
 - The plugins (pytest, Chaos Toolkit) import no private name of faultlab: a job starts through
   ``faultlab.engine.session.JobSession``, as every job of the engine does.
+- The SLA declarations (``faultlab.sla``) sit beneath the spec and the judge, which both read
+  them, and import nothing of faultlab but its errors.
 - The data flow spec → engine → targets + faults → observe → judge → report points one way:
   ``ALLOWED`` lists, per package of faultlab, the packages it may import.
 - No import cycles, between faultlab's packages (``faultlab.spec``, ``faultlab.faults``, ...;
@@ -34,13 +36,14 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "fault_api": {"errors"},
     "runtime": set(),
-    "spec": {"errors", "fault_api"},
+    "sla": {"errors"},
+    "spec": {"errors", "fault_api", "sla"},
     "faults": {"errors", "fault_api", "spec", "runtime", "metadata", "targets", "storage"},
     "storage": {"errors"},
     "targets": {"errors", "spec", "observe", "runtime"},
     "metadata": {"errors"},
     "observe": {"errors", "spec", "runtime"},
-    "judge": {"errors", "spec", "observe"},
+    "judge": {"errors", "sla", "spec", "observe"},
     "engine": {"errors", "spec", "faults", "targets", "runtime", "observe", "judge", "report",
                "metadata", "storage"},
     "report": {"errors", "spec", "faults", "observe", "judge"},

@@ -166,7 +166,7 @@ def test_command_target_as_a_list_or_a_shell_string(tmp_path: Path,
 
 
 def test_the_sla_table_covers_every_expect_key() -> None:
-    # The spec owns the keys (Expect), the judge what each means (SLAS): same keys, same order.
+    # Expect is built from the SLA declarations (SLAS): same keys, same order.
     assert list(SLAS) == list(Expect.model_fields) == list(SLA_KINDS)
     exp = parse_experiment("name: e\nexpect: {goodput: 0.5, completes: true, lost_steps: 3}\n")
     assert [k for k, _ in exp.expect.items()] == ["completes", "lost_steps", "goodput"]
