@@ -137,7 +137,8 @@ def golden_key(exp: Experiment) -> str:
                    "launch": t.launch if isinstance(t.launch, str | None) else list(t.launch)},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
         # Where the nodes run and what computes: a reference is of one target (module doc).
-        "topology": exp.topology.model_dump(mode="json"),
+        "topology": exp.topology.model_dump(mode="json", exclude={"slurm": {
+            "time_limit", "run_dir", "allow_node_state_changes"}}),  # the bits' own: not these
         "site": reference_site(exp),
         "code": code_version(exp),
     }
@@ -175,10 +176,10 @@ def _slurm_cluster() -> str | None:
 
 
 def golden_cache_dir(exp: Experiment, default: Path) -> Path:
-    """Where ``exp``'s golden runs are cached: ``default`` (the report directory's
-    ``.golden``) where the nodes see this host's files; on a Slurm cluster, the shared
-    filesystem's runs root (``topology.slurm.run_dir``), where every experiment of a suite,
-    from whichever login node, finds them."""
+    """Where ``exp``'s golden runs are cached when no cache was named (``--golden-cache``):
+    ``default`` (the report directory's ``.golden``) where the nodes see this host's files;
+    on a Slurm cluster, the shared filesystem's runs root (``topology.slurm.run_dir``), where
+    every experiment of a suite, from whichever login node, finds them."""
     if exp.topology.launcher == "slurm" and exp.topology.slurm is not None:
         with contextlib.suppress(ValueError):  # no shared root: prepare_run_dir says so
             return exp.topology.slurm.runs_root() / ".golden"

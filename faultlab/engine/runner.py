@@ -146,7 +146,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     second Ctrl-C), judge, journal. Each is a method of ``_Run``, which holds what they share.
     """
     run = _Run(exp, source, view or NullView(), new_run_folder(report_dir, exp.name),
-               golden_cache or report_dir / ".golden", poll_s)
+               golden_cache or golden_cache_dir(exp, report_dir / ".golden"), poll_s)
     try:
         with _interruptible():
             run.prepare()
@@ -252,8 +252,8 @@ class _Run:
         view.note(f"golden run{'s' if runs > 1 else ''} (same experiment, no faults, on its "
                   f"own target: {exp.topology.launcher}; cached per code version)")
         try:
-            golden = golden_run(exp, golden_cache_dir(exp, self.golden_cache),
-                                timeout_s=exp.run.timeout_s, runs=runs, view=view)
+            golden = golden_run(exp, self.golden_cache, timeout_s=exp.run.timeout_s,
+                                runs=runs, view=view)
         except SharedCheckpoint as e:
             raise SharedCheckpointStop(golden_resumed_message(exp, self.source, e)) from None
         except GoldenRunFailed as e:
