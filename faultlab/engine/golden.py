@@ -59,6 +59,7 @@ from faultlab.observe.logs import node_logs
 from faultlab.runtime.events import read_events
 from faultlab.spec import Experiment
 from faultlab.spec.trainers import get_trainer
+from faultlab.targets import target_class
 
 __all__ = ["GoldenRun", "GoldenRunFailed", "code_version", "golden_cache_dir", "golden_key",
            "golden_run", "reference_site"]
@@ -105,10 +106,9 @@ def code_version(exp: Experiment) -> str:
         assert exp.target.trainer is not None
         for path in get_trainer(exp.target.trainer).source_files():
             h.update(path.name.encode() + b"\0" + path.read_bytes())
-    slurm = exp.topology.slurm
-    if exp.topology.launcher == "slurm" and slurm is not None and slurm.script is not None:
-        with contextlib.suppress(OSError):  # the team's batch script is the golden run's job
-            h.update(b"sbatch\0" + Path(slurm.script).read_bytes())
+    for path in target_class(exp).code_files(exp):  # e.g. a team's batch script: the job
+        with contextlib.suppress(OSError):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -148,42 +148,25 @@ def golden_key(exp: Experiment) -> str:
 def reference_site(exp: Experiment) -> dict[str, Any]:
     """Where a golden run of ``exp`` computes its bits, as far as it is known before the run:
     the target kind, the accelerator this host sees and the torch, CUDA and NCCL versions,
-    and for a Slurm job the cluster (its nodes' accelerators are the partition's, which the
-    topology's ``slurm`` section names). Part of the cache key: a CPU reference is never used
-    for a GPU run, and one cluster's reference never for another's."""
+    and what the target adds (``Target.reference_site``; Slurm: the cluster, whose nodes'
+    accelerators are the partition's, which the topology's ``slurm`` section names). Part of
+    the cache key: a CPU reference is never used for a GPU run, and one cluster's reference
+    never for another's."""
     site: dict[str, Any] = {"target": exp.topology.launcher, "torch": torch.__version__,
                             "cuda": torch.version.cuda, "accelerator": "cpu", "nccl": None}
     if torch.cuda.is_available():
         site["accelerator"] = torch.cuda.get_device_name(0)
         with contextlib.suppress(Exception):  # a build without NCCL
             site["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    if exp.topology.launcher == "slurm":
-        site["cluster"] = _slurm_cluster()
+    site.update(target_class(exp).reference_site(exp))
     return site
-
-
-def _slurm_cluster() -> str | None:
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "ClusterName":
-            return value.strip()
-    return None
 
 
 def golden_cache_dir(exp: Experiment, default: Path) -> Path:
     """Where ``exp``'s golden runs are cached when no cache was named (``--golden-cache``):
-    ``default`` (the report directory's ``.golden``) where the nodes see this host's files;
-    on a Slurm cluster, the shared filesystem's runs root (``topology.slurm.run_dir``), where
-    every experiment of a suite, from whichever login node, finds them."""
-    if exp.topology.launcher == "slurm" and exp.topology.slurm is not None:
-        with contextlib.suppress(ValueError):  # no shared root: prepare_run_dir says so
-            return exp.topology.slurm.runs_root() / ".golden"
-    return default
+    where its target says (``Target.golden_cache_dir``: ``default``, the report directory's
+    ``.golden``, where the nodes see this host's files; the shared runs root on Slurm)."""
+    return target_class(exp).golden_cache_dir(exp, default)
 
 
 def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int = 1,

@@ -395,6 +395,14 @@ class SlurmSpec(SpecModel):
         return Path(shared) / "runs"
 
 
+def launcher_names() -> list[str]:
+    """The names ``topology.launcher`` takes: the ``faultlab.targets`` entry points (read,
+    not imported: the spec never imports a target)."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.name for ep in entry_points(group="faultlab.targets")})
+
+
 class Topology(SpecModel):
     """Shape of the job: ``nodes`` torchrun agents with ``procs_per_node`` ranks each."""
 
@@ -408,13 +416,24 @@ class Topology(SpecModel):
     """Process-group backend; ``auto`` is NCCL with a GPU, else gloo."""
     max_restarts: int = Field(default=3, ge=0)
     """Restarts torchrun allows the job before it gives up."""
-    launcher: Literal["local", "docker", "slurm"] = "local"
-    """Where the nodes run: ``local`` (torchrun agents on this host, sharing its network),
-    ``docker`` (one container per node on a bridge network of its own; needs a Docker engine,
-    and is what the ``network`` faults and ``node_pause`` act on) or ``slurm`` (a batch job on
-    a Slurm cluster, one node per allocated host; see ``slurm``)."""
+    launcher: Annotated[str, Field(json_schema_extra={"enum": launcher_names()})] = "local"
+    """Where the nodes run: a target registered under the ``faultlab.targets`` entry-point
+    group. Built in: ``local`` (torchrun agents on this host, sharing its network), ``docker``
+    (one container per node on a bridge network of its own; needs a Docker engine, and is what
+    the ``network`` faults and ``node_pause`` act on) or ``slurm`` (a batch job on a Slurm
+    cluster, one node per allocated host; see ``slurm``); a team's own is named the same
+    way."""
     slurm: SlurmSpec | None = None
     """How the job is submitted (``launcher: slurm`` only); the defaults if unset."""
+
+    @field_validator("launcher")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        names = launcher_names()
+        if value not in names:
+            raise ValueError(unknown("launcher", value, names,
+                                     "registered (faultlab.targets entry points)"))
+        return value
 
     @model_validator(mode="after")
     def _min_nodes(self) -> Topology:

@@ -1,6 +1,7 @@
 """Targets: how a job is launched and addressed, behind one contract (``base.Target``).
 
-Implementations, none importing another's module but through this package's ``make_target``:
+Implementations, each registered under the ``faultlab.targets`` entry-point group as a team's
+own would be, none importing another's module but through this package's ``make_target``:
 
 - ``local``: torchrun agents on this host, started by ``launcher.LocalJob`` with a rendezvous
   store served by the launching process and a faster-polling torchrun agent (``torchrun_agent``);
@@ -18,32 +19,56 @@ the report, or any trainer (a trainer is reached through ``faultlab.spec.trainer
 
 from __future__ import annotations
 
+from functools import cache
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from faultlab.errors import PluginError
 
 if TYPE_CHECKING:
     from faultlab.spec import Experiment
-    from faultlab.targets.local import LocalTarget
+    from faultlab.targets.base import Target
 
-__all__ = ["make_target", "target_class"]
+__all__ = ["ENTRY_POINT_GROUP", "make_target", "target_class", "target_types"]
+
+ENTRY_POINT_GROUP = "faultlab.targets"
+"""``topology.launcher`` names an entry point of this group (name = the launcher, value =
+``module:Class``); the built-ins ``local``, ``docker`` and ``slurm`` register here as a team's
+target would."""
 
 
-def target_class(exp: Experiment) -> type[LocalTarget]:
-    """The target class ``topology.launcher`` asks for (each imported only when asked for)."""
-    if exp.topology.launcher == "slurm":
-        from faultlab.targets.slurm import SlurmTarget
+@cache
+def target_types() -> dict[str, Any]:
+    """Every registered target's entry point by launcher name (nothing is imported here)."""
+    return {ep.name: ep for ep in sorted(entry_points(group=ENTRY_POINT_GROUP),
+                                         key=lambda ep: ep.name)}
 
-        return SlurmTarget  # type: ignore[return-value]
-    if exp.topology.launcher == "docker":
-        from faultlab.targets.docker import DockerTarget
 
-        return DockerTarget
-    from faultlab.targets.local import LocalTarget
+@cache
+def _load(name: str) -> type[Target]:
+    eps = target_types()
+    if name not in eps:
+        raise PluginError(f"no target registered as {name!r} (the {ENTRY_POINT_GROUP} entry "
+                          f"points: {', '.join(eps) or 'none'}; is faultlab installed?)")
+    try:
+        cls = eps[name].load()
+    except Exception as e:  # a plugin's import error must be seen, not swallowed
+        raise PluginError(f"target plugin {name!r} ({eps[name].value}) failed to import: "
+                          f"{type(e).__name__}: {e}") from e
+    for need in ("prepare_run_dir", "start", "finished", "result", "stop"):
+        if not hasattr(cls, need):
+            raise PluginError(f"target plugin {name!r} ({eps[name].value}) has no {need}(): "
+                              f"it does not implement faultlab.targets.base.Target")
+    return cls  # type: ignore[no-any-return]
 
-    return LocalTarget
+
+def target_class(exp: Experiment) -> type[Target]:
+    """The target class ``topology.launcher`` names (its module imported only when asked)."""
+    return _load(exp.topology.launcher)
 
 
 def make_target(exp: Experiment, run_dir: Path,
-                node_env: dict[str, dict[str, str]] | None = None) -> LocalTarget:
-    """The target ``topology.launcher`` asks for (``target_class``), for ``run_dir``."""
-    return target_class(exp)(exp, run_dir, node_env=node_env)
+                node_env: dict[str, dict[str, str]] | None = None) -> Target:
+    """The target ``topology.launcher`` names (``target_class``), for ``run_dir``."""
+    return target_class(exp)(exp, run_dir, node_env=node_env)  # type: ignore[call-arg]

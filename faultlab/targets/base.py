@@ -68,6 +68,23 @@ class Target(Protocol):
         another filesystem creates the directory there and links it as ``run_folder/job``.
         Raises ``TargetError`` naming the setting at fault if it cannot."""
 
+    @classmethod
+    def reference_site(cls, exp: Experiment) -> dict[str, Any]:
+        """What, beyond this host's accelerator and torch, CUDA and NCCL versions, decides the
+        bits a job of ``exp`` computes on this target (Slurm: the cluster); part of the golden
+        run's cache key, so one site's reference is never used for another's."""
+
+    @classmethod
+    def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:
+        """Where golden runs of ``exp`` are cached when the caller names no cache: ``default``
+        (the report directory's) where the nodes see this host's files, or a directory every
+        submit host of the target sees (Slurm: the shared runs root)."""
+
+    @classmethod
+    def code_files(cls, exp: Experiment) -> list[Path]:
+        """Files of the target's own whose content is part of what the job computes (Slurm:
+        the team's batch script): hashed into the golden run's code version."""
+
     def start(self) -> None:
         """Launch the job and return once every node was started (not once ranks run).
         Raises ``TargetError`` with the reason if it cannot; whatever did start is stopped."""

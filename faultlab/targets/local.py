@@ -100,6 +100,18 @@ class LocalTarget(JobContext):
         # sees this host's files: nothing to create before the launch.
         return run_folder / "job"
 
+    @classmethod
+    def reference_site(cls, exp: Experiment) -> dict[str, Any]:
+        return {}  # this host's (or its containers'): the accelerator and versions say it all
+
+    @classmethod
+    def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:
+        return default
+
+    @classmethod
+    def code_files(cls, exp: Experiment) -> list[Path]:
+        return []
+
     def attach_hub(self, hub: Any) -> str | None:
         self.stream.attach(hub)
         self.job.hub_address = hub.address  # each node's address for it: job.control_host()

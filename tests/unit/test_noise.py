@@ -133,7 +133,8 @@ def test_validate_refuses_the_noise_verdict_without_the_losses_it_reads(tmp_path
 def test_a_teams_batch_script_is_part_of_its_golden_runs_key(tmp_path: Path,
                                                               monkeypatch: Any) -> None:
     monkeypatch.setenv("FAULTLAB_SLURM_SHARED", str(tmp_path))
-    monkeypatch.setattr("faultlab.engine.golden._slurm_cluster", lambda: "test")
+    monkeypatch.setattr("faultlab.targets.slurm.SlurmTarget.reference_site",
+                        classmethod(lambda cls, exp: {"cluster": "test"}))
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\nsrun python train.py\n")
     exp = experiment_from_dict({"name": "s", "topology": {

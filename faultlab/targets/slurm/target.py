@@ -129,6 +129,35 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
         return target
 
     @classmethod
+    def reference_site(cls, exp: Experiment) -> dict[str, Any]:
+        """The cluster (``ClusterName``): its partitions' nodes compute the job."""
+        try:
+            out = run(["scontrol", "show", "config"]).stdout
+        except SlurmError:
+            return {"cluster": None}
+        for line in out.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "ClusterName":
+                return {"cluster": value.strip()}
+        return {"cluster": None}
+
+    @classmethod
+    def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:
+        """The shared runs root's ``.golden`` (``topology.slurm.run_dir``): every experiment of
+        a suite, from whichever login node, finds it."""
+        try:
+            assert exp.topology.slurm is not None
+            return exp.topology.slurm.runs_root() / ".golden"
+        except ValueError:  # no shared root: prepare_run_dir says so when the run starts
+            return default
+
+    @classmethod
+    def code_files(cls, exp: Experiment) -> list[Path]:
+        """The team's batch script: it is the job a golden run submits."""
+        slurm = exp.topology.slurm
+        return [Path(slurm.script)] if slurm is not None and slurm.script is not None else []
+
+    @classmethod
     def prepare_run_dir(cls, exp: Experiment, run_folder: Path) -> Path:
         """On the cluster's shared filesystem (``prepare_job_dir``)."""
         try:
