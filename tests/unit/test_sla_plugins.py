@@ -11,9 +11,7 @@ subprocess with that directory on its path, since the registry is read once per 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 from faultlab.sla import Sla, slas
 from faultlab.sla.builtin import BUILTIN
 from faultlab.spec import Expect
+from tests.unit.team_site import run_with, team_package
 
 TEAM_MODULE = '''
 from dataclasses import dataclass
@@ -87,20 +86,12 @@ json.dump(out, sys.stdout)
 
 @pytest.fixture(scope="module")
 def team_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    site = tmp_path_factory.mktemp("site")
-    (site / "team_slas.py").write_text(TEAM_MODULE)
-    info = site / "team_slas-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: team-slas\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[faultlab.slas]\nmax_loss = team_slas:MAX_LOSS\n")
-    return site
+    return team_package(tmp_path_factory.mktemp("site"), "team_slas", TEAM_MODULE,
+                        "faultlab.slas", "max_loss = team_slas:MAX_LOSS")
 
 
 def run(site: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(site), os.environ.get("PYTHONPATH")])), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
-                          check=check, cwd=site)
+    return run_with(site, *args, check=check)
 
 
 def experiment(site: Path, name: str, expect: str) -> Path:

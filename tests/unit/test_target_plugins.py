@@ -10,9 +10,7 @@ The team's package is a tiny distribution in a temporary site directory (a modul
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 
 from faultlab.spec.target import launcher_names
 from faultlab.targets import target_types
+from tests.unit.team_site import run_with, team_package
 
 TEAM_MODULE = '''
 from faultlab.targets.local import LocalTarget
@@ -58,21 +57,12 @@ print(json.dumps({"class": type(team).__name__,
 
 @pytest.fixture(scope="module")
 def team_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    site = tmp_path_factory.mktemp("site")
-    (site / "team_target.py").write_text(TEAM_MODULE)
-    info = site / "team_target-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: team-target\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[faultlab.targets]\ntagged = team_target:TaggedTarget\n")
-    return site
+    return team_package(tmp_path_factory.mktemp("site"), "team_target", TEAM_MODULE,
+                        "faultlab.targets", "tagged = team_target:TaggedTarget")
 
 
 def run(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
-                          check=False, cwd=site, timeout=120)
+    return run_with(site, *args, check=False)
 
 
 def test_the_builtins_are_entry_points_like_any_target() -> None:
