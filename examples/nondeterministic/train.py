@@ -10,8 +10,9 @@ weights, so no two runs end with the same bits, and their losses drift apart slo
 ``--resume-scheduler forget`` is a real resume bug (pytorch/torchtitan#4598's kind): the
 weights and the optimizer come back from the checkpoint, the learning-rate schedule starts over.
 
-A small residual MLP learns a fixed random linear map from deterministic synthetic batches. The
-model is sharded with ``fully_shard`` (each block, then the root), trained with AdamW, and
+The model and data are examples/fsdp2_dcp's (imported from it): a small residual MLP learns a
+fixed random linear map from deterministic synthetic batches. The model is sharded with
+``fully_shard`` (each block, then the root), trained with AdamW, and
 checkpointed with ``torch.distributed.checkpoint`` to ``--ckpt-dir/step_{N}`` every
 ``--ckpt-every`` steps and at the end. On start it resumes from the newest complete checkpoint.
 The learning rate decays linearly to a tenth over ``--steps``. CPU and gloo.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -34,38 +34,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-SEED = 0
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, 4 * dim)
-        self.down = nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self, dim: int, num_blocks: int) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(num_blocks))
-        self.head = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
-def batch(step: int, rank: int, batch_size: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's slice of step ``step``: the same numbers on every run."""
-    target_map = torch.randn(dim, dim, generator=torch.Generator().manual_seed(SEED)) / dim**0.5
-    g = torch.Generator().manual_seed(SEED + 1_000_003 * step + rank)
-    x = torch.randn(batch_size, dim, generator=g)
-    return x, x @ target_map + 0.01 * torch.randn(batch_size, dim, generator=g)
+# The model, the data and the checkpoint lookup are examples/fsdp2_dcp's, unchanged.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fsdp2_dcp"))
+from train import SEED, Net, batch, newest_checkpoint  # noqa: E402
 
 
 def perturb(model: nn.Module, size: float) -> None:
@@ -75,13 +46,6 @@ def perturb(model: nn.Module, size: float) -> None:
         for p in model.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
             local.add_(torch.randn(local.shape, generator=g) * size * local.abs().mean())
-
-
-def newest_checkpoint(root: Path) -> tuple[int, Path] | None:
-    """The newest ``step_{N}`` directory that DCP finished (its ``.metadata`` is written last)."""
-    found = [(int(m.group(1)), p) for p in root.glob("step_*")
-             if (m := re.fullmatch(r"step_(\d+)", p.name)) and (p / ".metadata").exists()]
-    return max(found) if found else None
 
 
 def main() -> None:
