@@ -41,8 +41,6 @@ from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
 from faultlab.faults import Fault, Victim
-from faultlab.faults.gpu import GpuFault
-from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.judge import SLAResult, judge
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
@@ -456,8 +454,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,
     kind, value = resolve_selector(exp, index, occurrence=nth - 1)
     victim = Victim(kind, value)
     fault = prepared or spec.build()
-    if isinstance(fault, RuntimeFault | GpuFault):
-        fault.fault_id = fid  # the agents echo it in their fault_injected events
+    fault.fault_id = fid  # what a rank-side action echoes in its fault_injected event
     known = {e["pid"] for e in target.stream.of_kind("start")}
     injected_t = time.time()
     try:
@@ -470,7 +467,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,
         view.note(f"could not inject {fid}: {e}")
     deadline = None if spec.duration_s is None else time.monotonic() + spec.duration_s
     record = FaultRecord(id=fid, type=spec.type, injected_t=injected_t, target=str(victim),
-                         details=details)
+                         details=details, capabilities=spec.fault_class.capabilities())
     return _Active(index, fault, record, deadline, spec.until == "reaction", known)
 
 
@@ -509,7 +506,7 @@ def _struck(exp: Experiment, index: int, target: Target,
         details["window_steps"] = [spec.trigger.at_step, spec.trigger.at_step + num_steps - 1]
     records.append(FaultRecord(id=spec.id, type=spec.type, injected_t=float(first["t"]),
                                target=str(Victim(spec.target.kind, spec.target.value)),
-                               details=details))
+                               details=details, capabilities=spec.fault_class.capabilities()))
     return True
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from faultlab.errors import FaultlabError, InvalidExperimentError
+from faultlab.faults.process import RankKillFault
 from faultlab.judge.noise import CAUSES, Reproducibility, compare_runs
 from faultlab.observe.checkpoint_origin import checkpoint_roots, foreign_resumes, outside_saves
 from faultlab.spec import experiment_from_dict
@@ -400,7 +401,7 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
         "run": {"steps": m.steps, "checkpoint_every": every,
                 "timeout_s": math.ceil(3 * m.wall_s + 60)},
         "target": _target(tr, command),
-        "faults": [{"id": "kill", "type": "rank_kill",
+        "faults": [{"id": "kill", "type": RankKillFault.type,
                     "target": {"rank": tr.nodes * tr.procs_per_node - 1},
                     "trigger": {"at_step": kill_at}}],
         "expect": {"completes": True, "max_restarts": max(1, tr.max_restarts),

@@ -1,7 +1,7 @@
 """Which directory the storage faults' passthrough serves, and the mount's place in a run.
 
-A run with a fault whose class sets ``mounts_storage`` (``io_error``, ``io_latency``,
-``io_hang``, ``disk_full``) serves the job's checkpoint directory through the FUSE passthrough
+A run with a fault whose class declares ``mounts_storage`` (``Fault.mounts_storage``: the
+built-in storage faults) serves the job's checkpoint directory through the FUSE passthrough
 (``faultlab.storage``) from before the launch to after the job stopped; every other run is
 unchanged. The directory is the reference trainer's ``{run_dir}/checkpoints``, or for a user's
 command ``target.checkpoint_dir``, else its first checkpoint-like argument under ``{run_dir}``
@@ -23,12 +23,14 @@ __all__ = ["needs_exact_mount", "needs_storage_mount", "storage_dir"]
 
 
 def needs_storage_mount(exp: Experiment) -> bool:
-    return any(getattr(f.fault_class, "mounts_storage", False) for f in exp.faults)
+    """Does a fault of ``exp`` declare ``mounts_storage`` (``Fault.mounts_storage``)?"""
+    return any(f.fault_class.mounts_storage for f in exp.faults)
 
 
 def needs_exact_mount(exp: Experiment) -> bool:
-    """Must every lookup reach the passthrough (a node's own view: ``stale_shared_fs``)?"""
-    return any(getattr(f.fault_class, "exact_mount", False) for f in exp.faults)
+    """Must every lookup reach the passthrough (a fault of ``exp`` declares
+    ``Fault.needs_exact_mount``: a node's own view of the directory)?"""
+    return any(f.fault_class.needs_exact_mount for f in exp.faults)
 
 
 def storage_dir(exp: Experiment, job_dir: Path, source: Path | None = None) -> Path:

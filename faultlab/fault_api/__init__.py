@@ -12,8 +12,8 @@ faults are ordinary implementations of it, in ``faultlab.faults``, which also of
 names to a team's fault package (``from faultlab.faults import Fault, FaultParams``).
 """
 
-from faultlab.fault_api.base import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api.base import CAPABILITIES, Fault, FaultContext, FaultParams, Victim
 from faultlab.fault_api.registry import ENTRY_POINT_GROUP, fault_types, get_fault_type
 
-__all__ = ["ENTRY_POINT_GROUP", "Fault", "FaultContext", "FaultParams", "Victim",
+__all__ = ["CAPABILITIES", "ENTRY_POINT_GROUP", "Fault", "FaultContext", "FaultParams", "Victim",
            "fault_types", "get_fault_type"]

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from faultlab.errors import FaultError
 
-__all__ = ["Fault", "FaultContext", "FaultParams", "Victim"]
+__all__ = ["CAPABILITIES", "Fault", "FaultContext", "FaultParams", "Victim"]
 
 
 class FaultParams(BaseModel):
@@ -163,6 +163,45 @@ class Fault(ABC):
     before step N + 1 on every target. False for a fault that itself waits for the job to go
     on (a torn write waits for the next save): holding the job at the gate would deadlock it."""
 
+    # What the engine and the observers do for this fault, declared here and nowhere else
+    # (they never recognise a fault by its type name). Every capability is off by default; a
+    # fault turns on the ones that describe it, a team's fault exactly as a built-in.
+    # ``capabilities()`` lists the ones a class turns on; the engine copies that list into
+    # each ``FaultRecord`` (and so the journal), which is where the observers read it.
+    slows_job: ClassVar[bool] = False
+    """It makes a rank a straggler without stopping it (a delayed collective, a throttled
+    link, a slowed GPU): the timeline measures ``straggler_detected_s`` (the job named the
+    victim a straggler) and ``slowdown`` (step time during ÷ before) for it."""
+    fails_saves: ClassVar[bool] = False
+    """It can make a checkpoint save fail or hang while the job writes: the save-failure
+    observers (``save_failure_detected``, ``training_continued_through_save_failure``,
+    ``failed_save_never_loaded``) judge what the job did about it. It *struck* when its
+    undo's details count ``num_ops_hit > 0`` (or no count was recorded)."""
+    hangs_saves: ClassVar[bool] = False
+    """A save it strikes hangs rather than fails (with ``fails_saves``):
+    ``save_hang_detected_within_s`` is measured over these faults."""
+    mounts_storage: ClassVar[bool] = False
+    """The run serves the job's checkpoint directory through faultlab's storage passthrough
+    (``faultlab.storage``) from before the launch to after the job stopped, for the fault to
+    act on the job's file operations; the verdict fails ``fault_injected`` when its undo
+    counts no operation hit."""
+    needs_exact_mount: ClassVar[bool] = False
+    """With ``mounts_storage``: every lookup must reach the passthrough (the kernel's cache
+    is off), for a fault that gives a node a view of its own of the directory."""
+    loses_node: ClassVar[bool] = False
+    """It takes the node it strikes away from the job (killed, paused, cut off, reclaimed):
+    the launch findings count that node among the lost (the selector's node, else
+    ``details["node"]``) when they explain a rendezvous that did not survive it."""
+    kills_service: ClassVar[bool] = False
+    """It kills a service of the target (``target.services``), named by
+    ``details["service"]``: the launch findings look in the logs for ranks that failed to
+    reach it afterwards (``service_lost``)."""
+
+    fault_id: str = ""
+    """This firing's id in the run (``kill``, ``kill#2``): the engine sets it before every
+    ``inject``, so what the fault starts inside a rank can echo it (the ``fault_id`` of the
+    rank's ``fault_injected`` event) and the engine match that event to the firing."""
+
     def __init__(self, params: FaultParams) -> None:
         self.params = params
 
@@ -220,3 +259,14 @@ class Fault(ABC):
     @classmethod
     def needs_prepare(cls) -> bool:
         return cls.prepare is not Fault.prepare
+
+    @classmethod
+    def capabilities(cls) -> tuple[str, ...]:
+        """The capabilities this class turns on (``CAPABILITIES`` it sets true), in that
+        order: what the engine copies into each ``FaultRecord`` of it."""
+        return tuple(name for name in CAPABILITIES if getattr(cls, name))
+
+
+CAPABILITIES = ("slows_job", "fails_saves", "hangs_saves", "mounts_storage",
+                "needs_exact_mount", "loses_node", "kills_service")
+"""Every capability a fault may declare (the ``Fault`` attributes of that name)."""

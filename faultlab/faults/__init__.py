@@ -10,6 +10,7 @@ The contract they implement and the registry that finds them live beneath the sp
 from __future__ import annotations
 
 from faultlab.fault_api import (
+    CAPABILITIES,
     ENTRY_POINT_GROUP,
     Fault,
     FaultContext,
@@ -19,5 +20,5 @@ from faultlab.fault_api import (
     get_fault_type,
 )
 
-__all__ = ["ENTRY_POINT_GROUP", "Fault", "FaultContext", "FaultParams", "Victim",
+__all__ = ["CAPABILITIES", "ENTRY_POINT_GROUP", "Fault", "FaultContext", "FaultParams", "Victim",
            "fault_types", "get_fault_type"]

@@ -35,6 +35,7 @@ class SpotPreemptionFault(Fault):
 
     type = "spot_preemption"
     family = "cloud"
+    loses_node: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("node",)
     launchers: ClassVar[tuple[str, ...]] = ("local",)
     launcher_reason = ("its fake metadata endpoints listen on this host's loopback, which a "

@@ -36,6 +36,7 @@ class CollectiveDelayFault(_Collective):
     """Delay every matching collective on the victim ranks (a slow link, a straggler)."""
 
     type = "collective_delay"
+    slows_job: ClassVar[bool] = True
 
     class Params(RuntimeFaultParams):
         fault_type: ClassVar[str] = "collective_delay"

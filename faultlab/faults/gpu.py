@@ -257,6 +257,7 @@ class GpuSlowFault(GpuFault):
     NVML shows the throttle reasons and a high temperature."""
 
     type = "gpu_slow"
+    slows_job: ClassVar[bool] = True
 
     class Params(FaultParams):
         factor: float = Field(1.5, allow_inf_nan=False, description="how many times as long "

@@ -164,6 +164,7 @@ class NetworkPartitionFault(_NetworkFault):
     """Cut a node off the network (drop rules or a disconnect), or split nodes into sets."""
 
     type = "network_partition"
+    loses_node: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("node", "all")
     Params = PartitionParams
 
@@ -260,6 +261,7 @@ class NetworkThrottleFault(_NetworkFault):
     """Rate-limit a node's link with a token bucket (tbf): a degraded NIC or a slow hop."""
 
     type = "network_throttle"
+    slows_job: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("node", "all")
 
     class Params(FaultParams):

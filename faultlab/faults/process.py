@@ -72,6 +72,7 @@ class NodeKillFault(Fault):
 
     type = "node_kill"
     family = "process"
+    loses_node: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("node",)
 
     class Params(FaultParams):
@@ -225,6 +226,7 @@ class NodePauseFault(Fault):
 
     type = "node_pause"
     family = "process"
+    loses_node: ClassVar[bool] = True
     reversible = True
     targets: ClassVar[tuple[str, ...]] = ("node",)
     launchers: ClassVar[tuple[str, ...]] = ("docker",)
@@ -255,6 +257,7 @@ class ServiceKillFault(Fault):
 
     type = "service_kill"
     family = "process"
+    kills_service: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("all",)
     launchers: ClassVar[tuple[str, ...]] = ("local",)
     launcher_reason = "services run beside local nodes only (target.services)"

@@ -68,6 +68,7 @@ class SlurmNodeDownFault(Fault):
 
     type = "slurm_node_down"
     family = "scheduler"
+    loses_node: ClassVar[bool] = True
     reversible = True
     targets: ClassVar[tuple[str, ...]] = ("node",)
     launchers: ClassVar[tuple[str, ...]] = ("slurm",)

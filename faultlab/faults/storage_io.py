@@ -169,6 +169,7 @@ class IoErrorFault(_IoFault):
     """Fail the matching file operations with an errno (EIO, ENOSPC ...) in the kernel."""
 
     type = "io_error"
+    fails_saves: ClassVar[bool] = True
 
     class Params(_Where):
         errno: str = Field("EIO", description=f"the error returned: {', '.join(ERRNOS)}")
@@ -215,6 +216,8 @@ class IoHangFault(_IoFault):
     The process sits in the kernel, not in Python: no Python-level timeout sees it."""
 
     type = "io_hang"
+    fails_saves: ClassVar[bool] = True
+    hangs_saves: ClassVar[bool] = True
 
     class Params(FaultParams):
         ops: tuple[str, ...] = _Where.model_fields["ops"]
@@ -233,6 +236,7 @@ class DiskFullFault(_IoFault):
     """Fail writes with ENOSPC beyond ``free_bytes`` of new data (a full volume or quota)."""
 
     type = "disk_full"
+    fails_saves: ClassVar[bool] = True
 
     class Params(FaultParams):
         free_bytes: int = Field(0, ge=0, description="new data the volume still takes")
@@ -265,7 +269,7 @@ class StaleSharedFsFault(_IoFault):
     launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
     launcher_reason = ("a Slurm node's processes reach the shared directory through its own "
                        "mount of it; faultlab's passthrough can give them no view of their own")
-    exact_mount: ClassVar[bool] = True
+    needs_exact_mount: ClassVar[bool] = True
     """The passthrough runs without the kernel's 1 s attribute and name caches, which every
     node of this host would share."""
 

@@ -122,7 +122,7 @@ def _golden_fault_free(golden: Golden | None) -> list[SLAResult]:
 def _struck_nothing(spec: Any, records: list[FaultRecord]) -> str:
     """Why a storage fault that was set proved nothing: its rule was in force for the whole
     run and hit no operation of the job ('' if it hit one, or if the count is unknown)."""
-    if not getattr(spec.fault_class, "mounts_storage", False) or not records:
+    if not spec.fault_class.mounts_storage or not records:
         return ""
     undos: list[dict[str, Any]] = [u if isinstance(u := f.details.get("undo"), dict) else {}
                                    for f in records]

@@ -127,6 +127,10 @@ __all__ = ["CampaignScore", "InjectionScore", "TypeScore", "false_positives",
 SILENT_LOOKBACK_S = 30.0
 """A rank counts as alive at ``T`` if it recorded a step this many seconds before."""
 
+OWN_DEVICE_ANOMALIES = frozenset({"gpu_oom", "accelerator_error"})
+"""``anomaly.what`` values with which a rank reports its own device failing (the trainer's
+event vocabulary: the anomaly, not the fault that may have caused it), so it names that rank."""
+
 _RANK_IN_TEXT = re.compile(r"\brank[ =:]?(\d+)\b", re.IGNORECASE)
 
 
@@ -411,7 +415,7 @@ def _named(records: Sequence[Record], start_t: float, end_t: float) -> list[int]
         if kind == "exit" and reason not in CLEAN_EXITS and not listed and not (
                 isinstance(reason, str) and reason.startswith("peer_")):
             add(r.get("rank"))  # the first rank to fail, whatever its error says
-        if kind == "anomaly" and reason in ("gpu_oom", "accelerator_error"):
+        if kind == "anomaly" and reason in OWN_DEVICE_ANOMALIES:
             add(r.get("rank"))
         for m in _RANK_IN_TEXT.finditer(text):
             add(m[1])

@@ -112,9 +112,6 @@ ABORT_AT_EXIT_RATE = ("measured on examples/fsdp2_dcp, fault-free, without the f
 _OWN_WORKER_STORE = (f"env {OWN_STORE_ENV}=1 in front of torchrun (a store of "
                      "the workers' own per round)")
 
-_NODE_FAULTS = frozenset({"node_kill", "spot_preemption", "node_pause", "network_partition",
-                          "slurm_machine_loss", "slurm_node_down"})
-
 
 @dataclass(frozen=True, slots=True)
 class LaunchFinding:
@@ -200,7 +197,7 @@ def _findings(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord],
     conf = _flag(line, *CONF_FLAGS)
     c10d = (_flag(line, *BACKEND_FLAGS) or "static") == "c10d"
     env_fixed = any(a.startswith(f"{OWN_STORE_ENV}=1") for a in line)
-    lost_nodes = [n for f in faults if f.type in _NODE_FAULTS and not f.details.get("error")
+    lost_nodes = [n for f in faults if f.declares("loses_node") and not f.details.get("error")
                   for n in [_node_of(f)] if n]
     if c10d and not is_host_false(line) and "node0" in lost_nodes \
             and "RendezvousConnectionError" in text:
@@ -400,7 +397,8 @@ def _service_lost(launch: Mapping[str, Any] | None, faults: Sequence[FaultRecord
     out = []
     for f in faults:
         name = (f.details or {}).get("service")
-        if f.type != "service_kill" or f.details.get("error") or not isinstance(name, str):
+        if not f.declares("kills_service") or f.details.get("error") \
+                or not isinstance(name, str):
             continue
         port = str(filled.get(service_placeholder(name), ""))
         # host:port (gloo, gRPC), or port=NNNN (urllib3, the etcd client)

@@ -75,14 +75,15 @@ emergency_checkpoint_s, emergency_checkpoint_before_deadline (run level)
     The worst over the faults with a deadline (max seconds; False if any was False); None if
     no fault had a deadline.
 straggler_detected_within_s (run level)
-    The worst (max) ``straggler_detected_s`` over the slowing faults; None if there is none or
-    any of them was never named.
+    The worst (max) ``straggler_detected_s`` over the slowing faults (their class declares
+    ``slows_job``); None if there is none or any of them was never named.
 save_failure_detected, save_hang_detected_within_s, training_continued_through_save_failure,
 failed_save_never_loaded
-    Saves that fail or hang under a storage fault (``io_error``, ``disk_full``, ``io_hang``):
-    defined in :mod:`faultlab.observe.save_failures`. ``failed_save_never_loaded`` True needs
-    the same evidence as ``corrupt_checkpoint_never_loaded`` (completed, or a start or a load
-    after the last failure or strike).
+    Saves that fail or hang under a fault that declares ``fails_saves`` (``io_error``,
+    ``disk_full``, ``io_hang``): defined in :mod:`faultlab.observe.save_failures`.
+    ``failed_save_never_loaded`` True needs the same evidence as
+    ``corrupt_checkpoint_never_loaded`` (completed, or a start or a load after the last
+    failure or strike).
 faulty_node_excluded, restarts_until_excluded (run level)
     Defined in :mod:`faultlab.observe.exclusion` (a GPU that stays failed: did the job go on
     without its node, after how many restarts).
@@ -150,10 +151,9 @@ from faultlab.observe.records import (
 )
 from faultlab.observe.save_failures import (
     FAILED_SAVE_ANOMALIES,
-    SAVE_FAILING_FAULTS,
     save_failure_metrics,
 )
-from faultlab.observe.timeline import SLOWING_FAULTS, FaultMetrics, _Timeline
+from faultlab.observe.timeline import FaultMetrics, _Timeline
 
 __all__ = ["FaultMetrics", "FaultRecord", "Metrics", "UNFINISHED_RUN", "completion",
            "compute_metrics", "reached_load", "withhold_unfinished"]
@@ -419,8 +419,9 @@ def compute_metrics(events: Iterable[Record], faults: Iterable[FaultRecord]) -> 
     lost_values = [f.lost_steps for f in per_fault]
     lost = _worst(lost_values, None in lost_values)
     with_deadline = [f for f in per_fault if f.emergency_checkpoint_before_deadline is not None]
-    slowing = [f.straggler_detected_s for f in per_fault if f.type in SLOWING_FAULTS]
-    slowdowns = [f.slowdown for f in per_fault if f.type in SLOWING_FAULTS]
+    slows = {f.id for f in faults if f.declares("slows_job")}
+    slowing = [f.straggler_detected_s for f in per_fault if f.fault_id in slows]
+    slowdowns = [f.slowdown for f in per_fault if f.fault_id in slows]
     emergency_s = [f.emergency_checkpoint_s for f in with_deadline]
     completes = completion(records)[0]
     saves = save_failure_metrics(records, faults, _damaged(faults))
@@ -469,7 +470,7 @@ def _last_bad_t(records: list[Record], faults: list[FaultRecord]) -> float | Non
     """When the last checkpoint went bad: a storage fault struck (damage at rest, or a save
     made to fail) or the job reported a failed save; None if none did."""
     times = [f.injected_t for f in faults
-             if f.details.get("checkpoints") or f.type in SAVE_FAILING_FAULTS]
+             if f.details.get("checkpoints") or f.declares("fails_saves")]
     times += [float(r["t"]) for r in records if r.get("kind") == "anomaly"
               and r.get("what") in FAILED_SAVE_ANOMALIES]
     return max(times, default=None)

@@ -37,6 +37,15 @@ class FaultRecord:
     """What it hit, in words: ``rank 1``, ``node node0``."""
     details: dict[str, Any] = field(default_factory=dict)
     """What ``inject`` returned (pids, signal ...), for the journal."""
+    capabilities: tuple[str, ...] = ()
+    """What its class declares it does (``faultlab.faults.Fault.capabilities()``:
+    ``slows_job``, ``fails_saves`` ...), copied by the engine when it records the fault, so
+    the observers (and a journal read later, without the fault's package) never need to know
+    a fault type by name. A record without them (an older journal) has none."""
+
+    def declares(self, capability: str) -> bool:
+        """Does the fault's class declare ``capability`` (one of ``Fault``'s)?"""
+        return capability in self.capabilities
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))

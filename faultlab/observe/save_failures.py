@@ -1,10 +1,12 @@
 """Saves that fail while the job writes: what the job did about storage faults (issue 23).
 
-The storage faults that can make a save fail are ``io_error``, ``disk_full`` and ``io_hang``
-(``SAVE_FAILING_FAULTS``; ``io_latency`` only slows a save down: ``max_slowdown`` and the
-other timing SLAs judge it). Such a fault *struck* if its undo counted at least one operation
-it hit (``details["undo"]["num_ops_hit"] > 0``); when no count was recorded (the run ended
-before the undo could ask the passthrough) it is taken as struck.
+The faults that can make a save fail are those whose class declares ``fails_saves``
+(``faultlab.faults.Fault``; their records carry it: ``FaultRecord.declares``), the built-in
+``io_error``, ``disk_full`` and ``io_hang`` (``io_latency`` only slows a save down:
+``max_slowdown`` and the other timing SLAs judge it). Such a fault *struck* if its undo
+counted at least one operation it hit (``details["undo"]["num_ops_hit"] > 0``); when no
+count was recorded (the run ended before the undo could ask the passthrough) it is taken as
+struck.
 
 A *save-failure sign* is a record with ``t > T`` (``T``: the fault's injection) of:
 an ``anomaly`` whose ``what`` is in ``SAVE_FAILURE_ANOMALIES`` (the trainer reported the
@@ -16,11 +18,12 @@ save_failure_detected
     None if no save-failing fault struck. Otherwise True iff every struck one was followed by
     a save-failure sign. False means the job carried on as if the save had worked: it
     reported it saved, or reported nothing.
-save_hang_detected_s (per io_hang fault), save_hang_detected_within_s (run level)
+save_hang_detected_s (per fault that ``hangs_saves``), save_hang_detected_within_s (run level)
     ``t`` of the first save-failure sign after ``T`` − ``T``: the ``detection_latency_s`` of
     ``metrics`` with the reactions narrowed to signs of a failed save (a hang is noticed by a
     watchdog or a save deadline, never by an error from the kernel). Run level: the worst
-    (max) over the io_hang faults that struck; None if there is none or one was never noticed.
+    (max) over the ``hangs_saves`` faults that struck; None if there is none or one was
+    never noticed.
 training_continued_through_save_failure
     None if no save-failing fault struck and the trainer reported no failed save. Otherwise
     True iff, after the first save-failure sign following each struck fault (the strike
@@ -50,11 +53,8 @@ from dataclasses import dataclass
 
 from faultlab.observe.records import CLEAN_EXITS, FaultRecord, Record, _float, _int, _key
 
-__all__ = ["FAILED_SAVE_ANOMALIES", "SAVE_FAILING_FAULTS", "SAVE_FAILURE_ANOMALIES",
+__all__ = ["FAILED_SAVE_ANOMALIES", "SAVE_FAILURE_ANOMALIES",
            "SaveFailureMetrics", "save_failure_metrics"]
-
-SAVE_FAILING_FAULTS = frozenset({"io_error", "disk_full", "io_hang"})
-"""Storage faults that can make a save fail or hang."""
 
 SAVE_FAILURE_ANOMALIES = frozenset({"checkpoint_save_failed", "checkpoint_save_hung",
                                     "watchdog"})
@@ -79,7 +79,7 @@ class SaveFailureMetrics:
 
 def struck(fault: FaultRecord) -> bool:
     """A save-failing fault that hit at least one operation (or whose count is unknown)."""
-    if fault.type not in SAVE_FAILING_FAULTS or fault.details.get("error"):
+    if not fault.declares("fails_saves") or fault.details.get("error"):
         return False
     undo = fault.details.get("undo")
     hits = _int(undo.get("num_ops_hit")) if isinstance(undo, dict) else None
@@ -137,7 +137,7 @@ def save_failure_metrics(records: Sequence[Record], faults: Sequence[FaultRecord
         out.per_fault_detected_s = {fid: (None if t is None else t - f.injected_t)
                                     for f in hits for fid, t in [(f.id, detected[f.id])]}
         out.save_failure_detected = all(t is not None for t in detected.values())
-        hangs = [out.per_fault_detected_s[f.id] for f in hits if f.type == "io_hang"]
+        hangs = [out.per_fault_detected_s[f.id] for f in hits if f.declares("hangs_saves")]
         if hangs and None not in hangs:
             out.save_hang_detected_within_s = max(h for h in hangs if h is not None)
     # From the moment the job noticed (or, if it never did, the strike): steps between the

@@ -88,19 +88,19 @@ emergency_checkpoint_s, emergency_checkpoint_before_deadline
     the checkpoint is committed) − ``T``, and whether that ``t`` is ``<= deadline_t``. None and
     False if no emergency checkpoint was committed; both None for other faults.
 straggler_detected_s
-    Only for faults that slow ranks down (``collective_delay``, ``network_throttle``): ``t`` of
+    Only for faults that slow ranks down (their class declares ``slows_job``): ``t`` of
     the first ``anomaly`` with ``what: straggler`` after ``T`` whose ``straggler_rank`` is one
     of the fault's ranks (``details["ranks"]``, else the ``rank N`` of its target) − ``T``;
     None if none named it.
 slowdown
-    Only for slowing faults: rank 0's median ``step_time_s`` while the fault was in force
-    (``T`` to its undo) over its median before ``T`` (warm-up steps left out); None with fewer
-    than 3 steps before or none during. A fault planned for a window of steps (``num_steps``;
-    its record's ``details["window_steps"] = [first, last]``) is in force for exactly those
-    steps: "during" is the steps numbered ``first..last`` after ``T`` (a replayed step of the
-    window counts, as it is delayed again), not every step after ``T``, which would dilute a
-    12-step window with the rest of a 40-step run. Run level: the worst (max) over the slowing
-    faults.
+    Only for slowing faults (``slows_job``): rank 0's median ``step_time_s`` while the
+    fault was in force (``T`` to its undo) over its median before ``T`` (warm-up steps left
+    out); None with fewer than 3 steps before or none during. A fault planned for a window
+    of steps (``num_steps``; its record's ``details["window_steps"] = [first, last]``) is in
+    force for exactly those steps: "during" is the steps numbered ``first..last`` after ``T``
+    (a replayed step of the window counts, as it is delayed again), not every step after
+    ``T``, which would dilute a 12-step window with the rest of a 40-step run. Run level: the
+    worst (max) over the slowing faults.
 """
 
 from __future__ import annotations
@@ -125,9 +125,6 @@ from faultlab.observe.records import (
 )
 
 __all__ = ["FaultMetrics"]
-
-SLOWING_FAULTS = frozenset({"collective_delay", "network_throttle", "gpu_slow"})
-"""Fault types that make a rank a straggler (``straggler_detected_s`` is measured for them)."""
 
 
 @dataclass(slots=True)
@@ -221,7 +218,7 @@ class _Timeline:
             if saved is not None:
                 m.emergency_checkpoint_s = float(saved["t"]) - T
                 m.emergency_checkpoint_before_deadline = float(saved["t"]) <= deadline
-        if fault.type in SLOWING_FAULTS:
+        if fault.declares("slows_job"):
             victims = _victim_ranks(fault)
             named = next((r for r in after if r.get("kind") == "anomaly"
                           and r.get("what") == "straggler"

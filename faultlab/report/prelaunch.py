@@ -292,7 +292,8 @@ def _experiment(folder: Path, entry: dict[str, Any], families_of: dict[str, str]
     events = _events(job_dir)
     faults = [FaultRecord(id=f["id"], type=f["type"], injected_t=f["injected_t"],
                           undone_t=f.get("undone_t"), target=f.get("target", ""),
-                          details=f.get("details") or {})
+                          details=f.get("details") or {},
+                          capabilities=tuple(f.get("capabilities") or ()))
               for f in journal["faults"] if not f.get("error")]
     per_fault = {m.fault_id: m for m in compute_metrics(events, faults).faults}
     t0 = events[0]["t"] if events else journal["run"]["started_t"]

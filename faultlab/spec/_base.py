@@ -111,7 +111,7 @@ def did_you_mean(word: object, candidates: Iterable[str]) -> str:
 
 
 def unknown(what: str, value: object, known: Iterable[str], label: str) -> str:
-    """``unknown fault type 'rank_kil'; did you mean 'rank_kill'? known types: a, b``."""
+    """``unknown launcher 'torchrn'; did you mean 'torchrun'? known launchers: a, b``."""
     known = list(known)
     hint = did_you_mean(value, known)
     return f"unknown {what} {show(value)}{hint or ';'} {label}: {choices(known)}"

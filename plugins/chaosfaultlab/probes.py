@@ -22,6 +22,7 @@ from typing import Any
 from chaosfaultlab import _jobs
 from chaosfaultlab._state import ActionLog, InjectionState
 from faultlab.errors import TargetError
+from faultlab.faults import fault_types
 from faultlab.observe import EventStream, FaultRecord, compute_metrics
 
 __all__ = [
@@ -88,7 +89,9 @@ def training_is_progressing(run_dir: str | None = None, within_s: float = 10.0,
 
 def _recovery_s(events: list[dict[str, Any]], fault: InjectionState) -> float | None:
     """Seconds from the fault until the job was again at its pre-fault high-water step."""
-    record = FaultRecord(id=fault.id, type=fault.type, injected_t=float(fault.injected_t or 0))
+    cls = fault_types().get(fault.type)
+    record = FaultRecord(id=fault.id, type=fault.type, injected_t=float(fault.injected_t or 0),
+                         capabilities=cls.capabilities() if cls else ())
     m = compute_metrics(events, [record]).faults[0]
     if m.recovery_time_s is not None or m.went_down:
         return m.recovery_time_s

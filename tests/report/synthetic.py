@@ -17,6 +17,7 @@ from typing import Any
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.report.journal import write_journal
 from faultlab.report.prelaunch import SuiteRun
+from tests.fault_records import declared
 
 T0 = 1_795_000_000.0
 DIGEST = "ab" * 32
@@ -158,7 +159,8 @@ def write_run(run_folder: Path, name: str, *, fault_type: str = "rank_kill",
     job_dir = run_folder / "job"
     write_events(job_dir, events)
     write_checkpoints(job_dir, [20, 30, 40])
-    fault = FaultRecord(id=f"{fault_type}-0", type=fault_type, injected_t=injected_t,
+    fault = FaultRecord(id=f"{fault_type}-0", type=fault_type,
+                        capabilities=declared(fault_type), injected_t=injected_t,
                         target="rank 1", details={"signal": "SIGKILL"})
     metrics = compute_metrics(events, [fault])
     slas = [

@@ -11,6 +11,7 @@ from synthetic import T0, Timing, rank_kill_events
 
 from faultlab.observe import FaultRecord
 from faultlab.observe.phases import PHASES, recovery_breakdown
+from tests.fault_records import declared
 
 Records = list[dict[str, Any]]
 
@@ -38,7 +39,7 @@ def steps(first: int, last: int, t: float, pids: tuple[int, int], restart: int =
 
 
 def fault(at: float, type_: str = "rank_kill") -> FaultRecord:
-    return FaultRecord(id="f", type=type_, injected_t=T0 + at)
+    return FaultRecord(id="f", type=type_, capabilities=declared(type_), injected_t=T0 + at)
 
 
 def seconds(events: Records, f: FaultRecord) -> dict[str, float | None]:

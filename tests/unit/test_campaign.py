@@ -382,7 +382,9 @@ def test_compound_during_a_save_that_failed_or_never_completed() -> None:
     events = kill_timeline()
     events += [ev(2.6, "anomaly", 0, 100, what="checkpoint_save_failed", step=4,
                   seconds=0.3)]  # a save of step 4 that began at 2.3 and failed
-    failed = FaultRecord(id="c000-io_error", type="io_error", injected_t=2.4, target="all")
+    failed = FaultRecord(id="c000-io_error", type="io_error",
+                         capabilities=("fails_saves", "mounts_storage"), injected_t=2.4,
+                         target="all")
     killed = FaultRecord(id="c001-rank_kill", type="rank_kill", injected_t=5.7,
                          target="rank 1")  # 0.2 s after rank 0's step 10, a checkpoint step
     by_id = {i.fault_id: i for i in score(events, [failed, killed]).injections}

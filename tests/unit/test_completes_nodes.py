@@ -16,6 +16,7 @@ import pytest
 from faultlab.judge.verdict import SLAResult, judge
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.spec import experiment_from_dict
+from tests.fault_records import declared
 
 
 def ev(t: float, kind: str, rank: int, world: int, node: str, **fields: Any) -> dict[str, Any]:
@@ -52,7 +53,8 @@ def completes(topology: dict[str, Any], events: list[dict[str, Any]],
 
 def kill(target: str, t: float, **details: Any) -> FaultRecord:
     kind = "node_kill" if target.startswith("node") else "rank_kill"
-    return FaultRecord(id="f", type=kind, injected_t=t, target=target, details=details)
+    return FaultRecord(id="f", type=kind,
+                       capabilities=declared(kind), injected_t=t, target=target, details=details)
 
 
 TWO = {"nodes": 2, "procs_per_node": 1}
@@ -153,12 +155,15 @@ def test_an_unknown_exit_code_is_not_a_failure() -> None:
 
 
 def test_a_fault_on_all_excuses_every_node() -> None:
-    fault = FaultRecord(id="f", type="io_error", injected_t=1003.0, target="all", details={})
+    fault = FaultRecord(id="f", type="io_error",
+                        capabilities=("fails_saves", "mounts_storage"), injected_t=1003.0,
+                        target="all", details={})
     assert completes(TWO, RUN, [fault], node_exits={"node0": 1, "node1": 1}).passed
 
 
 def test_a_failed_injection_struck_nothing() -> None:
-    fault = FaultRecord(id="f", type="node_kill", injected_t=1003.0, target="node 1",
+    fault = FaultRecord(id="f", type="node_kill",
+                        capabilities=("loses_node",), injected_t=1003.0, target="node 1",
                         details={"error": "no such node"})
     assert not completes(TWO, RUN, [fault], node_exits={"node0": 0, "node1": 1}).passed
 

@@ -70,7 +70,8 @@ def test_a_survivor_that_restarted_and_replayed_counts_both() -> None:
 
 
 def test_a_lost_lighthouse_strikes_no_rank_and_a_stalled_job_lost_an_unknown_number() -> None:
-    lighthouse = FaultRecord(id="lh", type="service_kill", injected_t=T, target="all",
+    lighthouse = FaultRecord(id="lh", type="service_kill",
+                             capabilities=("kills_service",), injected_t=T, target="all",
                              details={"service": "lighthouse", "pids": [99]})
     records = job([ev(1016.0, "exit", 0, 100, reason="error"), ev(1017.0, "start", 0, 104)])
     h = healing_metrics(records, [lighthouse])
@@ -103,7 +104,8 @@ def test_a_group_that_starts_over_below_its_own_step_did_not_heal() -> None:
 def test_a_job_of_own_worlds_completes_when_a_group_finishes_without_group_0() -> None:
     from faultlab.observe import compute_metrics
 
-    lost = FaultRecord(id="lose-0", type="node_kill", injected_t=T, target="node 0",
+    lost = FaultRecord(id="lose-0", type="node_kill",
+                       capabilities=("loses_node",), injected_t=T, target="node 0",
                        details={"node": "node0", "pids": [100]})
     after = [*steps(1, 101, 11, 16, 1013.0), ev(1019.0, "exit", 1, 101, reason="completed"),
              ev(1019.5, "final_digest", 0, 9, digest="f" * 64)]

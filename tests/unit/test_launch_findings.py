@@ -10,8 +10,10 @@ from faultlab.spec import experiment_from_dict
 from faultlab.spec.launch import TORCHRUN_DEFAULT
 
 ELASTIC = {"launch": list(TORCHRUN_DEFAULT), "filled": {"nnodes": "1:2"}}
-NODE0 = FaultRecord(id="lose-0", type="node_kill", injected_t=10.0, target="node 0")
-NODE1 = FaultRecord(id="lose-1", type="node_kill", injected_t=10.0, target="node 1")
+NODE0 = FaultRecord(id="lose-0", type="node_kill",
+                    capabilities=("loses_node",), injected_t=10.0, target="node 0")
+NODE1 = FaultRecord(id="lose-1", type="node_kill",
+                    capabilities=("loses_node",), injected_t=10.0, target="node 1")
 STORE_GONE = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The "
               "connection to the C10d store has failed. See inner exception for details.")
 
@@ -115,7 +117,8 @@ def test_ft_launcher_is_named_as_itself_with_its_own_rendezvous_limits() -> None
     assert launch_findings(NVRX, [], {"node0": "Gloo connectFullMesh failed"},
                            hung_after_restart=True) == []
 def test_a_killed_service_the_ranks_could_not_reach_is_named_whatever_the_launcher() -> None:
-    lighthouse = FaultRecord(id="lh", type="service_kill", injected_t=10.0, target="all",
+    lighthouse = FaultRecord(id="lh", type="service_kill",
+                             capabilities=("kills_service",), injected_t=10.0, target="all",
                              details={"service": "lighthouse", "pids": [7]})
     groups = {"launch": ["env", "TORCHFT_LIGHTHOUSE=http://127.0.0.1:{lighthouse_port}",
                          "torchrun", "--master-port", "{node_master_port}"],
@@ -149,7 +152,8 @@ def test_an_abort_at_exit_is_the_trainers_finding_with_its_fix() -> None:
 
 def test_a_killed_etcd_is_named_from_its_clients_port_form() -> None:
     """The etcd client (urllib3) logs port=NNNN, not host:NNNN."""
-    etcd = FaultRecord(id="kill-etcd", type="service_kill", injected_t=10.0, target="all",
+    etcd = FaultRecord(id="kill-etcd", type="service_kill",
+                       capabilities=("kills_service",), injected_t=10.0, target="all",
                        details={"service": "etcd"})
     line = {"launch": list(TORCHRUN_DEFAULT), "filled": {"etcd_port": "48571"}}
     logs = {"node0": "urllib3.exceptions.MaxRetryError: HTTPConnectionPool(host='127.0.0.1', "

@@ -17,8 +17,10 @@ from faultlab.spec.launch import TORCHRUN_DEFAULT
 
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples/fsdp2_dcp/train.py")
 ELASTIC = {"launch": list(TORCHRUN_DEFAULT), "filled": {"nnodes": "1:2"}}
-NODE0 = FaultRecord(id="lose-0", type="node_kill", injected_t=10.0, target="node 0")
-NODE1 = FaultRecord(id="lose-1", type="node_kill", injected_t=10.0, target="node 1")
+NODE0 = FaultRecord(id="lose-0", type="node_kill",
+                    capabilities=("loses_node",), injected_t=10.0, target="node 0")
+NODE1 = FaultRecord(id="lose-1", type="node_kill",
+                    capabilities=("loses_node",), injected_t=10.0, target="node 1")
 STORE_GONE = "RendezvousConnectionError: The connection to the C10d store has failed."
 STALE = "RuntimeError: Gloo connectFullMesh failed with ... Connection refused"
 CASES = {  # cause → (faults, logs, hung) that make it
@@ -83,7 +85,8 @@ def test_where_no_fix_exists_the_finding_says_so() -> None:
     [first] = _one("slow_rendezvous", {**ELASTIC, "launch": nvrx[:-2]})
     assert yaml.safe_load(first.fix)["target"]["launch"][-2:] == ["--rdzv-conf",
                                                                   "last_call_timeout=1"]
-    killed = FaultRecord(id="k", type="service_kill", injected_t=5.0, target="all",
+    killed = FaultRecord(id="k", type="service_kill",
+                         capabilities=("kills_service",), injected_t=5.0, target="all",
                          details={"service": "lighthouse"})
     [lost] = launch_findings({**ELASTIC, "filled": {"lighthouse_port": "4242"}}, [killed],
                              {"node0": "connect error to 127.0.0.1:4242"})

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from faultlab.observe import FaultMetrics, FaultRecord, Metrics, compute_metrics
 from faultlab.observe.metrics import completion
+from tests.fault_records import declared
 
 G = 12  # global batch
 
@@ -105,7 +106,8 @@ class Job:
 
 
 def fault(t: float, fid: str = "f1", type_: str = "rank_kill") -> FaultRecord:
-    return FaultRecord(id=fid, type=type_, injected_t=t, target="rank 1")
+    return FaultRecord(id=fid, type=type_,
+                       capabilities=declared(type_), injected_t=t, target="rank 1")
 
 
 def assert_json_safe(m: Metrics) -> None:
@@ -687,7 +689,7 @@ def test_faults_may_come_as_a_generator_and_pids_garbled() -> None:
     as_list = compute_metrics(events, [fault])
     assert as_list.corrupt_checkpoint_never_loaded is False
     assert compute_metrics(events, iter([fault])).to_dict() == as_list.to_dict()
-    slow = FaultRecord(id="s", type="collective_delay", injected_t=4.5)
+    slow = FaultRecord(id="s", type="collective_delay", capabilities=("slows_job",), injected_t=4.5)
     compute_metrics(events, [slow])  # must not raise on the list-valued pid
 
 
@@ -701,10 +703,12 @@ def test_slowdown_of_a_step_window_compares_the_window_not_the_rest_of_the_run()
     job.steps(105.0, 5, 7, dt=3.0, step_time_s=3.0)
     job.steps(111.0, 8, 12, step_time_s=1.0)
     job.finish(112.5, 12)
-    windowed = FaultRecord(id="slow", type="collective_delay", injected_t=104.5,
+    windowed = FaultRecord(id="slow", type="collective_delay",
+                           capabilities=("slows_job",), injected_t=104.5,
                            target="rank 1", details={"ranks": [1], "window_steps": [5, 7]})
     assert compute_metrics(job.records, [windowed]).slowdown == 3.0
-    unbounded = FaultRecord(id="slow", type="collective_delay", injected_t=104.5,
+    unbounded = FaultRecord(id="slow", type="collective_delay",
+                            capabilities=("slows_job",), injected_t=104.5,
                             target="rank 1", details={"ranks": [1]})
     assert compute_metrics(job.records, [unbounded]).slowdown == 1.0
     garbled = dataclasses.replace(windowed, details={"window_steps": ["x", None]})

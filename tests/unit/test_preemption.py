@@ -106,7 +106,8 @@ def rec(t: float, kind: str, **kw: Any) -> dict[str, Any]:
 
 
 def spot(t: float = 100.0, deadline_t: float = 120.0) -> FaultRecord:
-    return FaultRecord(id="spot", type="spot_preemption", injected_t=t, target="node 1",
+    return FaultRecord(id="spot", type="spot_preemption",
+                       capabilities=("loses_node",), injected_t=t, target="node 1",
                        details={"deadline_t": deadline_t})
 
 
@@ -204,7 +205,8 @@ def test_release_cancels_a_pending_deadline() -> None:
 
 def test_straggler_detection_latency_is_measured_for_the_delayed_rank() -> None:
     base = [rec(90 + i, "step", step=i) for i in range(1, 10)]
-    delay = FaultRecord(id="d", type="collective_delay", injected_t=95.5, target="rank 1",
+    delay = FaultRecord(id="d", type="collective_delay",
+                        capabilities=("slows_job",), injected_t=95.5, target="rank 1",
                         details={"ranks": [1]})
     other = rec(97.0, "anomaly", what="straggler", straggler_rank=0, step=7)
     right = rec(98.25, "anomaly", what="straggler", straggler_rank=1, step=8)

@@ -17,6 +17,7 @@ from faultlab.judge.slas import SLAS
 from faultlab.judge.verdict import judge
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.spec import experiment_from_dict
+from tests.fault_records import declared
 
 T = 1000.0
 CKPT = "/run/checkpoints"
@@ -33,7 +34,8 @@ def steps(first: int, last: int, t0: float, pid: int = 10) -> list[dict[str, Any
 def fault(type_: str = "disk_full", hits: int | None = 3, undone: float | None = T + 5,
           **details: Any) -> FaultRecord:
     undo = {} if hits is None else {"ops_hit": {"write": hits}, "num_ops_hit": hits}
-    return FaultRecord(id=f"{type_}#1", type=type_, injected_t=T, undone_t=undone,
+    return FaultRecord(id=f"{type_}#1", type=type_,
+                       capabilities=declared(type_), injected_t=T, undone_t=undone,
                        target="all", details={**details, "undo": undo})
 
 
@@ -197,7 +199,9 @@ def test_a_node_view_that_answered_nothing_was_not_injected() -> None:
     events = [*started(), *steps(1, 40, T - 2)]
 
     def injected(answered: int) -> Any:
-        flt = FaultRecord(id="nfs#1", type="stale_shared_fs", injected_t=T, undone_t=T + 5,
+        flt = FaultRecord(id="nfs#1", type="stale_shared_fs",
+                          capabilities=("mounts_storage", "needs_exact_mount"), injected_t=T,
+                          undone_t=T + 5,
                           target="node 1", details={
                               "storage": "/run/checkpoints", "node": "node1",
                               "nfs": {"acdirmin": 30},

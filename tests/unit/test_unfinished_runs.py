@@ -20,6 +20,7 @@ from faultlab.judge.verdict import judge
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.observe.metrics import withhold_unfinished
 from faultlab.spec import experiment_from_dict
+from tests.fault_records import declared
 
 T = 1012.0  # the fault, just after step 12
 G = 8  # global batch
@@ -69,14 +70,17 @@ class Case:
 
 
 def _storage(type_: str, **details: Any) -> FaultRecord:
-    return FaultRecord(id=type_, type=type_, injected_t=T, undone_t=T + 2, target="all",
+    return FaultRecord(id=type_, type=type_,
+                       capabilities=declared(type_), injected_t=T, undone_t=T + 2, target="all",
                        details={"undo": {"ops_hit": {"write": 2}, "num_ops_hit": 2},
                                 **details})
 
 
-SPOT = FaultRecord(id="spot", type="spot_preemption", injected_t=T, target="node 0",
+SPOT = FaultRecord(id="spot", type="spot_preemption",
+                   capabilities=("loses_node",), injected_t=T, target="node 0",
                    details={"deadline_t": T + 3})
-DELAY = FaultRecord(id="slow", type="collective_delay", injected_t=1006.5, undone_t=1016.0,
+DELAY = FaultRecord(id="slow", type="collective_delay",
+                    capabilities=("slows_job",), injected_t=1006.5, undone_t=1016.0,
                     target="rank 1")
 STICKY = FaultRecord(id="gpu", type="gpu_error", injected_t=T, target="node 0",
                      details={"sticky": True, "node": "node0"})
