@@ -161,10 +161,13 @@ def _worker(run_dir: Path, steps: int, delays_ms: list[float],
     # delay: a plan of delays, each on every (len+1)-th step; the steps between: baseline
     first = WARMUP_STEPS + 2 * steps + 1
     period = len(delays_ms) + 1
+    # entries as faultlab writes them: the action's path and its complete parameters
     plan = [{"id": f"delay{d:g}", "type": "collective_delay",
+             "action": "faultlab.runtime.actions.collective:Delay",
              "ranks": None if victims == "all" else [0],
              "steps": [first + k * period + j + 1 for k in range(steps)],
-             "params": {"delay_ms": d}} for j, d in enumerate(delays_ms)]
+             "params": {"delay_ms": d, "jitter_ms": 0.0, "ops": None, "seed": 0}}
+            for j, d in enumerate(delays_ms)]
     if rank == 0:
         write_plan(run_dir / "plan.json", plan)
     dist.barrier()

@@ -5,11 +5,14 @@ Every job the engine launches gets, in ``JOB_DIR/runtime/``:
 - ``secret`` (mode 0600): the per-run secret of the runtime agents' control channel, also given
   to every rank as ``FAULTLAB_RUNTIME_SECRET``. Faults injected live (time triggers, events,
   Chaos Toolkit actions against an attached job) send it; an agent ignores anything else.
-- ``plan.json``: the numeric faults triggered by step (``grad_nan``, ``grad_inf``,
-  ``loss_spike``, ``weight_bitflip`` with ``at_step``), decided before the launch and given to
-  every rank as ``FAULTLAB_RUNTIME_PLAN``: same plan, same injections, step-exact (``at_step: N``
+- ``plan.json``: the in-rank faults whose action strikes at a step (``RuntimeFault.strikes ==
+  "at_step"``: ``grad_nan``, ``grad_inf``, ``loss_spike``, ``weight_bitflip``, a team's own)
+  triggered with ``at_step``, decided before the launch and given to every rank as
+  ``FAULTLAB_RUNTIME_PLAN`` (each entry names its rank-side action and carries its validated
+  parameters): same plan, same injections, step-exact (``at_step: N``
   strikes during step N), and fired once per job even when a rollback or a restart replays the
-  step; and ``collective_delay`` with ``at_step`` and ``num_steps``: the step window
+  step; and a window fault whose parameters give ``num_steps`` (``collective_delay``) with
+  ``at_step``: the step window
   ``N .. N + num_steps - 1`` (a replayed step is delayed again, as a slow link would). Their
   injection time is the one the rank reports in its ``fault_injected`` event.
 
@@ -48,8 +51,9 @@ def planned_victim_ranks(exp: Experiment, index: int) -> list[int] | None | bool
     spec = exp.faults[index]
     if not issubclass(spec.fault_class, RuntimeFault) or spec.trigger.at_step is None:
         return False
-    windowed = spec.type == "collective_delay" and getattr(spec.params, "num_steps", None)
-    if spec.fault_class.family != "numeric" and not windowed:
+    # at_step: strikes at its step; window: plannable when its parameters bound the window
+    windowed = getattr(spec.params, "num_steps", None)
+    if spec.fault_class.strikes != "at_step" and not windowed:
         return False
     kind = spec.target.kind
     if kind == "all":

@@ -162,6 +162,11 @@ class Fault(ABC):
     at the step gate after step N (``faultlab.runtime.gates``), so it lands after step N and
     before step N + 1 on every target. False for a fault that itself waits for the job to go
     on (a torn write waits for the next save): holding the job at the gate would deadlock it."""
+    rank_action: ClassVar[str | None] = None
+    """Import path (``"package.module:Class"``) of what the fault does inside a rank: a
+    ``faultlab.runtime.hooks.RankAction`` subclass, imported by the rank only when a plan or a
+    live inject names it (a string, so faultlab never imports rank code). None: it acts from
+    outside the ranks."""
 
     # What the engine and the observers do for this fault, declared here and nowhere else
     # (they never recognise a fault by its type name). Every capability is off by default; a

@@ -14,11 +14,13 @@ FSDP2 issues ``all_gather_single`` and ``reduce_scatter_single``.
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from faultlab.faults.runtime_base import RuntimeFault, RuntimeFaultParams
+from faultlab.runtime.interposer import OP_NAMES
 
 __all__ = ["CollectiveDelayFault", "CollectiveErrorFault", "CollectiveHangFault",
            "CollectivePartitionFault"]
@@ -27,19 +29,32 @@ _OPS_HELP = ("operations to hit (names or fnmatch patterns, e.g. all_gather_sing
              "'funcol.*'); default: every collective")
 
 
+def _check_ops(v: list[str] | None) -> list[str] | None:
+    for name in v or ():
+        if not fnmatch.filter(OP_NAMES, name):
+            raise ValueError(f"{name!r} matches no interceptable operation; valid: "
+                             f"{', '.join(OP_NAMES)} (fnmatch patterns allowed)")
+    return v
+
+
+class _CollectiveParams(RuntimeFaultParams):
+    _ops_known = field_validator("ops", check_fields=False)(_check_ops)
+
+
 class _Collective(RuntimeFault):
     family = "collective"
     reversible = True
+    strikes = "window"
 
 
 class CollectiveDelayFault(_Collective):
     """Delay every matching collective on the victim ranks (a slow link, a straggler)."""
 
     type = "collective_delay"
+    rank_action = "faultlab.runtime.actions.collective:Delay"
     slows_job: ClassVar[bool] = True
 
-    class Params(RuntimeFaultParams):
-        fault_type: ClassVar[str] = "collective_delay"
+    class Params(_CollectiveParams):
         delay_ms: float = Field(100.0, ge=0, le=3_600_000, description="delay before each "
                                                                        "matching call, ms")
         jitter_ms: float = Field(0.0, ge=0, le=3_600_000, description="seeded uniform jitter "
@@ -63,9 +78,9 @@ class CollectiveHangFault(_Collective):
     its peers wait inside the collective, as with a dead NIC or a deadlocked rank."""
 
     type = "collective_hang"
+    rank_action = "faultlab.runtime.actions.collective:Hang"
 
-    class Params(RuntimeFaultParams):
-        fault_type: ClassVar[str] = "collective_hang"
+    class Params(_CollectiveParams):
         ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)
         after_num_calls: int = Field(1, ge=1, description="hang on this matching call "
                                                           "(1 = the next one)")
@@ -76,9 +91,9 @@ class CollectiveErrorFault(_Collective):
     by peer") instead of running: a broken transport."""
 
     type = "collective_error"
+    rank_action = "faultlab.runtime.actions.collective:Error"
 
-    class Params(RuntimeFaultParams):
-        fault_type: ClassVar[str] = "collective_error"
+    class Params(_CollectiveParams):
         ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)
         after_num_calls: int = Field(1, ge=1, description="first matching call that fails "
                                                           "(1 = the next one)")
@@ -91,9 +106,9 @@ class CollectivePartitionFault(_Collective):
     partition the whole job."""
 
     type = "collective_partition"
+    rank_action = "faultlab.runtime.actions.collective:Partition"
 
-    class Params(RuntimeFaultParams):
-        fault_type: ClassVar[str] = "collective_partition"
+    class Params(_CollectiveParams):
         groups: list[list[int]] = Field(min_length=2, description="groups of global ranks, "
                                                                   "e.g. [[0, 1], [2, 3]]; a "
                                                                   "rank in none is alone")
@@ -101,3 +116,18 @@ class CollectivePartitionFault(_Collective):
                                                                    "collective does: hang "
                                                                    "(until undone) or error")
         ops: list[str] | None = Field(None, min_length=1, description=_OPS_HELP)
+
+        @field_validator("groups")
+        @classmethod
+        def _disjoint(cls, v: list[list[int]]) -> list[list[int]]:
+            seen: set[int] = set()
+            for g in v:
+                if not g:
+                    raise ValueError(f"group {g!r} is not a non-empty list of ranks")
+                for r in g:
+                    if r < 0:
+                        raise ValueError(f"rank {r!r} is not an integer >= 0")
+                    if r in seen:
+                        raise ValueError(f"rank {r!r} is in more than one group")
+                    seen.add(r)
+            return v

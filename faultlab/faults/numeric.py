@@ -1,17 +1,16 @@
 """Numeric faults: corrupt what a rank computes — gradients, the loss, the weights in memory.
 
-They strike inside the victim ranks through the runtime agent (``faultlab.runtime.numeric``
-documents the mechanism), at the victim's next step after the trigger, once per
-(fault, rank, step) for the whole job: an in-process rollback or a restarted process replaying
-that step is not hit again. None is reversible: the value is corrupted the moment it strikes, and
-detecting and recovering from it is the job's business (skip, roll back, abort).
+They strike inside the victim ranks through their rank-side actions
+(``faultlab.runtime.actions.numeric`` documents the mechanism), at the victim's next step after
+the trigger, once per (fault, rank, step) for the whole job: an in-process rollback or a
+restarted process replaying that step is not hit again. None is reversible: the value is
+corrupted the moment it strikes, and detecting and recovering from it is the job's business
+(skip, roll back, abort).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from faultlab.faults.runtime_base import RuntimeFault, RuntimeFaultParams
 
@@ -38,9 +37,10 @@ class GradNanFault(RuntimeFault):
 
     type = "grad_nan"
     family = "numeric"
+    rank_action = "faultlab.runtime.actions.numeric:GradNan"
 
     class Params(_GradParams):
-        fault_type: ClassVar[str] = "grad_nan"
+        pass
 
 
 class GradInfFault(RuntimeFault):
@@ -49,9 +49,10 @@ class GradInfFault(RuntimeFault):
 
     type = "grad_inf"
     family = "numeric"
+    rank_action = "faultlab.runtime.actions.numeric:GradInf"
 
     class Params(_GradParams):
-        fault_type: ClassVar[str] = "grad_inf"
+        pass
 
 
 class LossSpikeFault(RuntimeFault):
@@ -60,11 +61,18 @@ class LossSpikeFault(RuntimeFault):
 
     type = "loss_spike"
     family = "numeric"
+    rank_action = "faultlab.runtime.actions.numeric:LossSpike"
 
     class Params(RuntimeFaultParams):
-        fault_type: ClassVar[str] = "loss_spike"
         scale: float = Field(1e4, allow_inf_nan=False,
                              description="factor applied to the loss (not 0)")
+
+        @field_validator("scale")
+        @classmethod
+        def _not_zero(cls, v: float) -> float:
+            if v == 0:
+                raise ValueError("0 is not allowed")
+            return v
 
 
 class WeightBitflipFault(RuntimeFault):
@@ -73,9 +81,9 @@ class WeightBitflipFault(RuntimeFault):
 
     type = "weight_bitflip"
     family = "numeric"
+    rank_action = "faultlab.runtime.actions.numeric:WeightBitflip"
 
     class Params(RuntimeFaultParams):
-        fault_type: ClassVar[str] = "weight_bitflip"
         param_glob: str = Field("*", min_length=1, description="parameters eligible: fnmatch "
                                                                "pattern on the FQN")
         num_bits: int = Field(1, ge=1, le=4096, description="bits to flip, each in a seeded "

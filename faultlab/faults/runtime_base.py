@@ -10,9 +10,12 @@ A runtime fault exists in two forms that carry the same JSON entry:
   strike at that rank's next step, collective faults at once. ``undo`` sends ``{"op": "undo"}``
   to the same ranks; a rank that is gone has nothing left to undo.
 
-The entry's ``params`` are validated here by pydantic (for ``faultlab validate`` and the
-docs) and again by the runtime (``faultlab.runtime.plan``), which is the single source of the
-defaults: a test checks that both agree.
+The entry names the fault's rank-side action by import path (``rank_action``, a
+``faultlab.runtime.hooks.RankAction``: imported by the rank only, never here) and carries its
+``params``, validated once, here, by the fault's ``Params`` model, complete with every default:
+the rank checks the entry's shape only. ``strikes`` says how the engine may plan it: ``at_step``
+(strikes at its steps, once per step for the whole job) or ``window`` (active over a window of
+steps); it must match the action's own ``strikes`` (a test checks every registered fault).
 """
 
 from __future__ import annotations
@@ -21,11 +24,8 @@ import uuid
 import zlib
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from pydantic import model_validator
-
 from faultlab.errors import FaultError
 from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
-from faultlab.runtime.plan import PlanError, validate_params
 
 __all__ = ["RuntimeContext", "RuntimeFault", "RuntimeFaultParams"]
 
@@ -37,26 +37,20 @@ class RuntimeContext(Protocol):
 
 
 class RuntimeFaultParams(FaultParams):
-    """Params of a runtime fault: each is also checked by the runtime's own validator."""
-
-    @model_validator(mode="after")
-    def _runtime_accepts(self) -> RuntimeFaultParams:
-        fault_type = getattr(type(self), "fault_type", None)
-        if fault_type:
-            try:
-                validate_params(fault_type, self.runtime_params(), "params")
-            except PlanError as e:
-                raise ValueError(str(e).removeprefix("params.")) from None
-        return self
+    """Params of a runtime fault: what its rank-side action gets, already validated."""
 
     def runtime_params(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+        """Every parameter the action reads, defaults included (None stays None); a subclass
+        leaves out those that are faultlab's only."""
+        return self.model_dump(mode="json")
 
 
 class RuntimeFault(Fault):
     """A fault carried out by the runtime agent inside the victim ranks."""
 
     targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
+    strikes: ClassVar[str] = "at_step"
+    """``at_step`` or ``window``, as its action's (``faultlab.runtime.hooks``)."""
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
@@ -74,8 +68,10 @@ class RuntimeFault(Fault):
     def plan_entry(self, fault_id: str, ranks: list[int] | None,
                    steps: list[int] | None) -> dict[str, Any]:
         """The entry for a launch plan (``faultlab.runtime.write_plan``) or a live inject."""
-        return {"id": fault_id, "type": self.type, "ranks": ranks, "steps": steps,
-                "params": self._params(fault_id)}
+        if not self.rank_action:
+            raise FaultError(f"{self.type}: {type(self).__name__} names no rank_action")
+        return {"id": fault_id, "type": self.type, "action": self.rank_action, "ranks": ranks,
+                "steps": steps, "params": self._params(fault_id)}
 
     def victim_ranks(self, ctx: FaultContext, victim: Victim) -> list[int]:
         if victim.kind == "all":

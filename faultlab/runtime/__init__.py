@@ -20,9 +20,11 @@ environment. Why in-rank faults need code in the rank: a NaN in one rank's gradi
 collective that one rank never issues, cannot be produced from outside the process.
 
 Importing this package imports neither torch nor any other part of faultlab; ``install`` and
-``attach`` import torch when called. The modules: ``plan`` (what a fault entry may say),
-``agent`` (fire-once bookkeeping, events), ``interposer`` (wrapping ``torch.distributed``),
-``collective`` and ``numeric`` (the faults), ``control`` (the listener) and ``client`` (the
+``attach`` import torch when called. The modules: ``plan`` (the shape of a fault entry),
+``hooks`` (the rank-side API: a fault's action and the hooks it hangs on), ``agent`` (loading
+the actions a plan names, fire-once bookkeeping, events), ``interposer`` (wrapping
+``torch.distributed``), ``actions`` (the built-in faults' actions, each module imported only
+when a plan or a live inject names one of them), ``control`` (the listener) and ``client`` (the
 faultlab side of the channel). Level 0 (no code in the trainer at all): ``bootstrap`` (the
 directory faultlab puts first on a rank's ``PYTHONPATH``; its ``sitecustomize`` activates in
 torchrun workers) and ``auto`` (what then follows the trainer through torch's global hooks and

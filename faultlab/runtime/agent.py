@@ -6,9 +6,11 @@ where a fault injected from outside at step ``n`` meets it (the step gate,
 ``faultlab.runtime.gates``). Behind them the agent
 
 - reads its identity and its plan from the environment faultlab gives the job;
-- arms the plan's numeric faults at the planned steps and activates its collective faults over
-  their step windows (publishing them to the interposer);
-- makes every numeric fault strike at most once per (fault id, rank, step) for the whole job:
+- loads each entry's rank-side action (``faultlab.runtime.hooks``: the entry names it by
+  import path, and its module is imported only then), arms the at-step actions at their steps
+  and activates the window actions over their step windows (publishing those that act on
+  collectives to the interposer), and calls each on the hooks it uses;
+- makes every at-step action strike at most once per (fault id, rank, step) for the whole job:
   an in-memory set for in-process rollbacks, a marker file under ``RUN_DIR/runtime/fired/``
   for restarted processes — otherwise a rollback that replays step 5 meets the NaN of step 5
   again, forever;
@@ -30,9 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 from faultlab.runtime import interposer
-from faultlab.runtime.collective import CollectiveFault, make_collective_fault
 from faultlab.runtime.control import ControlServer
 from faultlab.runtime.gates import StepGates
+from faultlab.runtime.hooks import ActionError, RankAction, load_action, uses
 from faultlab.runtime.identity import Identity
 from faultlab.runtime.plan import FaultEntry, PlanError, parse_entry
 from faultlab.runtime.records import EventFile, FiredMarkers
@@ -41,7 +43,44 @@ from faultlab.runtime.uplink import RelayDown, uplink_for
 __all__ = ["Agent", "Emit", "Identity", "NullAgent"]
 
 Emit = Callable[..., None]
-_ONCE_TYPES = ("collective_hang", "collective_error", "collective_partition")
+
+
+class _Handle:
+    """What one action sees of its rank (``faultlab.runtime.hooks.Rank``)."""
+
+    def __init__(self, agent: Agent, entry: FaultEntry, source: str) -> None:
+        self._agent, self.entry, self.source = agent, entry, source
+        self.rank = agent.rank
+        self.live = source == "live"
+        self.action: RankAction | None = None
+
+    @property
+    def step(self) -> int:
+        return self._agent.current_step
+
+    @property
+    def model(self) -> Any:
+        return self._agent.model
+
+    @property
+    def optimizer(self) -> Any:
+        return self._agent.optimizer
+
+    def struck(self, **details: Any) -> None:
+        action = self.action
+        if action is not None:
+            action.num_struck += 1
+            if action.num_struck > 1:
+                return
+        if action is not None and action.strikes == "window":
+            if action.once_per_job and not self.live:
+                self._agent.mark_once(self.entry)
+            self._agent.injected(self.entry, **details)
+        else:
+            self._agent._struck(self.entry, self.source, **details)
+
+    def failed(self, error: str) -> None:
+        self._agent._failed(self.entry, error)
 
 
 class NullAgent:
@@ -82,19 +121,19 @@ class Agent(NullAgent):
         self._fired = FiredMarkers(ident.run_dir / "runtime" / "fired", ident.rank)
         self._lock = threading.RLock()
         self._step = 0
-        self._numeric: list[tuple[FaultEntry, str]] = []  # (entry, source), source plan|live
-        self._pending: list[FaultEntry] = []  # live numeric entries without steps: next step
-        self._coll_entries: dict[str, tuple[FaultEntry, bool]] = {}  # id -> (entry, live)
-        self._coll: dict[str, CollectiveFault] = {}  # the active ones
+        self._at_step: list[tuple[FaultEntry, str]] = []  # (entry, source), source plan|live
+        self._pending: list[FaultEntry] = []  # live at-step entries without steps: next step
+        self._windows: dict[str, tuple[FaultEntry, bool]] = {}  # id -> (entry, live)
+        self._active: dict[str, RankAction] = {}  # the window actions active now
         self._retired: set[str] = set()
-        self._grad: list[Any] = []  # GradCorruption armed for the current step
-        self._loss_armed: list[FaultEntry] = []
+        self._armed: list[tuple[RankAction, list[Any]]] = []  # this step's: (action, handles)
+        self._loss_armed: list[RankAction] = []
         self._busy = False
         for entry in plan or []:
             if entry.applies_to(self.rank):
                 self._add(entry, live=False)
         with self._lock:
-            self._refresh_collective(0)
+            self._refresh_windows(0)
         self._server: ControlServer | None = None
         if secret:
             self._server = ControlServer(
@@ -118,26 +157,25 @@ class Agent(NullAgent):
         if not self._busy:
             return
         with self._lock:
-            for g in self._grad:
-                g.remove()
-            self._grad, self._loss_armed = [], []
+            self._disarm_all()
             for entry in self._pending:
-                self._numeric.append((entry.at_step(n), "live"))
+                self._at_step.append((entry.at_step(n), "live"))
             self._pending = []
-            for entry, source in self._numeric:
+            for entry, source in self._at_step:
                 if entry.id not in self._retired and entry.in_window(n) \
                         and not self._fired.seen(entry.id, f"step{n}"):
                     self._arm(entry, source, n)
-            self._refresh_collective(n)
+            self._refresh_windows(n)
+            for action in list(self._active.values()):
+                if uses(type(action), "on_step_start"):
+                    self._call_step_start(action, n)
             self._update_busy()
 
     def loss(self, loss: Any) -> Any:
         if not self._loss_armed:
             return loss
-        for entry in list(self._loss_armed):
-            loss = loss * entry.params["scale"]
-            if not self._fired.seen(entry.id, f"step{self._step}"):
-                self._struck(entry, self._source(entry), scale=entry.params["scale"])
+        for action in list(self._loss_armed):
+            loss = action.on_loss(loss)
         return loss
 
     def step_done(self, n: int, beat: Callable[[], None] | None = None) -> float:
@@ -160,10 +198,9 @@ class Agent(NullAgent):
         with self._lock:
             return {"enabled": True, "rank": self.rank, "pid": self.ident.pid,
                     "restart": self.ident.restart, "step": self._step,
-                    "active": [f.summary() for f in self._coll.values()],
-                    "armed": [g.entry.id for g in self._grad] +
-                             [e.id for e in self._loss_armed],
-                    "numeric": [{**e.to_json(), "source": s} for e, s in self._numeric] +
+                    "active": [a.summary() for a in self._active.values()],
+                    "armed": [a.entry.id for a, _ in self._armed],
+                    "numeric": [{**e.to_json(), "source": s} for e, s in self._at_step] +
                                [{**e.to_json(), "source": "live", "at": "next step"}
                                 for e in self._pending],
                     "counts": interposer.counts(),
@@ -175,16 +212,15 @@ class Agent(NullAgent):
             self._server.close()
             self._server = None
         with self._lock:
-            for fid in list(self._coll):
+            for fid in list(self._active):
                 self._deactivate(fid, "close")
-            for g in self._grad:
-                g.remove()
-            self._grad, self._loss_armed, self._busy = [], [], False
+            self._disarm_all()
+            self._busy = False
             interposer.set_faults(())
         if self._events is not None:
             self._events.close()
 
-    # --- Host (for collective faults) ------------------------------------------------------
+    # --- what window actions report --------------------------------------------------------
 
     def injected(self, entry: FaultEntry, **details: Any) -> None:
         self._emit("fault_injected", fault_id=entry.id, type=entry.type, step=self._step,
@@ -196,22 +232,28 @@ class Agent(NullAgent):
     # --- internals -------------------------------------------------------------------------
 
     def _source(self, entry: FaultEntry) -> str:
-        held = self._coll_entries.get(entry.id)
+        held = self._windows.get(entry.id)
         if held is not None:
             return "live" if held[1] else "plan"
-        return next((s for e, s in self._numeric if e.id == entry.id), "live")
+        return next((s for e, s in self._at_step if e.id == entry.id), "live")
 
     def _add(self, entry: FaultEntry, *, live: bool) -> None:
-        if entry.family == "collective":
-            self._coll_entries[entry.id] = (entry, live)
+        """Load the entry's action (its module is imported now) and schedule it; PlanError if
+        it cannot be loaded, or if a planned at-step action has no step filter."""
+        cls = load_action(entry.action)
+        if cls.strikes == "window":
+            self._windows[entry.id] = (entry, live)
         elif live and entry.steps is None and entry.from_step is None:
             self._pending.append(entry)
+        elif not live and entry.steps is None and entry.from_step is None:
+            raise PlanError(f"fault {entry.id!r}: a planned {entry.type} needs 'steps' or "
+                            f"'from_step' (without them it would strike at every step)")
         else:
-            self._numeric.append((entry, "live" if live else "plan"))
+            self._at_step.append((entry, "live" if live else "plan"))
         self._busy = True
 
     def _update_busy(self) -> None:
-        self._busy = bool(self._numeric or self._pending or self._coll_entries or self._grad
+        self._busy = bool(self._at_step or self._pending or self._windows or self._armed
                           or self._loss_armed)
 
     def _struck(self, entry: FaultEntry, source: str, **details: Any) -> None:
@@ -223,44 +265,79 @@ class Agent(NullAgent):
         self._emit("fault_failed", fault_id=entry.id, type=entry.type, step=self._step,
                    rank=self.rank, error=error)
 
+    def _disarm_all(self) -> None:
+        # Never called from inside a grad hook: FSDP2 iterates the hook dict while calling them.
+        for _, handles in self._armed:
+            for h in handles:
+                h.remove()
+        self._armed, self._loss_armed = [], []
+
+    def _call_step_start(self, action: RankAction, n: int) -> bool:
+        try:
+            action.on_step_start(n)
+        except ActionError as e:
+            self._failed(action.entry, str(e))
+            return False
+        return True
+
     def _arm(self, entry: FaultEntry, source: str, n: int) -> None:
-        if entry.type == "loss_spike":
-            self._loss_armed.append(entry)
-            return
-        if self.model is None:
+        """Arm an at-step action for step ``n``: a fresh instance, its hooks for this step."""
+        cls = load_action(entry.action)
+        if cls.needs_model and self.model is None:
             self._failed(entry, f"{entry.type} needs the model: pass it to attach()")
             return
-        from faultlab.runtime import numeric
-
+        handle = _Handle(self, entry, source)
+        action = handle.action = cls(entry, handle)
+        if uses(cls, "on_step_start") and not self._call_step_start(action, n):
+            return
+        handles: list[Any] = []
         try:
-            if entry.type == "weight_bitflip":
-                self._struck(entry, source, flips=numeric.flip_bits(self.model, entry,
-                                                                     self.rank, n))
-            else:
-                g = numeric.GradCorruption(
-                    self.model, entry, lambda details: self._struck(entry, source, **details))
-                self._grad.append(g)
-        except numeric.NoParameterError as e:
+            if uses(cls, "on_grads_ready"):
+                for name, param in action.grads_to_watch():
+                    handles.append(param.register_post_accumulate_grad_hook(
+                        _grad_hook(action, name)))
+        except ActionError as e:
+            for h in handles:
+                h.remove()
             self._failed(entry, str(e))
+            return
+        if uses(cls, "before_optimizer_step"):
+            if self.optimizer is None:
+                for h in handles:
+                    h.remove()
+                self._failed(entry, f"{entry.type} needs the optimizer: pass it to attach()")
+                return
+            handles.append(self.optimizer.register_step_pre_hook(
+                lambda opt, args, kwargs: action.before_optimizer_step(opt)))
+        self._armed.append((action, handles))
+        if uses(cls, "on_loss"):
+            self._loss_armed.append(action)
 
-    def _refresh_collective(self, n: int) -> None:
-        """Activate the collective faults whose window holds at step ``n``; end the others."""
-        for fid, (entry, live) in self._coll_entries.items():
+    def _refresh_windows(self, n: int) -> None:
+        """Activate the window actions whose window holds at step ``n``; end the others."""
+        for fid, (entry, live) in self._windows.items():
+            cls = load_action(entry.action)
             want = (fid not in self._retired and entry.in_window(n) and not (
-                not live and entry.type in _ONCE_TYPES and self._fired.elsewhere(fid, "once")))
-            if want and fid not in self._coll:
-                self._coll[fid] = make_collective_fault(entry, self, live=live)
-            elif not want and fid in self._coll:
-                if entry.type in _ONCE_TYPES and self._coll[fid].num_struck:
+                not live and cls.once_per_job and self._fired.elsewhere(fid, "once")))
+            if want and fid not in self._active:
+                handle = _Handle(self, entry, "live" if live else "plan")
+                try:
+                    handle.action = self._active[fid] = cls(entry, handle)
+                except ActionError as e:
+                    self._retired.add(fid)
+                    self._failed(entry, str(e))
+            elif not want and fid in self._active:
+                if cls.once_per_job and self._active[fid].num_struck:
                     self._retired.add(fid)  # struck once; a replayed window must not re-strike
                 self._deactivate(fid, "window_ended")
-        interposer.set_faults(list(self._coll.values()))
+        interposer.set_faults([a for a in self._active.values()
+                               if uses(type(a), "before_collective")])
 
     def _deactivate(self, fid: str, reason: str) -> None:
-        fault = self._coll.pop(fid)
-        summary = fault.release()
-        if fault.num_struck:
-            self._emit("fault_undone", fault_id=fid, type=fault.entry.type, step=self._step,
+        action = self._active.pop(fid)
+        summary = action.release()
+        if action.num_struck:
+            self._emit("fault_undone", fault_id=fid, type=action.entry.type, step=self._step,
                        rank=self.rank, reason=reason, **{k: v for k, v in summary.items()
                                                         if k not in ("id", "type")})
 
@@ -289,15 +366,18 @@ class Agent(NullAgent):
                     "note": f"fault targets ranks {list(entry.ranks or [])}, this is rank "
                             f"{self.rank}"}
         with self._lock:
-            live_ids = {e.id for e in self._pending} | {e.id for e, src in self._numeric
+            live_ids = {e.id for e in self._pending} | {e.id for e, src in self._at_step
                                                          if src == "live"}
-            if entry.id in self._coll or entry.id in live_ids:
+            if entry.id in self._active or entry.id in live_ids:
                 return {"ok": True, "id": entry.id, "applies": True, "already": True}
+            try:
+                self._add(entry, live=True)
+            except PlanError as e:
+                return {"ok": False, "error": str(e)}
             self._retired.discard(entry.id)
-            self._add(entry, live=True)
-            if entry.family == "collective":
-                self._refresh_collective(self._step)
-                when = "now" if entry.id in self._coll else "in its step window"
+            if entry.id in self._windows:
+                self._refresh_windows(self._step)
+                when = "now" if entry.id in self._active else "in its step window"
             else:
                 when = "next step" if entry in self._pending else f"steps {entry.steps}"
         return {"ok": True, "id": entry.id, "applies": True, "applies_at": when,
@@ -307,20 +387,28 @@ class Agent(NullAgent):
         if not isinstance(fid, str):
             return {"ok": False, "error": f"undo needs a fault 'id' string, got {fid!r}"}
         with self._lock:
-            known = fid in self._coll_entries or any(e.id == fid for e, _ in self._numeric) \
+            known = fid in self._windows or any(e.id == fid for e, _ in self._at_step) \
                 or any(e.id == fid for e in self._pending)
             self._retired.add(fid)
             self._pending = [e for e in self._pending if e.id != fid]
-            self._loss_armed = [e for e in self._loss_armed if e.id != fid]
-            for g in self._grad:
-                if g.entry.id == fid:
-                    g.cancelled = True
-            if fid in self._coll:
+            self._loss_armed = [a for a in self._loss_armed if a.entry.id != fid]
+            for action, _ in self._armed:
+                if action.entry.id == fid:
+                    # its hooks stay registered (FSDP2 may be iterating them) but do nothing
+                    action.release()
+            if fid in self._active:
                 self._deactivate(fid, "undo")
-            held = self._coll_entries.get(fid)
+            held = self._windows.get(fid)
             if held is not None and held[1]:
-                del self._coll_entries[fid]  # a live fault is gone; a plan's stays retired
-            self._numeric = [(e, s) for e, s in self._numeric if e.id != fid or s == "plan"]
-            interposer.set_faults(list(self._coll.values()))
+                del self._windows[fid]  # a live fault is gone; a plan's stays retired
+            self._at_step = [(e, s) for e, s in self._at_step if e.id != fid or s == "plan"]
+            interposer.set_faults([a for a in self._active.values()
+                                   if uses(type(a), "before_collective")])
             self._update_busy()
         return {"ok": True, "id": fid, "undone": known}
+
+
+def _grad_hook(action: RankAction, name: str) -> Callable[[Any], None]:
+    def hook(param: Any) -> None:
+        action.on_grads_ready(name, param)
+    return hook

@@ -112,6 +112,7 @@ from faultlab.runtime.agent import Agent
 from faultlab.runtime.auto_checkpoints import CheckpointHooks, PendingLoad
 from faultlab.runtime.auto_checkpoints import report_once as _report
 from faultlab.runtime.gates import StepGates
+from faultlab.runtime.hooks import load_action, uses
 from faultlab.runtime.identity import Identity
 from faultlab.runtime.plan import FaultEntry, load_plan
 from faultlab.runtime.records import EventFile
@@ -183,20 +184,20 @@ class _Params:
 
 
 class _Level0Agent(Agent):
-    """The runtime agent as level 0 drives it (see the module docstring): a gradient strike
-    lasts one backward, and ``loss_spike`` is reported as impossible."""
+    """The runtime agent as level 0 drives it (see the module docstring): a strike on ready
+    gradients lasts one backward, and an action on the loss is reported as impossible."""
 
     def _arm(self, entry: FaultEntry, source: str, n: int) -> None:
-        if entry.type == "loss_spike":
-            self._failed(entry, "loss_spike needs the trainer's loss, which level 0 never sees: "
-                                "call faultlab.runtime.attach(model, optimizer) and pass the "
-                                "loss through rt.loss(...)")
+        if uses(load_action(entry.action), "on_loss"):
+            self._failed(entry, f"{entry.type} needs the trainer's loss, which level 0 never "
+                                f"sees: call faultlab.runtime.attach(model, optimizer) and "
+                                f"pass the loss through rt.loss(...)")
             return
         super()._arm(entry, source, n)
 
     def _struck(self, entry: FaultEntry, source: str, **details: Any) -> None:
         super()._struck(entry, source, **details)
-        if entry.type in ("grad_nan", "grad_inf"):
+        if uses(load_action(entry.action), "on_grads_ready"):
             import torch
 
             step = self._step

@@ -40,16 +40,37 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from faultlab.runtime.plan import C10D_OPS, FUNCOL_OPS, OP_NAMES
+__all__ = ["C10D_OPS", "FUNCOL_OPS", "OP_NAMES", "Call", "Striker", "counts", "install",
+           "installed", "set_faults", "uninstall"]
 
-__all__ = ["Call", "Striker", "counts", "install", "installed", "set_faults", "uninstall"]
+#: Every operation the interposer can intercept: ``torch.distributed`` functions by their own
+#: name, ``torch.distributed._functional_collectives`` (what DTensor uses) as ``funcol.<name>``.
+C10D_OPS: tuple[str, ...] = (
+    "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "_all_gather_base", "_reduce_scatter_base", "all_reduce",
+    "all_reduce_coalesced", "broadcast", "reduce", "barrier", "monitored_barrier", "all_gather",
+    "all_gather_coalesced", "all_gather_object", "gather", "gather_object", "scatter",
+    "scatter_object_list", "broadcast_object_list", "reduce_scatter", "all_to_all",
+    "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+    "send_object_list", "recv_object_list",
+)
+FUNCOL_OPS: tuple[str, ...] = (
+    "broadcast", "all_reduce", "all_gather_single", "reduce_scatter_single",
+    "all_gather_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
+    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+    "all_gather_single_coalesced", "reduce_scatter_single_coalesced", "all_to_all_single",
+    "all_gather_single_autograd", "reduce_scatter_single_autograd",
+    "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd", "all_to_all_single_autograd",
+)
+OP_NAMES: tuple[str, ...] = C10D_OPS + tuple(f"funcol.{n}" for n in FUNCOL_OPS)
+
 
 class Striker(Protocol):
-    """An active collective fault, as the interposer sees it."""
+    """An active collective fault, as the interposer sees it (a ``RankAction``)."""
 
     def matches(self, op: str) -> bool: ...
 
-    def before(self, call: Call) -> None:
+    def before_collective(self, call: Call) -> None:
         """Called before the collective is issued: may sleep, block or raise."""
 
 
@@ -161,7 +182,7 @@ def _strike(op: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     call = Call(op, fn, args, kwargs)
     for fault in faults:
         if fault.matches(op):
-            fault.before(call)
+            fault.before_collective(call)
 
 
 def _wrap(op: str, fn: Callable[..., Any], is_compiling: Callable[[], bool]

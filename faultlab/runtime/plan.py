@@ -3,14 +3,17 @@
 A plan is decided before launch and handed to every rank as a JSON file
 (``FAULTLAB_RUNTIME_PLAN``)::
 
-    {"faults": [{"id": "nan#1", "type": "grad_nan", "ranks": [0], "steps": [5],
-                 "from_step": null, "to_step": null, "params": {"param_glob": "blocks.0.*"}}]}
+    {"faults": [{"id": "nan#1", "type": "grad_nan",
+                 "action": "faultlab.runtime.actions.numeric:GradCorruption",
+                 "ranks": [0], "steps": [5], "from_step": null, "to_step": null,
+                 "params": {"param_glob": "blocks.0.*", "fraction": 1.0, "seed": 7}}]}
 
-The same entries, one at a time, are what the live control channel's ``inject`` carries. This
-module is the one place that says what an entry may contain: the agent validates with it, and
-the faultlab side (``faultlab.faults.numeric``/``collective``) validates with it too, so a plan
-that faultlab writes is a plan every rank accepts. It imports neither torch nor the rest of
-faultlab: it runs inside the training process and inside ``faultlab validate``.
+The same entries, one at a time, are what the live control channel's ``inject`` carries.
+``action`` is the import path of the fault's rank-side action (``faultlab.runtime.hooks``),
+``type`` the fault's name (for the events), ``params`` the action's parameters, complete and
+already validated by the fault's ``Params`` model on faultlab's side: this module checks the
+entry's shape only, and knows no fault. It imports neither torch nor the rest of faultlab: it
+runs inside the training process.
 
 Step matching: ``steps`` (a list) and the inclusive window ``from_step``..``to_step`` must all
 hold; a missing one holds for every step. Steps are the 1-based step about to run, as passed to
@@ -19,26 +22,19 @@ hold; a missing one holds for every step. Steps are the 1-based step about to ru
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "COLLECTIVE_TYPES",
-    "FAULT_TYPES",
-    "NUMERIC_TYPES",
-    "OP_NAMES",
     "FaultEntry",
     "PlanError",
     "load_plan",
     "parse_entry",
     "parse_plan",
-    "validate_params",
     "write_plan",
 ]
 
@@ -47,169 +43,21 @@ class PlanError(ValueError):
     """A runtime plan or a live-inject entry is invalid; the message says where and why."""
 
 
-#: Every operation the interposer can intercept: ``torch.distributed`` functions by their own
-#: name, ``torch.distributed._functional_collectives`` (what DTensor uses) as ``funcol.<name>``.
-C10D_OPS: tuple[str, ...] = (
-    "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "_all_gather_base", "_reduce_scatter_base", "all_reduce",
-    "all_reduce_coalesced", "broadcast", "reduce", "barrier", "monitored_barrier", "all_gather",
-    "all_gather_coalesced", "all_gather_object", "gather", "gather_object", "scatter",
-    "scatter_object_list", "broadcast_object_list", "reduce_scatter", "all_to_all",
-    "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv",
-    "send_object_list", "recv_object_list",
-)
-FUNCOL_OPS: tuple[str, ...] = (
-    "broadcast", "all_reduce", "all_gather_single", "reduce_scatter_single",
-    "all_gather_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
-    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
-    "all_gather_single_coalesced", "reduce_scatter_single_coalesced", "all_to_all_single",
-    "all_gather_single_autograd", "reduce_scatter_single_autograd",
-    "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd", "all_to_all_single_autograd",
-)
-OP_NAMES: tuple[str, ...] = C10D_OPS + tuple(f"funcol.{n}" for n in FUNCOL_OPS)
-
-NUMERIC_TYPES = ("grad_nan", "grad_inf", "loss_spike", "weight_bitflip")
-COLLECTIVE_TYPES = ("collective_delay", "collective_hang", "collective_error",
-                    "collective_partition")
-FAULT_TYPES = NUMERIC_TYPES + COLLECTIVE_TYPES
-
-
-# --- parameter checks: each returns the normalised value or raises ValueError ---------------
-
-def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{v!r} is not an integer")
-        if v < low or (high is not None and v > high):
-            raise ValueError(f"{v!r} must be in {low}..{'' if high is None else high}")
-        return v
-    return check
-
-
-def _float(low: float, high: float | None = None, *, low_open: bool = False,
-           nonzero: bool = False) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise ValueError(f"{v!r} is not a finite number")
-        if v < low or (low_open and v == low) or (high is not None and v > high):
-            lo = f"({low}" if low_open else f"[{low}"
-            hi = "inf)" if high is None else f"{high}]"
-            raise ValueError(f"{v!r} must be in {lo}, {hi}")
-        if nonzero and v == 0:
-            raise ValueError("0 is not allowed")
-        return float(v)
-    return check
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"{v!r} is not a non-empty string")
-    return v
-
-
-def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda v: None if v is None else check(v)
-
-
-def _ops(v: Any) -> tuple[str, ...] | None:
-    if v is None:
-        return None
-    if not isinstance(v, list | tuple) or not v:
-        raise ValueError(f"{v!r} is not a non-empty list of operation names (or null for all)")
-    for name in v:
-        if not isinstance(name, str) or not fnmatch.filter(OP_NAMES, name):
-            raise ValueError(f"{name!r} matches no interceptable operation; valid: "
-                             f"{', '.join(OP_NAMES)} (fnmatch patterns allowed)")
-    return tuple(v)
-
-
-def _groups(v: Any) -> tuple[tuple[int, ...], ...]:
-    if not isinstance(v, list | tuple) or len(v) < 2:
-        raise ValueError(f"{v!r} must list at least two groups of ranks, e.g. [[0], [1]]")
-    seen: set[int] = set()
-    out = []
-    for g in v:
-        if not isinstance(g, list | tuple) or not g:
-            raise ValueError(f"group {g!r} is not a non-empty list of ranks")
-        for r in g:
-            _int(0)(r)
-            if r in seen:
-                raise ValueError(f"rank {r!r} is in more than one group")
-            seen.add(r)
-        out.append(tuple(g))
-    return tuple(out)
-
-
-def _mode(v: Any) -> str:
-    if v not in ("hang", "error"):
-        raise ValueError(f"{v!r} is not one of hang, error")
-    return str(v)
-
-
-_SEED = (0, _int(0, 2**63 - 1))
-_GLOB = ("*", _str)
-_OPS = (None, _ops)
-
-#: type -> param -> (default, check). ``...`` as default: required.
-PARAMS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
-    "grad_nan": {"param_glob": _GLOB, "fraction": (1.0, _float(0.0, 1.0, low_open=True)),
-                 "seed": _SEED},
-    "grad_inf": {"param_glob": _GLOB, "fraction": (1.0, _float(0.0, 1.0, low_open=True)),
-                 "seed": _SEED},
-    "loss_spike": {"scale": (1e4, _float(-math.inf, nonzero=True))},
-    "weight_bitflip": {"param_glob": _GLOB, "num_bits": (1, _int(1, 4096)),
-                       "bit_index": (None, _optional(_int(0, 63))), "seed": _SEED},
-    "collective_delay": {"delay_ms": (100.0, _float(0.0, 3_600_000.0)),
-                         "jitter_ms": (0.0, _float(0.0, 3_600_000.0)), "ops": _OPS,
-                         "seed": _SEED},
-    "collective_hang": {"ops": _OPS, "after_num_calls": (1, _int(1))},
-    "collective_error": {"ops": _OPS, "after_num_calls": (1, _int(1)),
-                         "num_calls": (1, _int(1))},
-    "collective_partition": {"groups": (..., _groups), "mode": ("hang", _mode), "ops": _OPS},
-}
-
-
-def validate_params(fault_type: str, params: Mapping[str, Any],
-                    where: str = "params") -> dict[str, Any]:
-    """``params`` with defaults filled in and values normalised; PlanError names ``where``."""
-    if fault_type not in PARAMS:
-        raise PlanError(f"{where}: unknown runtime fault type {fault_type!r}; valid: "
-                        f"{', '.join(FAULT_TYPES)}")
-    spec = PARAMS[fault_type]
-    unknown = sorted(set(params) - set(spec))
-    if unknown:
-        raise PlanError(f"{where}: unknown parameter(s) {', '.join(map(repr, unknown))} for "
-                        f"{fault_type}; valid: {', '.join(spec)}")
-    out: dict[str, Any] = {}
-    for name, (default, check) in spec.items():
-        if name not in params:
-            if default is ...:
-                raise PlanError(f"{where}.{name}: required for {fault_type}")
-            out[name] = default
-            continue
-        try:
-            out[name] = check(params[name])
-        except ValueError as e:
-            raise PlanError(f"{where}.{name}: {e}") from None
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class FaultEntry:
     """One validated plan entry."""
 
     id: str
     type: str
+    """The fault's name (what its events say)."""
+    action: str
+    """Import path of its rank-side action, ``"package.module:Class"``."""
     ranks: tuple[int, ...] | None = None
     """Victim ranks; None: every rank."""
     steps: tuple[int, ...] | None = None
     from_step: int | None = None
     to_step: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def family(self) -> str:
-        return "numeric" if self.type in NUMERIC_TYPES else "collective"
 
     @property
     def has_step_filter(self) -> bool:
@@ -224,11 +72,11 @@ class FaultEntry:
                 and (self.to_step is None or step <= self.to_step))
 
     def at_step(self, step: int) -> FaultEntry:
-        """This entry pinned to one step (a live numeric inject resolved at the next step)."""
+        """This entry pinned to one step (a live at-step inject resolved at the next step)."""
         return replace(self, steps=(step,), from_step=None, to_step=None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "type": self.type,
+        return {"id": self.id, "type": self.type, "action": self.action,
                 "ranks": None if self.ranks is None else list(self.ranks),
                 "steps": None if self.steps is None else list(self.steps),
                 "from_step": self.from_step, "to_step": self.to_step,
@@ -236,7 +84,7 @@ class FaultEntry:
                            for k, v in self.params.items()}}
 
 
-_ENTRY_KEYS = ("id", "type", "ranks", "steps", "from_step", "to_step", "params")
+_ENTRY_KEYS = ("id", "type", "action", "ranks", "steps", "from_step", "to_step", "params")
 
 
 def _int_list(v: Any, where: str, low: int) -> tuple[int, ...] | None:
@@ -251,8 +99,9 @@ def _int_list(v: Any, where: str, low: int) -> tuple[int, ...] | None:
 
 
 def parse_entry(raw: Any, where: str = "fault", *, live: bool = False) -> FaultEntry:
-    """Validate one entry. A plan's numeric fault needs a step filter (else it would strike at
-    every step); a live one without steps strikes at the next step."""
+    """Check one entry's shape (its parameters were validated by the fault's ``Params`` on
+    faultlab's side; whether an at-step action has a step filter is checked once its action is
+    loaded, by the agent). ``live``: a live inject (kept for the messages)."""
     if not isinstance(raw, Mapping):
         raise PlanError(f"{where}: expected an object, got {raw!r}")
     unknown = sorted(set(raw) - set(_ENTRY_KEYS))
@@ -264,9 +113,12 @@ def parse_entry(raw: Any, where: str = "fault", *, live: bool = False) -> FaultE
         raise PlanError(f"{where}.id: {fid!r} must be a non-empty string of at most 200 chars")
     where = f"{where} ({fid!r})"
     ftype = raw.get("type")
-    if ftype not in FAULT_TYPES:
-        raise PlanError(f"{where}.type: {ftype!r} is not a runtime fault type; valid: "
-                        f"{', '.join(FAULT_TYPES)}")
+    if not isinstance(ftype, str) or not ftype:
+        raise PlanError(f"{where}.type: {ftype!r} is not a fault type name")
+    action = raw.get("action")
+    if not isinstance(action, str) or action.count(":") != 1 or not all(action.split(":")):
+        raise PlanError(f"{where}.action: {action!r} is not an import path "
+                        f"'package.module:Class'")
     steps = _int_list(raw.get("steps"), f"{where}.steps", 1)
     bounds = []
     for key in ("from_step", "to_step"):
@@ -279,14 +131,9 @@ def parse_entry(raw: Any, where: str = "fault", *, live: bool = False) -> FaultE
     params = raw.get("params") or {}
     if not isinstance(params, Mapping):
         raise PlanError(f"{where}.params: expected an object, got {params!r}")
-    entry = FaultEntry(id=fid, type=ftype, ranks=_int_list(raw.get("ranks"), f"{where}.ranks", 0),
-                       steps=steps, from_step=bounds[0], to_step=bounds[1],
-                       params=validate_params(ftype, params, f"{where}.params"))
-    if entry.family == "numeric" and not live and entry.steps is None \
-            and entry.from_step is None:
-        raise PlanError(f"{where}: a planned {ftype} needs 'steps' or 'from_step' (without "
-                        f"them it would strike at every step)")
-    return entry
+    return FaultEntry(id=fid, type=ftype, action=action,
+                      ranks=_int_list(raw.get("ranks"), f"{where}.ranks", 0),
+                      steps=steps, from_step=bounds[0], to_step=bounds[1], params=dict(params))
 
 
 def parse_plan(doc: Any, source: str = "<plan>") -> list[FaultEntry]:

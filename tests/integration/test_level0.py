@@ -21,6 +21,7 @@ import pytest
 from faultlab.observe.stream import EventStream
 from faultlab.runtime.bootstrap import bootstrap_env
 from faultlab.runtime.plan import write_plan
+from tests.unit.runtime_entries import entries
 
 pytestmark = pytest.mark.integration
 
@@ -76,9 +77,9 @@ def test_an_unmodified_trainer_is_observed_and_resumes_with_its_step(tmp_path: P
     assert sorted((r["rank"], r["reason"], r["code"], r["step"]) for r in exits) == \
         [(0, "completed", 0, 4), (1, "completed", 0, 4)]
 
-    plan = write_plan(run_dir / "runtime" / "plan.json", [
+    plan = write_plan(run_dir / "runtime" / "plan.json", entries([
         {"id": "nan", "type": "grad_nan", "ranks": [1], "steps": [5],
-         "params": {"param_glob": "blocks.0.*"}}])
+         "params": {"param_glob": "blocks.0.*"}}]))
     _launch(run_dir, ckpt_dir, steps=6, FAULTLAB_RUNTIME_PLAN=str(plan))
     second = stream.poll()
     assert stream.current_ranks() == [0, 1] and stream.max_step() == 6

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fsdp_helpers import Recorder
+from runtime_entries import entries, entry
 
 from faultlab import runtime
 from faultlab.errors import FaultError
@@ -37,7 +38,8 @@ from faultlab.observe.stream import EventStream
 from faultlab.runtime import interposer
 from faultlab.runtime.agent import Agent, Identity, NullAgent
 from faultlab.runtime.client import RuntimeControlError, new_secret, send
-from faultlab.runtime.plan import PARAMS, PlanError, load_plan, parse_entry, write_plan
+from faultlab.runtime.hooks import load_action
+from faultlab.runtime.plan import PlanError, load_plan, parse_entry, write_plan
 
 FAULT_CLASSES: list[type[RuntimeFault]] = [
     GradNanFault, GradInfFault, LossSpikeFault, WeightBitflipFault, CollectiveDelayFault,
@@ -57,8 +59,8 @@ def make_agent(tmp_path: Path) -> Iterator[Any]:
 
     def make(plan: list[dict[str, Any]] | None = None, *, rank: int = 0, restart: int = 0,
              model: Any = None, secret: str | None = None, emit: Any = None) -> Agent:
-        entries = [parse_entry(p) for p in plan or []]
-        agent = Agent(_ident(tmp_path, rank, restart), model=model, emit=emit, plan=entries,
+        parsed = [parse_entry(entry(p)) for p in plan or []]
+        agent = Agent(_ident(tmp_path, rank, restart), model=model, emit=emit, plan=parsed,
                       secret=secret)
         made.append(agent)
         return agent
@@ -92,49 +94,77 @@ def _backward(model: torch.nn.Module, agent: Agent | None = None) -> dict[str, b
 
 # --- plan -----------------------------------------------------------------------------------
 
-def test_plan_round_trips_with_defaults_filled_in(tmp_path: Path) -> None:
-    path = write_plan(tmp_path / "plan.json", [
+def test_plan_round_trips_the_action_and_its_params(tmp_path: Path) -> None:
+    path = write_plan(tmp_path / "plan.json", entries([
         {"id": "a", "type": "grad_nan", "steps": [3]},
         {"id": "b", "type": "collective_delay", "ranks": [1], "from_step": 2, "to_step": 4,
-         "params": {"delay_ms": 5, "ops": ["all_gather_single"]}}])
+         "params": {"delay_ms": 5, "ops": ["all_gather_single"]}}]))
     a, b = load_plan(path)
+    assert a.action == "faultlab.runtime.actions.numeric:GradNan"
     assert a.params == {"param_glob": "*", "fraction": 1.0, "seed": 0} and a.ranks is None
-    assert b.params["ops"] == ("all_gather_single",) and b.params["jitter_ms"] == 0.0
+    assert b.params["ops"] == ["all_gather_single"] and b.params["jitter_ms"] == 0.0
     assert [b.in_window(s) for s in (1, 2, 4, 5)] == [False, True, True, False]
     assert json.loads(path.read_text())["faults"][1]["params"]["ops"] == ["all_gather_single"]
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"type": "grad_nan"}, "('f'): a planned grad_nan needs 'steps' or 'from_step'"),
-    ({"type": "gradnan", "steps": [1]}, "('f').type: 'gradnan' is not a runtime fault type; "
-                                        "valid: grad_nan, grad_inf"),
-    ({"type": "grad_nan", "steps": [1], "params": {"fraction": 1.5}},
-     "('f').params.fraction: 1.5 must be in (0.0, 1.0]"),
-    ({"type": "grad_nan", "steps": [1], "params": {"bogus": 1}},
-     "unknown parameter(s) 'bogus' for grad_nan; valid: param_glob, fraction, seed"),
-    ({"type": "collective_hang", "params": {"ops": ["allgather"]}},
-     "('f').params.ops: 'allgather' matches no interceptable operation"),
-    ({"type": "collective_hang", "from_step": 5, "to_step": 3}, "from_step 5 is after to_step 3"),
-    ({"type": "collective_hang", "ranks": [-1]}, "('f').ranks: -1 is not an integer >= 0"),
-    ({"type": "collective_hang", "steps": []}, "('f').steps: [] is not a non-empty list"),
-    ({"type": "collective_partition"}, "('f').params.groups: required for collective_partition"),
-    ({"type": "collective_partition", "params": {"groups": [[0, 1], [1]]}},
-     "rank 1 is in more than one group"),
-    ({"type": "collective_hang", "step": 3}, "unknown key(s) 'step'; valid: id, type, ranks"),
-    ({"type": "loss_spike", "steps": [1], "params": {"scale": 0}}, "params.scale: 0 is not "
-                                                                   "allowed"),
+_NAN = "faultlab.runtime.actions.numeric:GradNan"
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"type": "grad_nan", "action": "grad_nan", "steps": [1]},
+     "('f').action: 'grad_nan' is not an import path 'package.module:Class'"),
+    ({"type": "", "action": _NAN}, "('f').type: '' is not a fault type name"),
+    ({"type": "grad_nan", "action": _NAN, "from_step": 5, "to_step": 3},
+     "from_step 5 is after to_step 3"),
+    ({"type": "grad_nan", "action": _NAN, "ranks": [-1]},
+     "('f').ranks: -1 is not an integer >= 0"),
+    ({"type": "grad_nan", "action": _NAN, "steps": []}, "('f').steps: [] is not a non-empty list"),
+    ({"type": "grad_nan", "action": _NAN, "step": 3},
+     "unknown key(s) 'step'; valid: id, type, action, ranks"),
 ])
-def test_plan_errors_say_where_and_what(tmp_path: Path, entry: dict[str, Any],
+def test_plan_errors_say_where_and_what(tmp_path: Path, raw: dict[str, Any],
                                         message: str) -> None:
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps({"faults": [{"id": "f", **entry}]}))
+    path.write_text(json.dumps({"faults": [{"id": "f", **raw}]}))
     with pytest.raises(PlanError) as err:
         load_plan(path)
     assert str(err.value).startswith(f"{path}: faults[0]") and message in str(err.value)
 
 
+@pytest.mark.parametrize("cls, params, message", [
+    (GradNanFault, {"fraction": 1.5}, "fraction"),
+    (GradNanFault, {"bogus": 1}, "bogus"),
+    (CollectiveHangFault, {"ops": ["allgather"]},
+     "'allgather' matches no interceptable operation"),
+    (CollectivePartitionFault, {}, "groups"),
+    (CollectivePartitionFault, {"groups": [[0, 1], [1]]}, "rank 1 is in more than one group"),
+    (LossSpikeFault, {"scale": 0}, "0 is not allowed"),
+])
+def test_params_are_validated_on_faultlabs_side(cls: type[RuntimeFault], params: dict[str, Any],
+                                                message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cls.Params(**params)
+
+
+def test_an_action_is_loaded_only_when_named_and_must_be_one(make_agent, tmp_path) -> None:
+    with pytest.raises(PlanError, match="a planned grad_nan needs 'steps' or 'from_step'"):
+        make_agent([{"id": "f", "type": "grad_nan"}])
+    with pytest.raises(PlanError, match="'no.such.module:X' cannot be loaded in this rank"):
+        make_agent([{"id": "f", "type": "x", "action": "no.such.module:X", "steps": [1]}])
+    with pytest.raises(PlanError, match="is not a faultlab.runtime.hooks.RankAction subclass"):
+        make_agent([{"id": "f", "type": "x", "action": "faultlab.runtime.plan:FaultEntry",
+                     "steps": [1]}])
+    # a rank the entry does not name never imports its action
+    make_agent([{"id": "f", "type": "x", "action": "no.such.module:X", "steps": [1],
+                 "ranks": [1]}], rank=0)
+    agent = make_agent(secret=SECRET)
+    reply = agent._handle({"op": "inject", "fault": {"id": "l", "type": "x",
+                                                     "action": "no.such.module:X"}})
+    assert not reply["ok"] and "cannot be loaded in this rank" in reply["error"]
+
+
 def test_plan_file_errors(tmp_path: Path) -> None:
-    dup = [{"id": "x", "type": "collective_hang"}] * 2
+    dup = entries([{"id": "x", "type": "collective_hang"}] * 2)
     with pytest.raises(PlanError, match="fault id\\(s\\) 'x' appear more than once"):
         write_plan(tmp_path / "p.json", dup)
     assert not (tmp_path / "p.json").exists()  # an invalid plan is never written
@@ -227,7 +257,7 @@ def test_live_numeric_inject_strikes_at_the_next_step_and_undo_cancels(make_agen
     model, rec = _model(), Recorder()
     agent = make_agent(model=model, emit=rec.emit)
     agent.step(4)
-    reply = agent._handle({"op": "inject", "fault": {"id": "live", "type": "grad_inf"}})
+    reply = agent._handle({"op": "inject", "fault": entry({"id": "live", "type": "grad_inf"})})
     assert reply == {"ok": True, "id": "live", "applies": True, "applies_at": "next step",
                      "step": 4}
     assert all(_backward(model).values())  # not during the step it arrived in
@@ -235,7 +265,7 @@ def test_live_numeric_inject_strikes_at_the_next_step_and_undo_cancels(make_agen
     assert not any(_backward(model).values())
     assert rec.of("fault_injected")[0]["step"] == 5 and rec.of("fault_injected")[0]["source"] \
         == "live"
-    agent._handle({"op": "inject", "fault": {"id": "later", "type": "grad_nan"}})
+    agent._handle({"op": "inject", "fault": entry({"id": "later", "type": "grad_nan"})})
     assert agent._handle({"op": "undo", "id": "later"})["undone"] is True
     agent.step(6)
     assert all(_backward(model).values())
@@ -265,7 +295,7 @@ def test_control_channel_needs_the_secret(make_agent, tmp_path: Path) -> None:
     info = json.loads((tmp_path / "runtime" / "rank1.json").read_text())
     assert info == {"rank": 1, "restart": 0, "host": "127.0.0.1", "port": info["port"],
                     "pid": os.getpid()}
-    delay = {"id": "d", "type": "collective_delay", "params": {"delay_ms": 1}}
+    delay = entry({"id": "d", "type": "collective_delay", "params": {"delay_ms": 1}})
     assert send(tmp_path, 1, "wrong", {"op": "inject", "fault": delay}) \
         == {"ok": False, "error": "bad secret"}
     assert agent.status()["active"] == []  # nothing else happened
@@ -280,7 +310,7 @@ def test_control_channel_needs_the_secret(make_agent, tmp_path: Path) -> None:
     assert send(tmp_path, 1, SECRET, {"op": "undo", "id": "d"})["undone"] is False
     assert send(tmp_path, 1, SECRET, {"op": "status"})["active"] == []
     bad = send(tmp_path, 1, SECRET, {"op": "inject", "fault": {"id": "x", "type": "nope"}})
-    assert bad["ok"] is False and "'nope' is not a runtime fault type" in bad["error"]
+    assert bad["ok"] is False and "action: None is not an import path" in bad["error"]
     assert "unknown op 'reboot'" in send(tmp_path, 1, SECRET, {"op": "reboot"})["error"]
     assert _raw(agent, b"not json\n")["error"] == "request is not one line of JSON"
     assert "longer than" in _raw(agent, b"x" * (70 * 1024) + b"\n")["error"]
@@ -336,7 +366,7 @@ def test_interposer_counts_calls_and_strikes(mesh, interposed, make_agent, tmp_p
     assert after.get("all_gather", 0) == before.get("all_gather", 0)
 
     def inject(fault: dict[str, Any]) -> None:
-        assert send(tmp_path, 0, SECRET, {"op": "inject", "fault": fault})["ok"]
+        assert send(tmp_path, 0, SECRET, {"op": "inject", "fault": entry(fault)})["ok"]
 
     inject({"id": "err", "type": "collective_error", "params": {"ops": ["all_reduce"]}})
     with pytest.raises(dist.DistBackendError, match="faultlab collective_error: Connection "
@@ -404,7 +434,8 @@ def test_attach_outside_faultlab_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_attach_writes_its_own_event_file_that_faultlab_reads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interposed) -> None:
-    write_plan(tmp_path / "plan.json", [{"id": "s", "type": "loss_spike", "steps": [1]}])
+    write_plan(tmp_path / "plan.json", entries([{"id": "s", "type": "loss_spike",
+                                                 "steps": [1]}]))
     monkeypatch.setenv("FAULTLAB_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("FAULTLAB_RUNTIME_PLAN", str(tmp_path / "plan.json"))
     monkeypatch.setenv("RANK", "1")
@@ -432,27 +463,22 @@ def test_attach_writes_its_own_event_file_that_faultlab_reads(
 # --- faultlab-side fault classes -------------------------------------------------------------
 
 @pytest.mark.parametrize("cls", FAULT_CLASSES, ids=lambda c: c.type)
-def test_fault_params_agree_with_the_runtime(cls: type[RuntimeFault]) -> None:
+def test_a_fault_names_its_action_and_hands_it_complete_params(cls: type[RuntimeFault]) -> None:
     assert cls.family in ("numeric", "collective")
+    assert cls.rank_action and load_action(cls.rank_action).strikes == cls.strikes
     required = {"groups": [[0], [1]]} if cls.type == "collective_partition" else {}
     params = cls.Params(**required)
-    # num_steps is the engine's (it becomes the plan entry's step window), not the agent's
+    # num_steps is the engine's (it becomes the plan entry's step window), not the action's
     faultlab_only = {"num_steps"} if cls.type == "collective_delay" else set()
-    assert set(type(params).model_fields) - faultlab_only == set(PARAMS[cls.type])
     assert faultlab_only.isdisjoint(params.runtime_params())
+    assert set(params.runtime_params()) == set(type(params).model_fields) - faultlab_only
     for name, field in type(params).model_fields.items():
-        if name in faultlab_only:
-            assert field.description, name
-            continue
-        runtime_default = PARAMS[cls.type][name][0]
-        if field.is_required():
-            assert runtime_default is ...
-        elif name != "seed":  # faultlab derives a seed from the fault id
-            assert field.default == runtime_default, name
         assert field.description, name
-    entry = cls(params).plan_entry("f1", [0], [4])
-    assert parse_entry(entry).params["seed" if "seed" in entry["params"] else next(
-        iter(entry["params"]))] is not None
+    raw = cls(params).plan_entry("f1", [0], [4])
+    assert raw["action"] == cls.rank_action
+    parsed = parse_entry(raw)
+    if "seed" in parsed.params:
+        assert parsed.params["seed"] is not None  # derived from the fault id
 
 
 class _Ctx:
@@ -496,7 +522,30 @@ def test_importing_the_runtime_pulls_in_no_other_faultlab_module_nor_torch() -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert json.loads(out) == sorted(["faultlab", "faultlab.runtime", *(
-        f"faultlab.runtime.{m}" for m in ("agent", "client", "collective", "control", "gates",
+        f"faultlab.runtime.{m}" for m in ("agent", "client", "control", "gates", "hooks",
                                           "identity", "records", "events", "interposer", "plan",
                                           "uplink"))])
     # the node relay's daemon (runtime.relay) is a process of its own: no rank imports it
+
+
+def test_the_rank_side_imports_neither_pydantic_nor_the_engine() -> None:
+    """Every module a rank may import (the bootstrap, the agent, every built-in action) keeps
+    the rank's import cost: no pydantic, nothing of faultlab's side (the fault classes, the
+    spec, the engine). An action is loaded only when a plan names it."""
+    mods = ("faultlab.runtime", "faultlab.runtime.auto", "faultlab.runtime.agent",
+            "faultlab.runtime.hooks", "faultlab.runtime.actions.numeric",
+            "faultlab.runtime.actions.collective", "faultlab.runtime.gpu",
+            "faultlab.runtime.nvml_overlay")
+    code = ("import importlib, json, sys\n"
+            f"for m in {mods!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                           text=True, check=True).stdout))
+    forbidden = ("pydantic", "faultlab.engine", "faultlab.spec", "faultlab.faults",
+                 "faultlab.fault_api", "faultlab.judge", "faultlab.targets", "faultlab.observe")
+    assert not {m for m in loaded if m.split(".")[0] == "pydantic"
+                or any(m == f or m.startswith(f + ".") for f in forbidden)}
+    bare = ("import json, sys, faultlab.runtime.auto, faultlab.runtime.agent; "
+            "print(json.dumps(sorted(m for m in sys.modules if 'actions' in m)))")
+    assert json.loads(subprocess.run([sys.executable, "-c", bare], capture_output=True,
+                                     text=True, check=True).stdout) == []

@@ -26,6 +26,7 @@ from faultlab.runtime.bootstrap import BOOTSTRAP_DIR, bootstrap_env
 from faultlab.runtime.bootstrap.sitecustomize import should_activate
 from faultlab.runtime.identity import Identity
 from faultlab.runtime.plan import write_plan
+from tests.unit.runtime_entries import entries
 
 WORKER = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
 PROBE = ("import os, sys; print(json.dumps({'finder': any(type(f).__name__ == "
@@ -179,7 +180,7 @@ def observe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             started[-1].stop()
         if plan is not None:
             monkeypatch.setenv("FAULTLAB_RUNTIME_PLAN",
-                               str(write_plan(tmp_path / "plan.json", plan)))
+                               str(write_plan(tmp_path / "plan.json", entries(plan))))
         obs = auto.Observer(Identity(run_dir=tmp_path, rank=0, world_size=1, restart=0,
                                      node="node0", pid=os.getpid()))
         obs.start(exit_hooks=False)

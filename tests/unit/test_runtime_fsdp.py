@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_entries import entries, entry
 
 HERE = Path(__file__).resolve().parent
 DELAY_MS = 100.0
@@ -63,7 +64,7 @@ def _worker(run_dir: Path) -> None:  # pragma: no cover - runs in the rank proce
 
     from faultlab import runtime
     from faultlab.runtime import interposer
-    from faultlab.runtime.numeric import local_shard
+    from faultlab.runtime.actions.numeric import local_shard
 
     log("imported")
     torch.set_num_threads(1)  # two ranks on two cores: more threads only spin against each other
@@ -171,7 +172,7 @@ def _run_job(run_dir: Path) -> dict[str, Any]:
     from faultlab.runtime.client import new_secret, send, write_plan
 
     secret = new_secret()
-    write_plan(run_dir / "plan.json", PLAN)
+    write_plan(run_dir / "plan.json", entries(PLAN))
     env = {**os.environ, "FAULTLAB_RUN_DIR": str(run_dir), "WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "FAULTLAB_RUNTIME_PLAN": str(run_dir / "plan.json"),
@@ -188,7 +189,8 @@ def _run_job(run_dir: Path) -> dict[str, Any]:
         _wait(lambda: all((run_dir / f"ready9-rank{r}").exists() for r in (0, 1)),
               "both ranks at step 9", procs, logs)
         control["bad_secret"] = send(run_dir, 0, "wrong", {"op": "ping"})
-        control["inject"] = [send(run_dir, r, secret, {"op": "inject", "fault": LIVE_PARTITION})
+        live = entry(LIVE_PARTITION)
+        control["inject"] = [send(run_dir, r, secret, {"op": "inject", "fault": live})
                              for r in (0, 1)]
         (run_dir / "go9").touch()
         _wait(lambda: {e["rank"] for e in _events(run_dir) if e["kind"] == "fault_injected"

@@ -1,5 +1,7 @@
 """Numeric faults inside a rank: non-finite gradients, loss spikes, flipped weight bits.
 
+The rank-side actions (``faultlab.runtime.hooks``) of ``faultlab.faults.numeric``.
+
 ``grad_nan`` / ``grad_inf``
     The **whole local gradient shard** of each chosen parameter is filled with NaN (or +Inf).
     The mechanism is a post-accumulate-grad hook on the *sharded* parameter: FSDP2 (torch 2.13,
@@ -9,12 +11,13 @@
     accumulation. Either way the corruption lands before the trainer computes the gradient norm
     or steps the optimizer, and on the victim rank only — the non-finite value reaches the other
     ranks only through the trainer's own collectives (the norm), as a real one would.
-    Hooks are registered only on the chosen parameters of an armed step and removed at the next
-    ``Agent.step``: with nothing armed, backward pays nothing.
+    Hooks are registered only on the chosen parameters of an armed step (``grads_to_watch``)
+    and removed at the next ``Agent.step``: with nothing armed, backward pays nothing.
 ``loss_spike``
-    ``Agent.loss(loss)`` returns ``loss * scale`` on the victim ranks at the armed step.
+    ``on_loss``: ``Agent.loss(loss)`` returns ``loss * scale`` on the victim ranks at the armed
+    step.
 ``weight_bitflip``
-    At step start, flips bits of the local shard (``DTensor._local_tensor``) in memory through a
+    ``on_step_start``: flips bits of the local shard (``DTensor._local_tensor``) in memory through a
     byte view: silent data corruption. Every flip is reported: parameter, flat element index in
     the local shard, bit index within the element (0 = least significant), old and new value.
 
@@ -28,17 +31,17 @@ from __future__ import annotations
 import fnmatch
 import math
 import random
-from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from faultlab.runtime.plan import FaultEntry
+from faultlab.runtime.hooks import ActionError, RankAction
 
-__all__ = ["GradCorruption", "NoParameterError", "choose_params", "flip_bits", "local_shard"]
+__all__ = ["GradCorruption", "GradInf", "GradNan", "LossSpike", "NoParameterError",
+           "WeightBitflip", "choose_params", "flip_bits", "local_shard"]
 
 
-class NoParameterError(ValueError):
+class NoParameterError(ActionError):
     """``param_glob`` selects no parameter with a non-empty local shard on this rank."""
 
 
@@ -61,48 +64,64 @@ def choose_params(model: torch.nn.Module, glob: str, fraction: float,
     return [named[i] for i in chosen]
 
 
-class GradCorruption:
-    """An armed grad_nan/grad_inf: hooks on the chosen parameters for one step."""
+class GradCorruption(RankAction):
+    """Fill the whole local gradient shard of the chosen parameters with ``value``, as soon as
+    it is final in the armed step's backward."""
 
-    def __init__(self, model: torch.nn.Module, entry: FaultEntry,
-                 on_first: Callable[[dict[str, Any]], None]) -> None:
-        p = entry.params
-        self.entry = entry
-        self.cancelled = False
-        """Set by an undo from the control thread: hooks stay registered (FSDP2 may be
-        iterating them) but do nothing."""
-        self.value = math.nan if entry.type == "grad_nan" else math.inf
-        self.params = choose_params(model, p["param_glob"], p["fraction"],
-                                    random.Random(f"{p['seed']}/{entry.id}"))
-        self._on_first = on_first
-        self._hit: list[str] = []
-        self._handles = [param.register_post_accumulate_grad_hook(self._hook(name))
-                         for name, param in self.params]
+    needs_model = True
+    value: ClassVar[float]
 
-    def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
-        def hook(param: torch.Tensor) -> None:
-            if param.grad is None or self.cancelled:
-                return
-            with torch.no_grad():
-                local_shard(param.grad).fill_(self.value)
-            if not self._hit:
-                self._on_first({"params": [n for n, _ in self.params],
-                                "value": str(self.value), "what": "whole local gradient shard"})
-            self._hit.append(name)
-        return hook
+    def grads_to_watch(self) -> list[tuple[str, Any]]:
+        p = self.params
+        self.chosen = choose_params(self.rank.model, p["param_glob"], p["fraction"],
+                                    random.Random(f"{p['seed']}/{self.entry.id}"))
+        return self.chosen
 
-    def remove(self) -> None:
-        # Never called from inside a hook: FSDP2 iterates the hook dict while calling them.
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+    def on_grads_ready(self, name: str, param: Any) -> None:
+        if param.grad is None or self.released.is_set():
+            return
+        with torch.no_grad():
+            local_shard(param.grad).fill_(self.value)
+        self.rank.struck(params=[n for n, _ in self.chosen], value=str(self.value),
+                         what="whole local gradient shard")
 
 
-def flip_bits(model: torch.nn.Module, entry: FaultEntry, rank: int,
+class GradNan(GradCorruption):
+    """``grad_nan``."""
+
+    value = math.nan
+
+
+class GradInf(GradCorruption):
+    """``grad_inf``."""
+
+    value = math.inf
+
+
+class LossSpike(RankAction):
+    """``loss_spike``: the loss times ``scale`` for the armed step."""
+
+    def on_loss(self, loss: Any) -> Any:
+        if self.released.is_set():
+            return loss
+        self.rank.struck(scale=self.params["scale"])
+        return loss * self.params["scale"]
+
+
+class WeightBitflip(RankAction):
+    """``weight_bitflip``: seeded bits of the local weight shards, at step start."""
+
+    needs_model = True
+
+    def on_step_start(self, step: int) -> None:
+        self.rank.struck(flips=flip_bits(self.rank.model, self.params, self.entry.id,
+                                         self.rank.rank, step))
+
+
+def flip_bits(model: torch.nn.Module, p: dict[str, Any], fault_id: str, rank: int,
               step: int) -> list[dict[str, Any]]:
     """Flip ``num_bits`` seeded bits in the local shards of parameters matching the glob."""
-    p = entry.params
-    rng = random.Random(f"{p['seed']}/{entry.id}/{rank}/{step}")
+    rng = random.Random(f"{p['seed']}/{fault_id}/{rank}/{step}")
     candidates = choose_params(model, p["param_glob"], 1.0, rng)
     flips = []
     with torch.no_grad():
@@ -111,7 +130,8 @@ def flip_bits(model: torch.nn.Module, entry: FaultEntry, rank: int,
             local = local_shard(param.data)
             bits = local.element_size() * 8
             index = rng.randrange(local.numel())
-            bit = p["bit_index"] if p["bit_index"] is not None else rng.randrange(bits)
+            bit = p.get("bit_index")
+            bit = bit if bit is not None else rng.randrange(bits)
             if bit >= bits:
                 raise NoParameterError(f"bit_index {bit} is outside the {bits}-bit elements "
                                        f"of {name} ({local.dtype})")

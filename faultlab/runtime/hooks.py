@@ -1,0 +1,188 @@
+"""The rank-side API of in-rank faults: a fault's action, and the hooks it hangs on.
+
+A fault that strikes inside a rank names its action by import path on the faultlab side
+(``Fault.rank_action = "package.module:Class"``); every plan entry and live inject carries that
+path and the parameters, validated once, by the fault's ``Params`` model, before they leave
+faultlab. The rank imports the action's module only when a plan or a live inject names it
+(:func:`load_action`), and never imports pydantic or the engine: an action module imports
+this module, the standard library and torch.
+
+An action is a :class:`RankAction` subclass. It overrides the hooks it needs; the agent calls
+only those (a hook left as the base's costs nothing):
+
+``on_step_start(step)``
+    At the start of step ``step`` (``rt.step(step)``; at level 0, before the step's first
+    forward), before anything of the step has run. ``weight_bitflip`` flips bits here.
+``grads_to_watch()`` and ``on_grads_ready(name, param)``
+    ``grads_to_watch`` (called right after ``on_step_start``) lists ``(name, parameter)``
+    pairs; ``on_grads_ready`` is then called for each as soon as its local gradient is final
+    in this step's backward (a post-accumulate-grad hook: after FSDP2's reduce-scatter, before
+    clipping and the optimizer). The hooks are removed at the next step. ``grad_nan``,
+    ``grad_inf``.
+``on_loss(loss)``
+    The trainer's loss passes through it (``rt.loss(loss)``); returns the loss to use.
+    ``loss_spike``. Level 0 never sees the loss: there the agent reports such an action as
+    failed.
+``before_optimizer_step(optimizer)``
+    Right before the optimizer given to ``attach`` steps, in the armed step (a torch optimizer
+    step pre-hook, removed at the next step). Level 0 holds no optimizer: there, and where
+    ``attach`` got none, the agent reports such an action as failed.
+``before_collective(call)``
+    Before each matching ``torch.distributed`` collective is issued (``matches(op)`` says
+    which: by default the ``ops`` parameter, fnmatch patterns, all when None). It may sleep,
+    block or raise; ``call`` is a :class:`faultlab.runtime.interposer.Call`. The collective
+    faults.
+``release()``
+    Undone, its window over, or the process closing: stop striking, let go of anything held
+    (a blocked collective); returns the counters of its ``fault_undone`` event.
+
+When it strikes, an action calls ``self.rank.struck(**details)``: the first strike emits the
+``fault_injected`` event and records the fire-once marker. ``self.rank.failed(error)`` (or
+raising :class:`ActionError` from a hook called at step start) reports ``fault_failed``.
+
+Scheduling is the action's class attributes:
+
+``strikes = "at_step"``
+    Armed at each step of the entry's ``steps`` / ``from_step``..``to_step`` (a plan entry must
+    name one; a live one without steps arms at the next step), and at most once per
+    (fault id, rank, step) for the whole job: a rollback or a restarted process replaying the
+    step is not struck again. A fresh instance per armed step.
+``strikes = "window"``
+    Active over every step of its window (a live one: from now until undone); one instance for
+    as long as it is active. ``once_per_job = True``: a planned one that struck in one process
+    does not strike again in a restarted one, nor in a replayed window.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import threading
+from typing import Any, ClassVar, Protocol
+
+from faultlab.runtime.plan import FaultEntry, PlanError
+
+__all__ = ["HOOKS", "ActionError", "Rank", "RankAction", "load_action", "uses"]
+
+HOOKS = ("on_step_start", "grads_to_watch", "on_grads_ready", "on_loss",
+         "before_optimizer_step", "before_collective")
+
+
+class ActionError(ValueError):
+    """The action cannot strike on this rank (no such parameter, no model): reported as the
+    fault's ``fault_failed`` event, the job goes on."""
+
+
+class Rank(Protocol):
+    """What an action sees of its rank (given as ``self.rank``)."""
+
+    rank: int
+    live: bool
+    """Injected live (not from the launch plan)."""
+
+    @property
+    def step(self) -> int:
+        """The step under way (as last passed to ``rt.step``)."""
+
+    @property
+    def model(self) -> Any:
+        """The model given to ``attach`` (at level 0: a view of the optimizer's parameters
+        with ``named_parameters()``); None if there is none."""
+
+    @property
+    def optimizer(self) -> Any: ...
+
+    def struck(self, **details: Any) -> None:
+        """This action struck: the first call emits ``fault_injected`` with ``details`` and
+        records the fire-once marker; later calls only count."""
+
+    def failed(self, error: str) -> None:
+        """This action cannot strike here: emits ``fault_failed``."""
+
+
+class RankAction:
+    """Base of a fault's rank-side action (see the module docstring)."""
+
+    strikes: ClassVar[str] = "at_step"
+    """``"at_step"`` or ``"window"``."""
+    once_per_job: ClassVar[bool] = False
+    """A window action that strikes once per job (hang, error, partition)."""
+    needs_model: ClassVar[bool] = False
+    """Refused with ``fault_failed`` when the trainer gave no model."""
+
+    def __init__(self, entry: FaultEntry, rank: Rank) -> None:
+        self.entry, self.rank = entry, rank
+        self.params: dict[str, Any] = entry.params
+        self.released = threading.Event()
+        self.num_struck = 0
+        """Strikes so far (kept by ``rank.struck``)."""
+        ops = self.params.get("ops")
+        self._ops: tuple[str, ...] | None = None if ops is None else tuple(ops)
+        self._match: dict[str, bool] = {}
+
+    # --- the hooks ----------------------------------------------------------------------------
+
+    def on_step_start(self, step: int) -> None:
+        return None
+
+    def grads_to_watch(self) -> list[tuple[str, Any]]:
+        return []
+
+    def on_grads_ready(self, name: str, param: Any) -> None:
+        return None
+
+    def on_loss(self, loss: Any) -> Any:
+        return loss
+
+    def before_optimizer_step(self, optimizer: Any) -> None:
+        return None
+
+    def matches(self, op: str) -> bool:
+        """Does ``before_collective`` want operation ``op``?"""
+        hit = self._match.get(op)
+        if hit is None:
+            hit = self._match[op] = self._ops is None or any(
+                fnmatch.fnmatchcase(op, pattern) for pattern in self._ops)
+        return hit
+
+    def before_collective(self, call: Any) -> None:
+        return None
+
+    # --- its life -----------------------------------------------------------------------------
+
+    def release(self) -> dict[str, Any]:
+        """Stop striking and let go of what is held; the counters for ``fault_undone``."""
+        self.released.set()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        return {"id": self.entry.id, "type": self.entry.type, "live": self.rank.live,
+                "num_struck": self.num_struck, "released": self.released.is_set()}
+
+
+def uses(cls: type[RankAction], hook: str) -> bool:
+    """Does ``cls`` override ``hook`` (the agent calls only the hooks an action uses)?"""
+    return getattr(cls, hook) is not getattr(RankAction, hook)
+
+
+_LOADED: dict[str, type[RankAction]] = {}
+
+
+def load_action(path: str) -> type[RankAction]:
+    """The action class at ``"package.module:Class"``, imported now (once per process)."""
+    cls = _LOADED.get(path)
+    if cls is not None:
+        return cls
+    module_name, _, name = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise PlanError(f"action {path!r} cannot be loaded in this rank: {e}") from None
+    if not (isinstance(obj, type) and issubclass(obj, RankAction)):
+        raise PlanError(f"action {path!r} is not a faultlab.runtime.hooks.RankAction subclass")
+    if obj.strikes not in ("at_step", "window"):
+        raise PlanError(f"action {path!r}: strikes {obj.strikes!r} is not at_step or window")
+    _LOADED[path] = obj
+    return obj
