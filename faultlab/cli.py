@@ -308,6 +308,8 @@ def _list_faults(console: Console) -> int:
                       f"{'; reversible: needs duration_s or until' if cls.reversible else ''}"
                       f"{only})")
         console.print(f"    {cls.summary()}")
+        if cls.capabilities():
+            console.print(f"    capabilities: {', '.join(cls.capabilities())}")
         for field, info in cls.Params.model_fields.items():
             default = "" if info.is_required() else f" = {info.default!r}"
             console.print(f"    - {field}{default}: {info.description or ''}")

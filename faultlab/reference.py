@@ -78,6 +78,10 @@ def _fault_section(name: str, cls: Any, base: Any) -> str:
         else "not held at a step gate (it waits for its own moment)"
     lines.append(f"- **`at_step` trigger:** {gate}\n")
     lines.append(f"- **undone:** {_undo_text(cls, base)}\n")
+    if cls.capabilities():
+        lines.append("- **capabilities** ([what faultlab does for each](../guides/extending.md"
+                     "#capabilities))**:** "
+                     f"{', '.join(f'`{c}`' for c in cls.capabilities())}\n")
     release = inspect.getattr_static(cls, "release")
     if release is not base.__dict__["release"] and release.__doc__:
         lines.append(f"- **when the experiment ends:** {_cell(release.__doc__)}\n")

@@ -1,7 +1,8 @@
 """A fault states what the engine and the observers do for it as capabilities its class
 declares (``Fault.slows_job``, ``fails_saves`` ...), never as a type name they recognise: the
 engine copies them into the fault's ``FaultRecord`` (and the journal), the observers read the
-record. A team's fault that declares one gets the behaviour the built-ins get.
+record. A team's fault that declares one gets the behaviour the built-ins get, and
+``faultlab list faults`` and the fault reference show what it declares.
 
 The team's package is installed as pip would, into a temporary site directory
 (``tests/unit/team_site.py``), and faultlab runs in a subprocess with it on its path.
@@ -115,6 +116,21 @@ def test_a_team_fault_declaring_slows_job_is_measured_as_the_built_in_stragglers
     # Without the declaration nothing is measured, whatever the fault's name or details.
     assert quiet["straggler_detected_s"] is None and quiet["within"] is None
     assert quiet["sla"] != [["straggler_detected_within_s", True]]
+
+
+def test_a_team_fault_shows_its_capabilities_in_the_listing_and_the_reference(
+        team_site: Path) -> None:
+    listed = run_with(team_site, "-m", "faultlab.cli", "list", "faults").stdout
+    slow = listed[listed.index("team_slow  ("):].splitlines()
+    quiet = listed[listed.index("team_quiet  ("):].splitlines()
+    assert slow[2].strip() == "capabilities: slows_job"
+    assert "capabilities" not in quiet[2]
+    page = run_with(team_site, "-c", "from faultlab.reference import faults_page; "
+                    "print(faults_page())").stdout
+    slow_section = page[page.index("### team_slow"):].split("\n### ")[0]
+    quiet_section = page[page.index("### team_quiet"):].split("\n### ")[0]
+    assert "#capabilities))**:** `slows_job`" in slow_section
+    assert "capabilities" not in quiet_section
 
 
 def test_every_capability_is_a_declared_attribute_off_by_default() -> None:
