@@ -125,8 +125,8 @@ class GpuFault(Fault):
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         node, devices, ranks = _victim(ctx, victim)
         paths = state_paths(ctx.run_dir, node)
-        entry = {"id": self.fault_id, "type": self.type, "devices": devices, "t": time.time(),
-                 "ranks": ranks, **self._entry()}
+        entry = {"id": self.fault_id, "type": self.type, "action": self.rank_action,
+                 "devices": devices, "t": time.time(), "ranks": ranks, **self._entry()}
         extra = self._before_write(ctx, node, devices, entry)
         write_state(paths["state"], [*read_state(paths["state"]), entry])
         self._written.append(paths["state"])
@@ -170,6 +170,7 @@ class GpuErrorFault(GpuFault):
     Its next accelerator operation raises the CUDA error that Xid gives."""
 
     type = "gpu_error"
+    rank_action = "faultlab.runtime.actions.gpu:GpuError"
 
     class Params(FaultParams):
         xid: int = Field(79, description="the Xid: 79 fallen off the bus (the device is "
@@ -221,6 +222,7 @@ class GpuOomFault(GpuFault):
     allocator's error is raised at the next forward)."""
 
     type = "gpu_oom"
+    rank_action = "faultlab.runtime.actions.gpu:GpuOom"
 
     class Params(FaultParams):
         leave_mib: int = Field(1024, ge=0, description="MiB of the device left free (the hog "
@@ -257,6 +259,7 @@ class GpuSlowFault(GpuFault):
     NVML shows the throttle reasons and a high temperature."""
 
     type = "gpu_slow"
+    rank_action = "faultlab.runtime.actions.gpu:GpuSlow"
     slows_job: ClassVar[bool] = True
 
     class Params(FaultParams):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -65,6 +66,18 @@ class _Handle:
     @property
     def optimizer(self) -> Any:
         return self._agent.optimizer
+
+    @property
+    def device(self) -> int | None:
+        local = os.environ.get("LOCAL_RANK")
+        return int(local) if local and local.isdigit() else None
+
+    def claim(self, key: str) -> bool:
+        fired = self._agent._fired
+        if fired.seen(self.entry.id, key):
+            return False
+        fired.mark(self.entry.id, key)
+        return True
 
     def struck(self, **details: Any) -> None:
         action = self.action

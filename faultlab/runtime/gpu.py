@@ -11,28 +11,19 @@ that reads the state (this module, the NVML overlay ``faultlab.runtime.nvml_over
 health-check script) sees the same thing.
 
 ``install()`` (run by the bootstrap right after ``import torch`` in every process of a node that
-has a GPU state file, at every integration level) registers two global module hooks. The
-*outermost* module forward of a rank (FSDP2's root, a LightningModule's model) is the rank's
-"next accelerator operation" on CPU: a stand-in for the first kernel a step launches.
-
-- ``gpu_error``: the forward pre-hook raises what torch raises for that Xid —
-  ``torch.AcceleratorError`` (torch >= 2.8; RuntimeError before) with torch's full
-  ``CUDA error: ...`` text (``XIDS``). ``sticky: false`` strikes one process once
-  (a marker file under ``struck/`` keeps a restarted process from meeting it again);
-  ``sticky: true`` strikes every forward of every process on the node until undone, as a
-  poisoned context and a lost device do. On a real CUDA device the context is poisoned for
-  real first (an out-of-bounds index write: ``device-side assert triggered``, as measured on
-  an H100); the same exception type then comes from CUDA itself.
-- ``gpu_oom``: the forward pre-hook raises ``torch.OutOfMemoryError`` once, with the message
-  torch's CUDA caching allocator writes (``oom_message``). On a real device the faultlab side
-  starts a memory hog instead (``faultlab.faults.gpu``) and the allocation fails by itself.
-- ``gpu_slow``: the forward post-hook of the outermost module sleeps ``(factor - 1) × 3 ×`` the
-  measured forward time: the step's compute (forward + backward, backward taken as twice the
-  forward, the usual FLOP ratio) takes ``factor`` times as long. On CUDA a spin kernel
-  (``torch.cuda._sleep``) keeps the device really busy for the same time.
+has a GPU state file, at every integration level) registers two global module hooks around the
+*outermost* module forward of a rank (FSDP2's root, a LightningModule's model): the rank's
+"next accelerator operation" on CPU, a stand-in for the first kernel a step launches. Each
+entry of the state file names its rank-side action by import path (``action``, from the fault's
+``rank_action``); the process loads the actions of the entries that strike its device and calls
+their ``before_forward`` / ``after_forward`` hooks (``faultlab.runtime.hooks``). What
+``gpu_error``, ``gpu_oom`` and ``gpu_slow`` do there: ``faultlab.runtime.actions.gpu``. A
+once-per-job strike claims a marker under ``struck/`` (``GpuState.claim``), so a restarted
+process does not meet it again.
 
 The state is re-read at most every ``POLL_S`` (one ``stat`` per outermost forward otherwise).
-This module imports only the standard library at import time; torch only inside ``install``.
+This module imports only the standard library (and ``hooks``, ``plan``) at import time; torch
+only inside ``install``, and an action's module only when an entry names it.
 """
 
 from __future__ import annotations
@@ -44,6 +35,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from faultlab.runtime.hooks import RankAction, load_action, uses
+from faultlab.runtime.plan import FaultEntry, PlanError
 
 __all__ = ["FAKE_MEMORY_MIB", "POLL_S", "XIDS", "GpuState", "accelerator_error",
            "cuda_error_message", "device_entries", "install", "oom_message", "pci_bus_id",
@@ -173,8 +167,33 @@ def accelerator_error() -> type[BaseException]:
 
 # --- in the rank ----------------------------------------------------------------------------
 
+class _NodeRank:
+    """What a gpu action sees of its process (``faultlab.runtime.hooks.Rank``): no agent here,
+    the node's GPU state file is the channel."""
+
+    live = True
+    step = 0
+    model = None
+    optimizer = None
+
+    def __init__(self, state: GpuState, entry: FaultEntry) -> None:
+        self._state, self.entry = state, entry
+        self.rank = state.rank  # type: ignore[assignment]
+        self.device = state.device
+
+    def claim(self, key: str) -> bool:
+        return self._state.claim(f"{self.entry.id}.{key}")
+
+    def struck(self, **details: Any) -> None:
+        return None  # the action says so on stderr; faultlab journals the injection
+
+    def failed(self, error: str) -> None:
+        _say(f"{self.entry.type}: {error}", self._state.rank)
+
+
 class GpuState:
-    """One process's view of its device's faults, and the hooks that make it felt."""
+    """One process's view of its device's faults: the actions the node's GPU state file names
+    for this device, called around the outermost module forward."""
 
     def __init__(self, state_path: Path, device: int, rank: int | None) -> None:
         self.state_path = state_path
@@ -184,14 +203,14 @@ class GpuState:
         self._mtime_ns: int | None = None
         self._checked = 0.0
         self.entries: list[dict[str, Any]] = []
+        self.actions: dict[str, RankAction] = {}
         self._top: Any = None
         self._t_forward = 0.0
         self._struck_here: set[str] = set()
-        self.cuda = False
 
-    def refresh(self, now: float) -> list[dict[str, Any]]:
+    def refresh(self, now: float) -> list[RankAction]:
         if now - self._checked < POLL_S:
-            return self.entries
+            return list(self.actions.values())
         self._checked = now
         try:
             mtime = os.stat(self.state_path).st_mtime_ns
@@ -200,11 +219,33 @@ class GpuState:
         if mtime != self._mtime_ns:
             self._mtime_ns = mtime
             self.entries = device_entries(read_state(self.state_path), self.device)
-        return self.entries
+            self._load_actions()
+        return list(self.actions.values())
 
-    def _first_strike(self, entry: dict[str, Any]) -> bool:
-        """Claim a once-per-job strike of ``entry`` on this device (True: strike now)."""
-        key = f"{entry['id']}.dev{self.device}"
+    def _load_actions(self) -> None:
+        """An action per entry (kept while its entry stays; released when it goes)."""
+        wanted: dict[str, RankAction] = {}
+        for raw in self.entries:
+            fid = str(raw.get("id"))
+            if fid in self.actions:
+                wanted[fid] = self.actions.pop(fid)
+                continue
+            path = raw.get("action")
+            if not isinstance(path, str):
+                continue
+            entry = FaultEntry(id=fid, type=str(raw.get("type")), action=path, params=dict(raw))
+            try:
+                cls = load_action(path)
+            except PlanError as e:
+                _say(str(e), self.rank)
+                continue
+            wanted[fid] = cls(entry, _NodeRank(self, entry))  # type: ignore[arg-type]
+        for gone in self.actions.values():
+            gone.release()
+        self.actions = wanted
+
+    def claim(self, key: str) -> bool:
+        """Claim a once-per-job strike (True: strike now): a marker under ``struck/``."""
         if key in self._struck_here:
             return False
         self._struck_here.add(key)
@@ -221,50 +262,23 @@ class GpuState:
         if self._top is not None and self._top is not module:
             return  # an inner module of a forward already under way
         self._top = module
-        now = time.monotonic()
-        for entry in self.refresh(now):
-            kind = entry.get("type")
-            if kind == "gpu_error" and (entry.get("sticky") or self._first_strike(entry)):
-                self._top = None
-                self._raise_error(entry)
-            if kind == "gpu_oom" and not entry.get("hog_pid") and self._first_strike(entry):
-                self._top = None
-                self._raise_oom(entry, module)
+        for action in self.refresh(time.monotonic()):
+            if uses(type(action), "before_forward"):
+                try:
+                    action.before_forward(module)
+                except BaseException:
+                    self._top = None
+                    raise
         self._t_forward = time.monotonic()
 
     def post_forward(self, module: Any, args: Any, output: Any) -> None:
         if module is not self._top:
             return
         self._top = None
-        slow = [e for e in self.entries if e.get("type") == "gpu_slow"]
-        if not slow:
-            return
-        factor = max(float(e.get("factor", 1.0)) for e in slow)
-        delay_s = (factor - 1.0) * 3.0 * (time.monotonic() - self._t_forward)
-        if self.cuda:
-            _spin(self.device, delay_s)
-        time.sleep(delay_s)
-
-    def _raise_error(self, entry: dict[str, Any]) -> None:
-        xid = int(entry.get("xid", 79))
-        fresh = bool(entry.get("sticky")) and float(entry.get("t", 0)) < _process_start()
-        _say(f"gpu_error xid {xid} on device {self.device}"
-             f"{' (sticky: the GPU stays failed)' if entry.get('sticky') else ''}", self.rank)
-        if self.cuda:
-            _poison_context(self.device)  # raises the real AcceleratorError
-        raise accelerator_error()(cuda_error_message(xid, new_process=fresh))
-
-    def _raise_oom(self, entry: dict[str, Any], module: Any) -> None:
-        import torch
-
-        params = sum(p.numel() * p.element_size() for p in module.parameters())
-        total = float(entry.get("total_mib") or FAKE_MEMORY_MIB)
-        _say(f"gpu_oom on device {self.device} (leave_mib {entry.get('leave_mib')})", self.rank)
-        raise torch.OutOfMemoryError(oom_message(
-            device=self.device, request_bytes=max(2 * params, 2**21), total_mib=total,
-            free_mib=float(entry.get("leave_mib", 0)), process_bytes=_rss_bytes(),
-            hog_pid=entry.get("hog_pid") or entry.get("holder_pid"),
-            allocated_bytes=params))
+        forward_s = time.monotonic() - self._t_forward
+        for action in list(self.actions.values()):
+            if uses(type(action), "after_forward"):
+                action.after_forward(module, forward_s)
 
 
 _STATE: GpuState | None = None
@@ -278,7 +292,6 @@ def install(env: Mapping[str, str] | None = None) -> GpuState | None:
     path, local_rank = env.get("FAULTLAB_GPU_STATE"), env.get("LOCAL_RANK")
     if _STATE is not None or not path or local_rank is None:
         return _STATE
-    import torch
     from torch.nn.modules.module import (
         register_module_forward_hook,
         register_module_forward_pre_hook,
@@ -286,7 +299,6 @@ def install(env: Mapping[str, str] | None = None) -> GpuState | None:
 
     rank = env.get("RANK")
     state = GpuState(Path(path), int(local_rank), int(rank) if rank is not None else None)
-    state.cuda = torch.cuda.is_available() and torch.cuda.device_count() > state.device
     register_module_forward_pre_hook(state.pre_forward)
     register_module_forward_hook(state.post_forward)
     _STATE = state
@@ -295,42 +307,3 @@ def install(env: Mapping[str, str] | None = None) -> GpuState | None:
 
 def _say(what: str, rank: int | None) -> None:
     print(f"faultlab gpu: rank {rank}: {what}", file=sys.stderr, flush=True)
-
-
-def _process_start() -> float:
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            ticks = int(f.read().rpartition(")")[2].split()[19])
-        since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - since
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _poison_context(device: int) -> None:
-    """An out-of-bounds index write on the device: the CUDA context is poisoned for real and
-    every later CUDA call fails (measured: ``device-side assert triggered`` after 0.06 s)."""
-    import torch
-
-    with torch.cuda.device(device):
-        t = torch.zeros(4, device=f"cuda:{device}")
-        t[torch.tensor([1 << 30], device=f"cuda:{device}")] = 1.0
-        torch.cuda.synchronize(device)
-
-
-def _spin(device: int, seconds: float) -> None:
-    """Keep the device busy for about ``seconds`` (a spin kernel on the current stream)."""
-    import torch
-
-    if seconds <= 0:
-        return
-    rate = 1.4e9  # clock cycles a second, about an H100's SM clock under load
-    torch.cuda._sleep(int(seconds * rate))

@@ -32,6 +32,12 @@ only those (a hook left as the base's costs nothing):
     which: by default the ``ops`` parameter, fnmatch patterns, all when None). It may sleep,
     block or raise; ``call`` is a :class:`faultlab.runtime.interposer.Call`. The collective
     faults.
+``before_forward(module)`` and ``after_forward(module, forward_s)``
+    Around the rank's *outermost* module forward (FSDP2's root, a LightningModule's model):
+    the rank's "next accelerator operation", a stand-in for the first kernel a step launches.
+    ``before_forward`` may raise (what torch raises for a failed device); ``after_forward``
+    gets the forward's wall time (it may stretch the compute). The GPU faults, whose actions
+    a node's GPU state file names (``faultlab.runtime.gpu``), not a plan.
 ``release()``
     Undone, its window over, or the process closing: stop striking, let go of anything held
     (a blocked collective); returns the counters of its ``fault_undone`` event.
@@ -65,7 +71,7 @@ from faultlab.runtime.plan import FaultEntry, PlanError
 __all__ = ["HOOKS", "ActionError", "Rank", "RankAction", "load_action", "uses"]
 
 HOOKS = ("on_step_start", "grads_to_watch", "on_grads_ready", "on_loss",
-         "before_optimizer_step", "before_collective")
+         "before_optimizer_step", "before_collective", "before_forward", "after_forward")
 
 
 class ActionError(ValueError):
@@ -91,6 +97,14 @@ class Rank(Protocol):
 
     @property
     def optimizer(self) -> Any: ...
+
+    @property
+    def device(self) -> int | None:
+        """The rank's local accelerator index (``LOCAL_RANK``), where known."""
+
+    def claim(self, key: str) -> bool:
+        """True the first time ``key`` is claimed in this job (a marker on disk: a restarted
+        process gets False), False after: for an action that strikes once per job."""
 
     def struck(self, **details: Any) -> None:
         """This action struck: the first call emits ``fault_injected`` with ``details`` and
@@ -146,6 +160,12 @@ class RankAction:
         return hit
 
     def before_collective(self, call: Any) -> None:
+        return None
+
+    def before_forward(self, module: Any) -> None:
+        return None
+
+    def after_forward(self, module: Any, forward_s: float) -> None:
         return None
 
     # --- its life -----------------------------------------------------------------------------

@@ -534,7 +534,8 @@ def test_the_rank_side_imports_neither_pydantic_nor_the_engine() -> None:
     spec, the engine). An action is loaded only when a plan names it."""
     mods = ("faultlab.runtime", "faultlab.runtime.auto", "faultlab.runtime.agent",
             "faultlab.runtime.hooks", "faultlab.runtime.actions.numeric",
-            "faultlab.runtime.actions.collective", "faultlab.runtime.gpu",
+            "faultlab.runtime.actions.collective", "faultlab.runtime.actions.gpu",
+            "faultlab.runtime.gpu",
             "faultlab.runtime.nvml_overlay")
     code = ("import importlib, json, sys\n"
             f"for m in {mods!r}: importlib.import_module(m)\n"
