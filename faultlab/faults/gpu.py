@@ -120,6 +120,11 @@ class GpuFault(Fault):
                 f"in-rank; start the command with python (python train.py ...) or torchrun")
 
     def _entry(self) -> dict[str, Any]:
+        """The state entry's fields for the rank-side action, and under ``nvml`` what NVML
+        shows of the device while the fault holds (``faultlab.runtime.nvml_overlay``): ``lost``
+        (every call fails GpuIsLost), ``xid_event`` (an Xid critical-error event),
+        ``ecc_uncorrected`` (the uncorrected ECC count rises), ``recovery_action`` (NVML's
+        value), ``free_mib`` (memory left), ``throttled`` (slowdown reasons and 92 C)."""
         return {}
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
@@ -192,7 +197,10 @@ class GpuErrorFault(GpuFault):
 
     def _entry(self) -> dict[str, Any]:
         p: GpuErrorFault.Params = self.params  # type: ignore[assignment]
-        return {"xid": p.xid, "sticky": p.sticky}
+        _, _, _, recovery, ecc = XIDS[p.xid]
+        return {"xid": p.xid, "sticky": p.sticky,
+                "nvml": {"lost": p.xid == 79, "xid_event": p.xid, "ecc_uncorrected": ecc,
+                         "recovery_action": recovery}}
 
     def _before_write(self, ctx: FaultContext, node: str, devices: list[int] | None,
                       entry: dict[str, Any]) -> dict[str, Any]:
@@ -239,7 +247,8 @@ class GpuOomFault(GpuFault):
 
     def _entry(self) -> dict[str, Any]:
         total, _ = device_memory_mib()
-        return {"leave_mib": self.params.leave_mib, "total_mib": total}  # type: ignore[attr-defined]
+        leave = self.params.leave_mib  # type: ignore[attr-defined]
+        return {"leave_mib": leave, "total_mib": total, "nvml": {"free_mib": leave}}
 
     def _before_write(self, ctx: FaultContext, node: str, devices: list[int] | None,
                       entry: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +287,8 @@ class GpuSlowFault(GpuFault):
             return value
 
     def _entry(self) -> dict[str, Any]:
-        return {"factor": self.params.factor}  # type: ignore[attr-defined]
+        return {"factor": self.params.factor,  # type: ignore[attr-defined]
+                "nvml": {"throttled": True}}
 
 
 def _victim(ctx: FaultContext, victim: Victim) -> tuple[str, list[int] | None, list[int]]:

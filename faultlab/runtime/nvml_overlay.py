@@ -12,19 +12,22 @@ any health-check script they or the node start. It replaces functions of the ``p
   strikes it. Every function the overlay does not emulate raises ``NVMLError_NotSupported``.
 - **a GPU**: the real NVML, overlaid for the victim devices only.
 
-What a device under a fault reports (the state file's entries for that device):
+What a device under a fault reports comes from the ``nvml`` view of the state file's entries
+for that device, which the fault writes on faultlab's side (the overlay knows no fault type):
 
-- ``gpu_error`` xid 79: every call on the device raises ``NVMLError_GpuIsLost``, from
-  ``nvmlDeviceGetHandleByIndex`` on;
-- every ``gpu_error``: an ``nvmlEventTypeXidCriticalError`` event with the Xid as data from
-  ``nvmlEventSetWait`` (once per event set), and ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` as
-  the driver sets it for that Xid (``faultlab.runtime.gpu.XIDS``: GPU_RESET for ECC,
-  NODE_REBOOT for 79; an application error, 13/31/43, leaves NONE, as on a real GPU);
-- ECC xids (48/94/95): ``nvmlDeviceGetTotalEccErrors`` uncorrected counts rise by one per
-  injection;
-- ``gpu_oom``: ``nvmlDeviceGetMemoryInfo`` shows only ``leave_mib`` free;
-- ``gpu_slow``: ``nvmlDeviceGetCurrentClocksThrottleReasons`` (and ``...EventReasons``) report
-  HwSlowdown | SwThermalSlowdown | HwThermalSlowdown (0x68) and the temperature is 92 C.
+- ``lost`` (``gpu_error`` xid 79): every call on the device raises ``NVMLError_GpuIsLost``,
+  from ``nvmlDeviceGetHandleByIndex`` on;
+- ``xid_event`` (every ``gpu_error``): an ``nvmlEventTypeXidCriticalError`` event with the Xid
+  as data from ``nvmlEventSetWait`` (once per event set); ``recovery_action``:
+  ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` as the driver sets it for that Xid
+  (``faultlab.runtime.gpu.XIDS``: GPU_RESET for ECC, NODE_REBOOT for 79; an application error,
+  13/31/43, leaves NONE, as on a real GPU);
+- ``ecc_uncorrected`` (ECC xids 48/94/95): ``nvmlDeviceGetTotalEccErrors`` uncorrected counts
+  rise by one per injection;
+- ``free_mib`` (``gpu_oom``): ``nvmlDeviceGetMemoryInfo`` shows only that much free;
+- ``throttled`` (``gpu_slow``): ``nvmlDeviceGetCurrentClocksThrottleReasons`` (and
+  ``...EventReasons``) report HwSlowdown | SwThermalSlowdown | HwThermalSlowdown (0x68) and the
+  temperature is 92 C.
 
 Not covered: programs that link ``libnvidia-ml`` directly (C, Go, DCGM) and ``nvidia-smi``
 see the real NVML (or none); other Python NVML bindings are not overlaid.
@@ -39,7 +42,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from faultlab.runtime.gpu import FAKE_MEMORY_MIB, XIDS, device_entries, pci_bus_id, read_state
+from faultlab.runtime.gpu import FAKE_MEMORY_MIB, device_entries, pci_bus_id, read_state
 
 __all__ = ["FAKE_NAME", "THROTTLE_SLOW", "Overlay", "apply"]
 
@@ -94,8 +97,7 @@ class Overlay:
         return self.nvml.NVMLError(code)
 
     def check_lost(self, index: int | None) -> None:
-        if any(e.get("type") == "gpu_error" and int(e.get("xid", 79)) == 79
-               for e in self.entries(index)):
+        if any(_view(e).get("lost") for e in self.entries(index)):
             raise self.error(self.nvml.NVML_ERROR_GPU_IS_LOST)
 
 
@@ -189,35 +191,47 @@ def _handle_by_index(ov: Overlay, orig: Callable[..., Any]) -> Callable[..., Any
 
 def _memory(ov: Overlay, index: int, args: tuple[Any, ...]) -> Any:
     total = FAKE_MEMORY_MIB * 2**20
-    oom = [e for e in ov.entries(index) if e.get("type") == "gpu_oom"]
-    free = min(int(e.get("leave_mib", 0)) for e in oom) * 2**20 if oom else total - 2**29
+    left = _free_mib(ov, index)
+    free = left * 2**20 if left is not None else total - 2**29
     return SimpleNamespace(total=total, free=free, used=total - free, reserved=0)
 
 
 def _memory_overlay(ov: Overlay, index: int, real: Any, args: tuple[Any, ...]) -> Any:
-    oom = [e for e in ov.entries(index) if e.get("type") == "gpu_oom"]
-    if oom:
-        free = min(int(e.get("leave_mib", 0)) for e in oom) * 2**20
+    left = _free_mib(ov, index)
+    if left is not None:
+        free = left * 2**20
         return SimpleNamespace(total=real.total, free=free, used=real.total - free,
                                reserved=getattr(real, "reserved", 0))
     return real
 
 
+def _view(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What NVML shows of a device under this entry's fault: the entry's ``nvml``, written by
+    the fault on faultlab's side (``faultlab.faults.gpu.GpuFault._entry`` lists the keys)."""
+    view = entry.get("nvml")
+    return view if isinstance(view, dict) else {}
+
+
+def _free_mib(ov: Overlay, index: int) -> int | None:
+    left = [int(_view(e)["free_mib"]) for e in ov.entries(index)
+            if _view(e).get("free_mib") is not None]
+    return min(left) if left else None
+
+
 def _slow(ov: Overlay, index: int) -> bool:
-    return any(e.get("type") == "gpu_slow" for e in ov.entries(index))
+    return any(_view(e).get("throttled") for e in ov.entries(index))
 
 
 def _ecc_count(ov: Overlay, index: int, args: tuple[Any, ...]) -> int:
     error_type = args[0] if args else 1
     if error_type != ov.nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
         return 0
-    return sum(1 for e in ov.entries(index)
-               if e.get("type") == "gpu_error" and XIDS[int(e.get("xid", 79))][4])
+    return sum(1 for e in ov.entries(index) if _view(e).get("ecc_uncorrected"))
 
 
 def _recovery_action(ov: Overlay, index: int) -> int:
-    actions = [XIDS[int(e.get("xid", 79))][3] for e in ov.entries(index)
-               if e.get("type") == "gpu_error"]
+    actions = [int(_view(e)["recovery_action"]) for e in ov.entries(index)
+               if _view(e).get("recovery_action") is not None]
     return max(actions, default=ov.nvml.NVML_GPU_RECOVERY_ACTION_NONE)
 
 
@@ -283,10 +297,11 @@ def _event_set_wait(ov: Overlay, orig: Callable[..., Any]) -> Callable[..., Any]
                     continue
                 for e in ov.entries(index):
                     key = f"{e.get('id')}/{index}"
-                    if e.get("type") == "gpu_error" and key not in event_set.delivered:
+                    xid = _view(e).get("xid_event")
+                    if xid is not None and key not in event_set.delivered:
                         event_set.delivered.add(key)
                         return SimpleNamespace(device=handle, eventType=_EVENT_XID,
-                                               eventData=int(e.get("xid", 79)),
+                                               eventData=int(xid),
                                                gpuInstanceId=0xFFFFFFFF,
                                                computeInstanceId=0xFFFFFFFF)
             left_s = deadline - time.monotonic()

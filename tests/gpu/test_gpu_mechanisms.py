@@ -16,10 +16,7 @@ import pytest
 
 from faultlab.runtime.bootstrap import BOOTSTRAP_DIR
 from faultlab.runtime.gpu import write_state
-
-# the rank-side actions a GPU state entry names (the fault classes' rank_action)
-A_ERROR = "faultlab.runtime.actions.gpu:GpuError"
-A_SLOW = "faultlab.runtime.actions.gpu:GpuSlow"
+from tests.unit.runtime_entries import gpu_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH_CHECK = ROOT / "tests" / "unit" / "gpu_health_check.py"
@@ -38,9 +35,7 @@ def _rank_env(state: Path) -> dict[str, str]:
 
 def test_gpu_error_poisons_the_context_for_real(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
-    write_state(state, [{"id": "e", "type": "gpu_error", "action": A_ERROR,
-                         "xid": 79, "sticky": True,
-                         "devices": [0], "t": 0.0}])
+    write_state(state, [gpu_entry("e", "gpu_error", xid=79, sticky=True, devices=[0], t=0.0)])
     out = _python("""\
         import torch, time
         model = torch.nn.Linear(64, 64).cuda()
@@ -102,10 +97,8 @@ def test_spin_kernel_keeps_the_device_busy() -> None:
 
 def test_nvml_overlay_on_a_real_device(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
-    write_state(state, [{"id": "s", "type": "gpu_slow", "action": A_SLOW,
-                         "factor": 2.0, "devices": [0]},
-                        {"id": "e", "type": "gpu_error", "action": A_ERROR,
-                         "xid": 48, "devices": [0]}])
+    write_state(state, [gpu_entry("s", "gpu_slow", factor=2.0, devices=[0]),
+                        gpu_entry("e", "gpu_error", xid=48, devices=[0])])
     env = {**os.environ, **_rank_env(state)}
     out = subprocess.run([sys.executable, str(HEALTH_CHECK)], capture_output=True, text=True,
                          timeout=60, env=env, check=True)

@@ -18,10 +18,7 @@ from faultlab.runtime.bootstrap import BOOTSTRAP_DIR
 from faultlab.runtime.events import read_events
 from faultlab.runtime.gpu import write_state
 from reference_trainer.health import EXIT_CODES
-
-# the rank-side actions a GPU state entry names (the fault classes' rank_action)
-A_ERROR = "faultlab.runtime.actions.gpu:GpuError"
-A_OOM = "faultlab.runtime.actions.gpu:GpuOom"
+from tests.unit.runtime_entries import gpu_entry
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +39,7 @@ def _train(run_dir: Path, faults: list[dict[str, Any]]) -> tuple[int, list[dict[
 
 def test_oom_is_retried_once_then_named_in_the_exit(tmp_path: Path) -> None:
     code, events = _train(tmp_path, [
-        {"id": f"oom{i}", "type": "gpu_oom", "action": A_OOM,
-                     "leave_mib": 256, "devices": [0]} for i in (1, 2)])
+        gpu_entry(f"oom{i}", "gpu_oom", leave_mib=256, devices=[0]) for i in (1, 2)])
     ooms = [e for e in events if e["kind"] == "anomaly" and e["what"] == "gpu_oom"]
     assert [e["action"] for e in ooms] == ["retry", "exit"] and ooms[0]["step"] == 1
     [exit_] = [e for e in events if e["kind"] == "exit"]
@@ -52,17 +48,14 @@ def test_oom_is_retried_once_then_named_in_the_exit(tmp_path: Path) -> None:
 
 
 def test_one_oom_is_absorbed_by_the_retry(tmp_path: Path) -> None:
-    code, events = _train(tmp_path, [{"id": "oom", "type": "gpu_oom", "action": A_OOM,
-                                      "leave_mib": 256,
-                                      "devices": [0]}])
+    code, events = _train(tmp_path, [gpu_entry("oom", "gpu_oom", leave_mib=256, devices=[0])])
     assert code == 0 and [e["step"] for e in events if e["kind"] == "step"] == [1, 2, 3]
     assert [e["action"] for e in events if e.get("what") == "gpu_oom"] == ["retry"]
 
 
 def test_a_lost_gpu_found_at_start_makes_the_rank_leave(tmp_path: Path) -> None:
-    code, events = _train(tmp_path, [{"id": "lost", "type": "gpu_error", "action": A_ERROR,
-                                      "xid": 79,
-                                      "sticky": True, "devices": [0], "t": 0.0}])
+    code, events = _train(tmp_path, [gpu_entry("lost", "gpu_error", xid=79, sticky=True,
+                                               devices=[0], t=0.0)])
     [health] = [e for e in events if e["kind"] == "gpu_health"]
     assert health["status"] == "unhealthy"
     assert health["reasons"] == ["GPU is lost (NVMLError_GpuIsLost)"]

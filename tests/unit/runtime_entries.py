@@ -26,3 +26,14 @@ def entry(raw: dict[str, Any]) -> dict[str, Any]:
 
 def entries(raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry(r) for r in raws]
+
+
+def gpu_entry(fid: str, fault_type: str, devices: list[int] | None = None,
+              t: float | None = None, **params: Any) -> dict[str, Any]:
+    """A node GPU state entry as the fault writes it (``faultlab.faults.gpu``): its action,
+    its fields and its NVML view, from the fault class and ``params``; ``t``: when it was
+    written (a sticky fault is older than a process started after it)."""
+    cls = fault_types()[fault_type]
+    fault = cls(cls.Params(**params))
+    return {"id": fid, "type": fault_type, "action": cls.rank_action, "devices": devices,
+            **({} if t is None else {"t": t}), **fault._entry()}  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_entries import gpu_entry
 
 from faultlab.errors import InvalidExperimentError
 from faultlab.faults import Victim, fault_types
@@ -23,11 +24,6 @@ from faultlab.reaper import clear_gpu_state
 from faultlab.runtime.bootstrap import BOOTSTRAP_DIR
 from faultlab.runtime.gpu import XIDS, GpuState, read_state, state_paths, write_state
 from faultlab.spec import parse_experiment
-
-# the rank-side actions a GPU state entry names (the fault classes' rank_action)
-A_ERROR = "faultlab.runtime.actions.gpu:GpuError"
-A_OOM = "faultlab.runtime.actions.gpu:GpuOom"
-A_SLOW = "faultlab.runtime.actions.gpu:GpuSlow"
 
 XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
@@ -162,9 +158,7 @@ FORWARDS = """\
 
 def test_sticky_error_fails_every_forward_of_every_new_process(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
-    write_state(state, [{"id": "e", "type": "gpu_error", "action": A_ERROR,
-                         "xid": 79, "sticky": True,
-                         "devices": [1], "t": 0.0}])
+    write_state(state, [gpu_entry("e", "gpu_error", xid=79, sticky=True, devices=[1], t=0.0)])
     for _ in range(2):  # a restarted process meets it again
         out = _run_rank(state, 1, FORWARDS).stdout.splitlines()
         assert out == ["AcceleratorError 'CUDA error: CUDA-capable device(s) is/are busy or "
@@ -174,16 +168,13 @@ def test_sticky_error_fails_every_forward_of_every_new_process(tmp_path: Path) -
 
 def test_transient_error_strikes_once_per_job_then_oom_once(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
-    write_state(state, [{"id": "e", "type": "gpu_error", "action": A_ERROR,
-                         "xid": 94, "sticky": False,
-                         "devices": None, "t": 0.0}])
+    write_state(state, [gpu_entry("e", "gpu_error", xid=94, sticky=False, devices=None, t=0.0)])
     first = _run_rank(state, 0, FORWARDS)
     assert first.stdout.splitlines() == [
         "AcceleratorError 'CUDA error: uncorrectable ECC error encountered'", "ok", "ok"]
     assert "faultlab gpu: rank 0: gpu_error xid 94 on device 0" in first.stderr
     assert _run_rank(state, 0, FORWARDS).stdout.splitlines() == ["ok"] * 3  # a restart
-    write_state(state, [{"id": "m", "type": "gpu_oom", "action": A_OOM,
-                         "leave_mib": 512, "devices": [0]}])
+    write_state(state, [gpu_entry("m", "gpu_oom", leave_mib=512, devices=[0])])
     out = _run_rank(state, 0, FORWARDS.replace("str(e).splitlines()[0]",
                                                 "str(e)[:120]")).stdout.splitlines()
     assert out[0].startswith("OutOfMemoryError 'CUDA out of memory. Tried to allocate ")
@@ -194,8 +185,7 @@ def test_transient_error_strikes_once_per_job_then_oom_once(tmp_path: Path) -> N
 def test_slow_sleeps_factor_minus_one_times_the_measured_compute(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = tmp_path / "state.json"
-    write_state(state, [{"id": "s", "type": "gpu_slow", "action": A_SLOW,
-                         "factor": 2.5, "devices": [0]}])
+    write_state(state, [gpu_entry("s", "gpu_slow", factor=2.5, devices=[0])])
     gpu = GpuState(state, 0, 0)
     slept: list[float] = []
     clock = iter([100.0, 100.0, 100.2, 100.2])  # refresh, forward start, forward end...
@@ -229,12 +219,10 @@ def test_nvml_view_read_by_a_plain_pynvml_health_check(tmp_path: Path) -> None:
     healthy = _health(state)
     assert healthy["count"] == 3 and all(d["healthy"] for d in healthy["devices"])
     write_state(state, [
-        {"id": "s", "type": "gpu_slow", "action": A_SLOW, "factor": 2.0, "devices": [0]},
-        {"id": "m", "type": "gpu_oom", "action": A_OOM, "leave_mib": 512, "devices": [0]},
-        {"id": "e", "type": "gpu_error", "action": A_ERROR,
-         "xid": 48, "sticky": False, "devices": [1]},
-        {"id": "l", "type": "gpu_error", "action": A_ERROR,
-         "xid": 79, "sticky": True, "devices": [2]}])
+        gpu_entry("s", "gpu_slow", factor=2.0, devices=[0]),
+        gpu_entry("m", "gpu_oom", leave_mib=512, devices=[0]),
+        gpu_entry("e", "gpu_error", xid=48, sticky=False, devices=[1]),
+        gpu_entry("l", "gpu_error", xid=79, sticky=True, devices=[2])])
     slow, ecc, lost = _health(state)["devices"]
     assert slow["temperature_c"] == 92 and slow["throttle_reasons"] == "0x68"
     assert slow["free_mib"] == 512 and slow["recovery_action"] == 0
@@ -298,11 +286,8 @@ def test_compute_straggler_is_named_from_forward_times() -> None:
 
 def test_health_check_of_the_reference_trainer_through_the_overlay(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
-    write_state(state, [{"id": "e", "type": "gpu_error", "action": A_ERROR,
-                         "xid": 79, "sticky": True,
-                         "devices": [1]},
-                        {"id": "s", "type": "gpu_slow", "action": A_SLOW,
-                         "factor": 2.0, "devices": [0]}])
+    write_state(state, [gpu_entry("e", "gpu_error", xid=79, sticky=True, devices=[1]),
+                        gpu_entry("s", "gpu_slow", factor=2.0, devices=[0])])
     code = """\
         import json
         from reference_trainer.gpu_health import check_gpu
