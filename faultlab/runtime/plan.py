@@ -4,7 +4,7 @@ A plan is decided before launch and handed to every rank as a JSON file
 (``FAULTLAB_RUNTIME_PLAN``)::
 
     {"faults": [{"id": "nan#1", "type": "grad_nan",
-                 "action": "faultlab.runtime.actions.numeric:GradCorruption",
+                 "action": "faultlab.runtime.actions.numeric:GradNan",
                  "ranks": [0], "steps": [5], "from_step": null, "to_step": null,
                  "params": {"param_glob": "blocks.0.*", "fraction": 1.0, "seed": 7}}]}
 
