@@ -15,8 +15,9 @@ __all__ = ["OptimizerExceptionFault"]
 
 class OptimizerExceptionFault(RuntimeFault):
     """Raise an exception inside the victim rank's optimizer step at the chosen step: that
-    rank's process fails, and its peers block in the next collective until the job's watchdog
-    or the launcher ends them (what a team's recovery must notice and survive)."""
+    rank's process fails, and its peers are left in their next collective (blocked, or failing
+    once the transport sees the dead peer) until the job's watchdog or the launcher ends them:
+    what a team's recovery must notice and survive."""
 
     type = "optimizer_exception"
     family = "optimizer"
