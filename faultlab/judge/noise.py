@@ -13,7 +13,9 @@ fault-free runs on the experiment's own target (``golden: {runs: 2}``) tell the 
 ``matches_golden_within_noise: k`` judges such a trainer. The two fault-free runs A and B give
 the run-to-run spread: at each step ``s`` the *noise envelope* is the largest loss difference
 ``|A - B|`` seen at any step up to ``s`` (run-to-run differences grow as training goes on, and
-a running maximum is not fooled by a step where the two happened to agree), and, where both
+a running maximum is not fooled by a step where the two happened to agree), never below the
+loss's own resolution (4 float32 ulps: where the noise is still under the last digit, two runs
+that agree say nothing of a third one digit away), and, where both
 final checkpoints can be read, the relative L2 distance of their weights. The run under test R
 is then measured in units of that noise: ``|R(s) - A(s)| / envelope(s)`` at every step both
 recorded (a replayed step counts as its last run, the one the final weights come from), and
@@ -35,9 +37,9 @@ from typing import Any
 from faultlab.observe.final_state import weights_distance
 from faultlab.spec.expect import NOISE_K_DEFAULT as DEFAULT_K
 
-__all__ = ["CAUSES", "DEFAULT_K", "Reproducibility", "WithinNoise", "compare_runs",
-           "reproducibility", "run_losses",
-           "weights_distance", "within_noise"]
+__all__ = ["CAUSES", "DEFAULT_K", "RESOLUTION_ULPS", "Reproducibility", "WithinNoise",
+           "compare_runs", "reproducibility", "resolution", "run_losses", "weights_distance",
+           "within_noise"]
 
 CAUSES = ("the usual causes and their fixes: nondeterministic kernels "
           "(torch.use_deterministic_algorithms(True)), cuBLAS workspaces "
@@ -118,16 +120,20 @@ def within_noise(golden: Any, losses: Mapping[int, float], final_checkpoint: str
     if not steps:
         return WithinNoise(None, False, "not measured: the run and the golden runs share no "
                                         "step with a loss")
-    envelope = 0.0
+    envelope = 0.0  # the fault-free runs' own spread so far (running maximum)
     worst, worst_step, left = 0.0, None, None
     for s in steps:
         envelope = max(envelope, abs(a[s] - b[s]))
+        # Never below the loss's own resolution: two runs that agree at a step, the noise
+        # still under the last digit, say nothing of a run one digit away (seen in CI: both
+        # fault-free runs equal at step 2, the run under test one float32 ulp off).
+        noise = max(envelope, resolution(a[s]))
         dev = abs(losses[s] - a[s])
-        units = 0.0 if dev == 0 else (math.inf if envelope == 0 else dev / envelope)
+        units = 0.0 if dev == 0 else dev / noise
         if units > worst:
             worst, worst_step = units, s
         if left is None and units > k:
-            left = (s, dev, envelope)
+            left = (s, dev, noise)
     parts = []
     w_units = None
     spread_w = weights_distance(second.get("final_checkpoint"), golden.final_checkpoint)
@@ -152,6 +158,18 @@ def within_noise(golden: Any, losses: Mapping[int, float], final_checkpoint: str
     note = "; ".join([head, *parts]) + f" (k = {k:g})"
     return WithinNoise(round(measured, 3) if math.isfinite(measured) else measured, passed,
                        note)
+
+
+RESOLUTION_ULPS = 4
+"""The least noise ever assumed at a step: 4 float32 ulps of the golden run's loss there (the
+precision most trainers compute and record their loss in)."""
+
+
+def resolution(loss: float) -> float:
+    """``RESOLUTION_ULPS`` float32 units in the last place of ``loss``."""
+    if loss == 0 or not math.isfinite(loss):
+        return math.ulp(0.0)
+    return RESOLUTION_ULPS * 2.0 ** (math.frexp(abs(loss))[1] - 24)
 
 
 def _units(x: float) -> str:

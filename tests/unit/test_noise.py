@@ -8,7 +8,6 @@ step named, what "not measured" means, and the spec's key.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from faultlab.engine.golden import GoldenRun, golden_key
 from faultlab.errors import InvalidExperimentError
 from faultlab.judge import judge
-from faultlab.judge.noise import CAUSES, reproducibility, run_losses, within_noise
+from faultlab.judge.noise import CAUSES, reproducibility, resolution, run_losses, within_noise
 from faultlab.observe import compute_metrics
 from faultlab.spec import experiment_from_dict, parse_experiment
 from tests.unit.test_engine import BASE, INJECTED, KILL, _run_events, exp_with
@@ -58,10 +57,25 @@ def test_a_run_within_the_envelope_passes_and_one_that_leaves_it_is_named_by_ste
     assert not off.passed and off.measured == pytest.approx(0.05 / 3e-4, abs=1e-3)  # step 5
     assert off.note.startswith("left the noise envelope at step 4: loss 0.01 from the golden "
                                "run's, 33.33 times")
-    # a difference where the two fault-free runs agreed is infinitely many times their noise
+    # where the two fault-free runs agreed, the noise is the loss's own resolution (4 float32
+    # ulps of 2.0: 9.5e-07): a run a digit off is within it, one 0.1 off is far outside
+    ulp_off = within_noise(g, {1: 2.0 + 2.4e-7, 2: 1.5}, None, 3.0)
+    assert ulp_off.passed and ulp_off.measured == pytest.approx(0.25, abs=0.01)
     first = within_noise(g, {1: 2.1, 2: 1.5}, None, 3.0)
-    assert not first.passed and math.isinf(first.measured or 0.0)
+    assert not first.passed and first.measured == pytest.approx(0.1 / 9.5367e-07, rel=1e-3)
     assert "at step 1" in first.note
+
+
+def test_the_noise_is_never_below_the_losses_resolution() -> None:
+    """Seen in CI: both fault-free runs recorded the same loss at step 2 (the noise still under
+    float32's last digit) and the correct resume's was one ulp off: infinitely many times a
+    noise of 0, a verdict that flipped with the draw. The floor is 4 float32 ulps."""
+    assert resolution(2.0) == 4 * 2.0 ** -22 and resolution(-3.0) == resolution(3.0)
+    assert resolution(0.0) > 0
+    same = GoldenRun(key="k", digest="abc", losses={1: 6.0, 2: 5.0, 3: 4.0}, wall_s=1.0,
+                     run_dir="", cached=True, second={"losses": {1: 6.0, 2: 5.0, 3: 4.0}})
+    one_ulp = 2.0 ** -21  # float32's spacing at 5.0
+    assert within_noise(same, {1: 6.0, 2: 5.0 + one_ulp, 3: 4.0}, None, 10).passed
 
 
 def test_without_a_second_run_or_a_shared_step_it_is_not_measured() -> None:
