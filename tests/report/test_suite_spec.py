@@ -92,6 +92,8 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     slurm = (REPO / "tests" / "slurm" / "test_slurm_experiments.py").read_text()
     assert 'glob("slurm_*.yaml")' in slurm and {"slurm_node_down", "slurm_preemption"} <= {
         p.stem for p in (REPO / "experiments").glob("slurm_*.yaml")}
+    # slurm_preemption runs once, on the NFS cluster, with the same assertions
+    assert "slurm_preemption.yaml" in (REPO / "tests" / "slurm" / "test_slurm_nfs.py").read_text()
     doc = load_document(PRELAUNCH)
     assert isinstance(doc, PlannedSuite) and doc.name == "prelaunch"
     assert [Path(p).stem for p in doc.suite.experiments] == MUST_PASS

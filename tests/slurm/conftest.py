@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,3 +58,31 @@ def cluster_up(nfs: bool = False) -> Iterator[Path]:
                 os.environ[k] = v
         subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, timeout=120,
                        check=False)
+
+
+def _slurm(*cmd: str) -> str:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+
+
+def _assert_nothing_left(job_ids: list[int]) -> None:
+    """No job of the test still queued or running, every node idle (none down or drained by a
+    fault), and no process of any job on any node."""
+    from faultlab.targets.slurm.slurmcli import TERMINAL, show_job
+
+    for job_id in job_ids:
+        job = show_job(job_id)
+        assert job is None or job["JobState"] in TERMINAL, job
+    deadline = time.monotonic() + 30  # a machine started again takes a moment to answer
+    while True:
+        states = dict(line.split() for line in _slurm("sinfo", "-h", "-N", "-o",
+                                                      "%N %T").splitlines())
+        if set(states.values()) == {"idle"} or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(states.values()) == {"idle"}, states
+    for node in states:
+        ps = subprocess.run(["docker", "exec", node, "ps", "-eo", "args"], capture_output=True,
+                            text=True, timeout=30, check=True).stdout
+        jobs = [line for line in ps.splitlines() if "python" in line]  # agents, ranks, steps
+        assert jobs == [], f"{node}:\n{ps}"

@@ -28,45 +28,22 @@ from faultlab.faults.process import NodeHangFault, RankHangFault, RankKillFault
 from faultlab.spec import load_experiment
 from faultlab.targets.slurm import SlurmTarget
 from faultlab.targets.slurm.slurmcli import TERMINAL, show_job
-from tests.slurm.conftest import cluster_up
+from tests.slurm.conftest import _assert_nothing_left, _slurm, cluster_up
 
 # one cluster for every test here: tests/conftest.py sends them all to one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted((REPO / "experiments").glob("slurm_*.yaml"))
-
-
-def _slurm(*cmd: str) -> str:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60,
-                          check=True).stdout
+SHIPPED = sorted(p for p in (REPO / "experiments").glob("slurm_*.yaml")
+                 if p.name != "slurm_preemption.yaml")
+"""The shipped Slurm experiments run here. slurm_preemption runs once, on the NFS cluster
+(tests/slurm/test_slurm_nfs.py), where it asks the most, with these assertions too."""
 
 
 @pytest.fixture(scope="module")
 def cluster(slurm_host: None) -> Iterator[Path]:
     with cluster_up() as shared:
         yield shared
-
-
-def _assert_nothing_left(job_ids: list[int]) -> None:
-    """No job of the test still queued or running, every node idle (none down or drained by a
-    fault), and no process of any job on any node."""
-    for job_id in job_ids:
-        job = show_job(job_id)
-        assert job is None or job["JobState"] in TERMINAL, job
-    deadline = time.monotonic() + 30  # a machine started again takes a moment to answer
-    while True:
-        states = dict(line.split() for line in _slurm("sinfo", "-h", "-N", "-o",
-                                                      "%N %T").splitlines())
-        if set(states.values()) == {"idle"} or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert set(states.values()) == {"idle"}, states
-    for node in states:
-        ps = subprocess.run(["docker", "exec", node, "ps", "-eo", "args"], capture_output=True,
-                            text=True, timeout=30, check=True).stdout
-        jobs = [line for line in ps.splitlines() if "python" in line]  # agents, ranks, steps
-        assert jobs == [], f"{node}:\n{ps}"
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])

@@ -15,7 +15,7 @@ import pytest
 
 from faultlab.engine import run_experiment
 from faultlab.spec import load_experiment
-from tests.slurm.conftest import cluster_up
+from tests.slurm.conftest import _assert_nothing_left, cluster_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -32,7 +32,8 @@ def test_a_preemption_passes_under_nfs_semantics_through_the_node_relays(
         nfs_cluster: Path, tmp_path: Path, golden_cache: Path) -> None:
     """The preemption asks the most of NFS: a step gate, an emergency checkpoint written by
     both nodes, and a requeue onto the same nodes within the 30 s their listings of the
-    checkpoint directory stay cached."""
+    checkpoint directory stay cached. The shipped slurm_preemption runs only here, with what
+    test_slurm_experiments asks of every shipped Slurm experiment."""
     path = REPO / "experiments" / "slurm_preemption.yaml"
     result = run_experiment(load_experiment(path), source=path, report_dir=tmp_path,
                             golden_cache=golden_cache)
@@ -56,6 +57,14 @@ def test_a_preemption_passes_under_nfs_semantics_through_the_node_relays(
     # one events file per node, none per rank: no rank wrote its events to the shared directory
     events = sorted(p.name for p in (Path(journal["run"]["job_dir"]) / "events").iterdir())
     assert events == ["node1-relay.jsonl", "node2-relay.jsonl"], events
+    # what tests/slurm/test_slurm_experiments.py asks of every shipped Slurm experiment (this
+    # one runs only here): the job completed after its requeue, its reference was computed on
+    # the cluster, and nothing of it is left
+    view = journal["run"]["slurm"]
+    assert view["final_state"] == "COMPLETED" and view["restarts"] >= 1, view
+    where = journal["golden"]["where"]
+    assert where["target"] == "slurm" and isinstance(where.get("slurm_job_id"), int), where
+    _assert_nothing_left([view["job_id"]])
 
 
 def result_events(journal: dict) -> list[dict]:
