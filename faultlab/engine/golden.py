@@ -301,8 +301,9 @@ def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
 
 
 def _job_id(target: Any) -> dict[str, Any]:
-    job_id = getattr(target, "job_id", None)
-    return {"slurm_job_id": job_id} if job_id is not None else {}
+    """The scheduler's id of the job (a Slurm job's), from the target's scheduler view."""
+    view = target.scheduler_view()
+    return {"slurm_job_id": view["job_id"]} if view and view.get("job_id") is not None else {}
 
 
 def _job_suffix(where: dict[str, Any]) -> str:

@@ -226,11 +226,3 @@ class JobSession:
         if self.reaper is not None:
             self.reaper.terminate()
             self.reaper.wait()
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        """Every record of the job so far (polled first)."""
-        if self.target is None:
-            return []
-        self.target.stream.poll()
-        return self.target.stream.events  # type: ignore[no-any-return]
