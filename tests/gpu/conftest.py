@@ -1,14 +1,12 @@
 """The tests/gpu suite needs a CUDA GPU: without one every test here is skipped, saying why.
 Run it where there is one: ``python -m pytest tests/gpu -v``.
 
-What ran (docs/guides/running-on-gpu.md): on one H100 80GB HBM3 (torch 2.11.0+cu130, NCCL
-2.28.9, Python 3.12), faultlab 2790742, 2026-11-26: 7 passed, 1 failed, in 199 s. The failure was
-``test_reference_trainer_experiment_on_nccl_world_size_1[rank_kill]``: detection measured 8.46 s
-against 2 s, because with no surviving rank the first sign was the restarted rank's first
-record. Detection now comes from the launcher creating the new worker
-(``faultlab.observe.timeline``: ``launcher_respawn``), which the test asserts; on CPU the same
-one-rank kill measured 0.45 s (it was 3.1-5.2 s). The fixed suite has not run on a GPU since:
-no GPU was lent to the session that fixed it."""
+What ran (docs/guides/running-on-gpu.md): on one H200 (torch 2.11.0+cu130, NCCL 2.28.9, Python
+3.12), faultlab 5b55671, 2026-11-28: 8 passed, 1 failed, in 261 s. The failure was the spin-kernel
+test's own stale import (``faultlab.runtime.gpu._spin``, moved to ``faultlab.runtime.actions.gpu``);
+fixed, and rerun there with the other mechanism tests: 4 passed. ``rank_kill`` at world size 1,
+which failed on an H100 on 2026-11-26 (detection 8.46 s from the restarted rank's own record),
+passed with detection 0.53 s from the launcher creating the new worker (``launcher_respawn``)."""
 
 from __future__ import annotations
 
