@@ -315,16 +315,35 @@ class Agent(NullAgent):
             self._failed(entry, str(e))
             return
         if uses(cls, "before_optimizer_step"):
-            if self.optimizer is None:
-                for h in handles:
-                    h.remove()
-                self._failed(entry, f"{entry.type} needs the optimizer: pass it to attach()")
-                return
-            handles.append(self.optimizer.register_step_pre_hook(
-                lambda opt, args, kwargs: action.before_optimizer_step(opt)))
+            handles.append(self._optimizer_step_hook(action))
         self._armed.append((action, handles))
         if uses(cls, "on_loss"):
             self._loss_armed.append(action)
+
+    def _optimizer_step_hook(self, action: RankAction) -> Any:
+        """Call ``action.before_optimizer_step`` right before this step's optimizer step: a
+        pre-hook on the optimizer given to ``attach``, or, where none was given (level 0, an
+        ``attach(model, None)``), torch's global optimizer-step pre-hook, which only the
+        optimizer steps :meth:`_hooked_optimizer` accepts reach. Either is registered for the
+        armed step only (its handle is removed with the step's other hooks), so no step
+        without such an action pays a call."""
+        def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            action.before_optimizer_step(optimizer)
+
+        if self.optimizer is not None:
+            return self.optimizer.register_step_pre_hook(hook)
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        def global_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self._hooked_optimizer(optimizer):
+                action.before_optimizer_step(optimizer)
+
+        return register_optimizer_step_pre_hook(global_hook)
+
+    def _hooked_optimizer(self, optimizer: Any) -> bool:
+        """Does a step of ``optimizer`` meet the armed ``before_optimizer_step`` actions when no
+        optimizer was attached? Here every optimizer's; level 0 keeps the primary one's."""
+        return True
 
     def _refresh_windows(self, n: int) -> None:
         """Activate the window actions whose window holds at step ``n``; end the others."""

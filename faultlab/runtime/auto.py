@@ -65,8 +65,12 @@ A strike lasts one backward: when the agent's hook has struck, a callback queued
 engine (run when that backward ends) tells the agent the same step again, which removes its
 hooks; a trainer that skips the step and redoes it does not meet the same NaN forever (at level
 1 the trainer's own ``rt.step`` does this). ``weight_bitflip`` strikes when the step is told:
-before the step's forward, on a parameter the optimizer holds. ``loss_spike`` needs the loss,
-which level 0 never sees: it is reported as ``fault_failed``.
+before the step's forward, on a parameter the optimizer holds. An action on the optimizer step
+(``before_optimizer_step``, a team's ``optimizer_exception``) strikes through torch's *global*
+optimizer-step pre-hook (``register_optimizer_step_pre_hook``), registered while the action is
+armed for its step and removed at the next: it meets the primary optimizer's step (not another
+optimizer's, nor the zero-gradient step of DCP's ``_init_optim_state``). ``loss_spike`` needs
+the loss, which level 0 never sees: it is reported as ``fault_failed``.
 
 Level 1 and level 2
 -------------------
@@ -185,7 +189,17 @@ class _Params:
 
 class _Level0Agent(Agent):
     """The runtime agent as level 0 drives it (see the module docstring): a strike on ready
-    gradients lasts one backward, and an action on the loss is reported as impossible."""
+    gradients lasts one backward, an action on the optimizer step meets the primary
+    optimizer's training steps only, and an action on the loss is reported as impossible."""
+
+    observer: Observer | None = None
+
+    def _hooked_optimizer(self, optimizer: Any) -> bool:
+        obs = self.observer
+        if obs is None:
+            return True
+        primary = obs._optimizer()
+        return not obs._in_init_state and (primary is None or primary is optimizer)
 
     def _arm(self, entry: FaultEntry, source: str, n: int) -> None:
         if uses(load_action(entry.action), "on_loss"):
@@ -295,6 +309,7 @@ class Observer(CheckpointHooks):
                                   plan=load_plan(plan_path) if plan_path else [],
                                   secret=env.get("FAULTLAB_RUNTIME_SECRET") or None,
                                   host=env.get("FAULTLAB_RUNTIME_HOST") or "127.0.0.1")
+        self.agent.observer = self
         _rt._current = self.agent  # an explicit attach() closes and replaces it
         agent = self.agent
         attach = _rt.attach

@@ -25,8 +25,10 @@ only those (a hook left as the base's costs nothing):
     failed.
 ``before_optimizer_step(optimizer)``
     Right before the optimizer given to ``attach`` steps, in the armed step (a torch optimizer
-    step pre-hook, removed at the next step). Level 0 holds no optimizer: there, and where
-    ``attach`` got none, the agent reports such an action as failed.
+    step pre-hook, removed at the next step). Where ``attach`` got no optimizer, and at level 0,
+    it is torch's global optimizer-step pre-hook instead, registered for the armed step only:
+    at level 0 it meets the primary optimizer (the first that stepped), otherwise every
+    optimizer that steps in that step.
 ``before_collective(call)``
     Before each matching ``torch.distributed`` collective is issued (``matches(op)`` says
     which: by default the ``ops`` parameter, fnmatch patterns, all when None). It may sleep,

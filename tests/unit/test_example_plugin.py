@@ -1,7 +1,9 @@
 """examples/plugin, a team's in-rank fault (optimizer_exception), loaded by import path: nothing
 is installed. Its declaration validates on faultlab's side, its plan entry names its action,
 and the action strikes through the hooks API inside the optimizer step of its step only, once
-per job (a restarted process replaying the step is not struck again)."""
+per job (a restarted process replaying the step is not struck again). At level 0 (no
+``attach``, no optimizer given) it strikes through torch's global optimizer-step pre-hook,
+registered for its step only, on the primary optimizer's training step only."""
 
 from __future__ import annotations
 
@@ -16,10 +18,14 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint.state_dict as dcp_state_dict
 from fsdp_helpers import Recorder
+from torch.optim import optimizer as optim_module
 
+from faultlab import runtime
+from faultlab.runtime import auto
 from faultlab.runtime.agent import Agent, Identity
-from faultlab.runtime.plan import parse_entry
+from faultlab.runtime.plan import parse_entry, write_plan
 
 PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "plugin"
 
@@ -87,3 +93,66 @@ def test_the_plugin_action_imports_neither_pydantic_nor_faultlabs_engine() -> No
     assert not [m for m in loaded if m.split(".")[0] == "pydantic"
                 or m.startswith(("faultlab.engine", "faultlab.faults", "faultlab.spec",
                                  "faultlab.fault_api"))]
+
+
+def test_attach_without_an_optimizer_strikes_through_the_global_pre_hook(plugin,
+                                                                         tmp_path) -> None:
+    entry = plugin(plugin.Params(message="boom")).plan_entry("opt", [1], [2])
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = Recorder()
+    agent = Agent(Identity(run_dir=tmp_path, rank=1, world_size=2, restart=0, node="node0",
+                           pid=os.getpid()), model=model, emit=rec.emit,
+                  plan=[parse_entry(entry)])  # attach(model, None)
+    try:
+        _train_step(agent, optimizer, 1)
+        assert not optim_module._global_optimizer_pre_hooks  # nothing armed: no hook
+        with pytest.raises(RuntimeError, match="at step 2: boom"):
+            _train_step(agent, optimizer, 2)
+        _train_step(agent, optimizer, 3)
+        assert not optim_module._global_optimizer_pre_hooks  # removed after its step
+    finally:
+        agent.close()
+    assert [e["step"] for e in rec.of("fault_injected")] == [2]
+
+
+def test_at_level_0_it_strikes_the_primary_optimizers_training_step_only(
+        plugin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = plugin(plugin.Params(message="boom")).plan_entry("opt", [0], [1, 3])
+    monkeypatch.setenv("FAULTLAB_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("FAULTLAB_RUNTIME_PLAN", str(write_plan(tmp_path / "plan.json",
+                                                               [entry])))
+    monkeypatch.delenv("FAULTLAB_RUNTIME_SECRET", raising=False)
+    monkeypatch.setattr(runtime, "_current", None)
+    obs = auto.Observer(Identity(run_dir=tmp_path, rank=0, world_size=1, restart=0,
+                                 node="node0", pid=os.getpid()))
+    obs.start(exit_hooks=False)
+    try:
+        torch.manual_seed(0)
+        model, other = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+        adam = torch.optim.AdamW(model.parameters())
+        sgd = torch.optim.SGD(other.parameters(), lr=0.1)
+
+        def step(opt: Any, net: Any, *, checkpoint: bool = False) -> None:
+            loss = net(torch.ones(1, 2)).sum()  # the first training forward arms step 1
+            if checkpoint:  # get_state_dict steps the empty optimizer: not a training step
+                dcp_state_dict.get_state_dict(model, adam)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        with pytest.raises(RuntimeError, match="optimizer_exception on rank 0 at step 1"):
+            step(adam, model, checkpoint=True)
+        step(adam, model)  # the trainer retries step 1: struck once, not again
+        assert not optim_module._global_optimizer_pre_hooks  # step 2: nothing armed
+        step(adam, model)
+        step(sgd, other)  # step 3 is armed, but this is not the primary optimizer
+        with pytest.raises(RuntimeError, match="at step 3"):
+            step(adam, model)
+        records = [json.loads(line) for p in (tmp_path / "events").glob("*-level0.jsonl")
+                   for line in p.read_text().splitlines()]
+        assert [r["step"] for r in records if r["kind"] == "fault_injected"] == [1, 3]
+        assert [r["step"] for r in records if r["kind"] == "step"] == [1, 2]
+    finally:
+        obs.stop()
+    assert not optim_module._global_optimizer_pre_hooks

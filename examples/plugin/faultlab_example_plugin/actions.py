@@ -16,12 +16,13 @@ __all__ = ["OptimizerException"]
 
 
 class OptimizerException(RankAction):
-    """Raise in the armed step's ``optimizer.step()``, before any parameter is updated."""
+    """Raise in the armed step's ``optimizer.step()``, before any parameter is updated: once
+    (a trainer that catches it and steps again is not struck twice)."""
 
     strikes = "at_step"
 
     def before_optimizer_step(self, optimizer: Any) -> None:
-        if self.released.is_set():
+        if self.released.is_set() or self.num_struck:
             return
         kind = getattr(builtins, self.params["exception"])
         self.rank.struck(exception=self.params["exception"], message=self.params["message"])
