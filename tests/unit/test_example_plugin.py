@@ -3,7 +3,9 @@ is installed. Its declaration validates on faultlab's side, its plan entry names
 and the action strikes through the hooks API inside the optimizer step of its step only, once
 per job (a restarted process replaying the step is not struck again). At level 0 (no
 ``attach``, no optimizer given) it strikes through torch's global optimizer-step pre-hook,
-registered for its step only, on the primary optimizer's training step only."""
+registered for its step only, on the primary optimizer's training step only. The package's
+SLA, peers_released_within_s, is judged here from hand-written records; the real jobs are in
+tests/plugin/test_example_plugin_e2e.py."""
 
 from __future__ import annotations
 
@@ -156,3 +158,68 @@ def test_at_level_0_it_strikes_the_primary_optimizers_training_step_only(
     finally:
         obs.stop()
     assert not optim_module._global_optimizer_pre_hooks
+
+
+# --- the package's SLA, peers_released_within_s, from hand-written records ---------------------
+
+@pytest.fixture
+def peers_sla(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.syspath_prepend(str(PLUGIN))
+    yield importlib.import_module("faultlab_example_plugin.slas").PEERS_RELEASED_WITHIN_S
+    for name in [m for m in sys.modules if m.startswith("faultlab_example_plugin")]:
+        del sys.modules[name]
+
+
+def _ev(t: float, kind: str, pid: int, rank: int, **fields: Any) -> dict[str, Any]:
+    return {"t": t, "kind": kind, "pid": pid, "rank": rank, "restart": 0, "node": f"node{rank}",
+            "world_size": 2, **fields}
+
+
+STRUCK = [_ev(90.0, "start", 10, 0), _ev(90.1, "start", 11, 1),
+          _ev(95.0, "step", 10, 0, step=5), _ev(95.0, "step", 11, 1, step=5),
+          _ev(100.0, "fault_injected", 11, 1, fault_id="opt", type="optimizer_exception",
+              step=6),
+          _ev(100.05, "exit", 11, 1, reason="error", code=1)]
+
+
+def _judge(sla: Any, events: list[dict[str, Any]], bound: float = 30) -> Any:
+    from types import SimpleNamespace
+
+    from faultlab.observe import FaultRecord
+
+    faults = [FaultRecord(id="opt", type="optimizer_exception", injected_t=100.0,
+                          target="rank 1", details={"rank": 1, "step": 6})] \
+        if any(e["kind"] == "fault_injected" for e in events) else []
+    ev = SimpleNamespace(events=events, faults=faults, unfinished="",
+                         findings_for=lambda key: [])
+    return sla.judge(ev, bound)
+
+
+@pytest.mark.parametrize(("after", "measured", "passed", "note"), [
+    ([_ev(100.4, "exit", 10, 0, reason="error", code=1)], 0.4, True,
+     "peers released 0.4 s after rank 1 raised at step 6 (rank 0 its exit (error) +0.40 s; "
+     "bound 30 s)"),
+    ([_ev(104.5, "start", 20, 0, restart=1, t_process_created=103.2)], 3.2, True,
+     "rank 0 stopped by the launcher, gone by the restart +3.20 s"),
+    ([_ev(140.0, "exit", 10, 0, reason="watchdog", code=3)], 40.0, False,
+     "peers released 40.0 s after rank 1"),
+    ([], None, False, "not measured: opt: a peer of rank 1 left no record of leaving after it "
+                      "raised at step 6 (rank 0 no exit record and no restart after it)"),
+])
+def test_peers_released_is_measured_from_the_peers_records(peers_sla, after, measured, passed,
+                                                           note) -> None:
+    out = _judge(peers_sla, STRUCK + after)
+    assert out.measured == pytest.approx(measured) if measured else out.measured is None
+    assert out.passed is passed and note in out.note, out.note
+
+
+def test_peers_released_is_not_measured_without_a_strike_or_a_peer(peers_sla) -> None:
+    out = _judge(peers_sla, [_ev(90.0, "start", 10, 0), _ev(95.0, "exit", 10, 0,
+                                                            reason="completed")])
+    assert (out.measured, out.passed) == (None, False)
+    assert out.note == "not measured: no optimizer_exception struck (no fault_injected record " \
+                       "of one)"
+    alone = [e for e in STRUCK if e["rank"] == 1]
+    out = _judge(peers_sla, alone)
+    assert (out.measured, out.passed) == (None, False)
+    assert "rank 1 had no peer running when it raised" in out.note
