@@ -300,10 +300,13 @@ def _campaign_init(args: argparse.Namespace, console: Console, err: Console) -> 
 
 def _list_faults(console: Console) -> int:
     from faultlab.faults import fault_types
+    from faultlab.spec.target import launcher_names, launcher_offers
 
     for name, cls in fault_types().items():
-        only = ("" if set(cls.launchers) >= {"local", "docker"}
-                else f"; topology.launcher: {' or '.join(cls.launchers)}")
+        hosts = [n for n in launcher_names()
+                 if not cls.needs or set(cls.needs) <= launcher_offers(n)]
+        only = (f"; its target must offer {', '.join(cls.needs)} (topology.launcher: "
+                f"{' or '.join(hosts) or 'none registered'})" if cls.needs else "")
         console.print(f"[bold]{name}[/]  ({cls.family}; targets: {', '.join(cls.targets)}"
                       f"{'; reversible: needs duration_s or until' if cls.reversible else ''}"
                       f"{only})")

@@ -6,7 +6,8 @@ goes without a description:
 
 - :func:`faults_page`: every registered fault type (the ``faultlab.faults`` entry points, a
   third party's included), its parameters with their types, defaults and bounds, the targets
-  and launchers it takes, and what undoes it (its ``undo`` docstring);
+  it takes, the context capabilities it needs (and the launchers that offer them), and what
+  undoes it (its ``undo`` docstring);
 - :func:`slas_page`: every SLA declared (``faultlab.sla``, a team's included), its unit and
   bound, and the metric's definition, read from the docstrings of ``faultlab.observe`` where
   each metric is defined once (when it is *not measured* is part of that definition);
@@ -70,10 +71,7 @@ def _fault_section(name: str, cls: Any, base: Any) -> str:
     if "rank" in cls.targets or "node" in cls.targets:
         targets += ", `random`"
     lines.append(f"- **targets:** {targets}\n")
-    launchers = ", ".join(f"`{x}`" for x in cls.launchers)
-    why = f" ({_md(cls.launcher_reason)})" if cls.launcher_reason and \
-        set(cls.launchers) != {"local", "docker", "slurm"} else ""
-    lines.append(f"- **launchers** (`topology.launcher`)**:** {launchers}{why}\n")
+    lines.append(_needs_line(cls))
     gate = "held at the step gate: lands after step N on every rank" if cls.step_gated \
         else "not held at a step gate (it waits for its own moment)"
     lines.append(f"- **`at_step` trigger:** {gate}\n")
@@ -94,6 +92,23 @@ def _fault_section(name: str, cls: Any, base: Any) -> str:
     else:
         lines.append("\nNo parameters.\n")
     return "".join(lines)
+
+
+def _needs_line(cls: Any) -> str:
+    """What the fault needs of its target (``needs``), and the registered launchers whose
+    target offers all of it."""
+    from faultlab.faults import CONTEXT_CAPABILITIES
+    from faultlab.spec.target import launcher_names, launcher_offers
+
+    hosts = [n for n in launcher_names()
+             if not cls.needs or set(cls.needs) <= launcher_offers(n)]
+    where = ", ".join(f"`{n}`" for n in hosts) or "no registered launcher"
+    if not cls.needs:
+        return f"- **needs:** nothing beyond the core: any launcher ({where})\n"
+    needs = "; ".join(f"`{n}`, {_md(CONTEXT_CAPABILITIES[n].description)}" for n in cls.needs)
+    return (f"- **needs** ([context capabilities](../guides/extending.md"
+            f"#what-a-fault-needs-of-its-target))**:** {needs} (`topology.launcher`: "
+            f"{where})\n")
 
 
 def _undo_text(cls: Any, base: Any) -> str:

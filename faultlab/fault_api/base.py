@@ -18,15 +18,14 @@ once, calls ``prepare`` before the launch, uses the same instance for every firi
 
 from __future__ import annotations
 
-import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from faultlab.errors import FaultError
+from faultlab.fault_api.context import FaultContext
 
 __all__ = ["CAPABILITIES", "Fault", "FaultContext", "FaultParams", "Victim"]
 
@@ -57,90 +56,6 @@ class Victim:
         return nodes[index]
 
 
-class FaultContext(Protocol):
-    """What a fault may use of the running experiment: a subset of the target contract
-    (``faultlab.targets.base.Target``), which every target implements."""
-
-    run_dir: Path
-    """The job's run directory: ``events/``, ``checkpoints/``, ``logs/``."""
-
-    def rng(self, key: str) -> random.Random:
-        """A generator seeded by the experiment seed and ``key`` (same run, same draws)."""
-
-    def rank_pid(self, rank: int) -> int:
-        """PID of the process currently running ``rank``; raises FaultError if none."""
-
-    def ranks(self) -> list[int]:
-        """Ranks of the current incarnation of the job."""
-
-    def node_names(self) -> list[str]:
-        """Nodes of the job, e.g. ``node0``."""
-
-    def node_of_rank(self, rank: int) -> str:
-        """The node currently holding ``rank``."""
-
-    def node_pids(self, node: str) -> list[int]:
-        """Agent and worker PIDs of ``node`` (only processes of this job)."""
-
-    def worker_ranks(self) -> dict[int, tuple[str, int]]:
-        """Rank → (node, pid) of every live worker on this host, read from the environment
-        its launcher gave it (torchrun's ``RANK``)."""
-
-    def kill_node(self, node: str, sig: int) -> list[int]:
-        """Signal a node's agent and every worker at once; returns the PIDs signalled."""
-
-    def assert_owned(self, pid: int) -> None:
-        """Raise FaultError unless ``pid`` belongs to the job faultlab launched."""
-
-    def signal(self, pid: int, sig: int) -> bool:
-        """Send ``sig`` to one process of the job (``assert_owned`` first, FaultError if it is
-        not the job's); False if it was already gone. The target decides how the signal
-        reaches the process's node."""
-
-    def host_path(self, path: Path, node: str | None = None) -> Path:
-        """Where this host reads and damages the file a node of the job sees at ``path`` (the
-        target contract's ``host_path``); FaultError where this host cannot reach it."""
-
-    def checkpoints(self) -> list[tuple[int | None, Path]]:
-        """The job's existing checkpoints, oldest first, as ``(step, host path)``: the ones its
-        ``checkpoint_saved`` events name, else the ``step_N`` directories of the run."""
-
-    def runtime(self, rank: int, message: dict[str, Any]) -> dict[str, Any]:
-        """Send ``message`` to ``rank``'s in-rank runtime agent (``faultlab.runtime``) over its
-        control channel; returns the reply. Raises FaultError if it cannot be reached."""
-
-    def restart_node(self, node: str) -> int:
-        """Start a node that is gone again (a replacement machine); returns its agent's pid.
-        Raises FaultError where the target cannot (an attached job)."""
-
-    def mark_lost(self, node: str) -> None:
-        """Record that a node left on purpose (preempted): its exit code is not a failure."""
-
-    # Nodes with a network of their own (``topology.launcher: docker``); other targets raise
-    # FaultError (faults that need these declare ``launchers = ("docker",)``).
-
-    def pause_node(self, node: str) -> None:
-        """Freeze every process of the node at once (cgroup freezer: ``docker pause``)."""
-
-    def unpause_node(self, node: str) -> bool:
-        """Thaw a paused node; False if it was not paused (or is gone)."""
-
-    def node_address(self, node: str) -> str | None:
-        """The node's IPv4 address on the job's network; None while it is disconnected."""
-
-    def node_netns_pid(self, node: str) -> int:
-        """A host pid inside the node's network namespace (for ``nsenter --net``)."""
-
-    def store_address(self) -> str:
-        """The rendezvous store's address as the nodes reach it."""
-
-    def disconnect_node(self, node: str) -> None:
-        """Take the node off the job's network (it loses its address)."""
-
-    def connect_node(self, node: str) -> bool:
-        """Put a disconnected node back on the network; False if it was not disconnected."""
-
-
 class Fault(ABC):
     """One injectable fault. Subclasses set ``type``, ``family``, ``Params`` and ``inject``."""
 
@@ -151,10 +66,12 @@ class Fault(ABC):
     Params: ClassVar[type[FaultParams]] = FaultParams
     targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
     """Selector kinds this fault accepts."""
-    launchers: ClassVar[tuple[str, ...]] = ("local", "docker", "slurm")
-    """``topology.launcher`` values this fault works with (checked when the experiment loads)."""
-    launcher_reason: ClassVar[str] = ""
-    """Why the other launchers cannot host it (shown in that load error)."""
+    needs: ClassVar[tuple[str, ...]] = ()
+    """The context capabilities it needs of the target beyond the core ``FaultContext``
+    (``faultlab.fault_api.context.CONTEXT_CAPABILITIES``: ``node_network``,
+    ``slurm_controller`` ...). The experiment loader refuses it on a ``topology.launcher``
+    whose target does not offer every one (``offers``), and names the launchers that do;
+    empty: every target can host it."""
     reversible: ClassVar[bool] = False
     """True if ``undo`` reverts the fault (a hang is continued); kills are not reversible."""
     step_gated: ClassVar[bool] = True
@@ -218,8 +135,9 @@ class Fault(ABC):
 
     @classmethod
     def refuses(cls, topology: Any) -> str | None:
-        """Why this fault cannot run on ``topology`` although its launcher is allowed (checked
-        when the experiment loads, shown as that fault's error); None: it can."""
+        """Why this fault cannot run on ``topology`` although its launcher offers what it
+        ``needs`` (checked when the experiment loads, shown as that fault's error); None: it
+        can."""
         return None
 
     @classmethod

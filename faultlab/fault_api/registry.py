@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 
 from faultlab.errors import PluginError
 from faultlab.fault_api.base import Fault
+from faultlab.fault_api.context import CONTEXT_CAPABILITIES, unknown_capabilities
 
 __all__ = ["ENTRY_POINT_GROUP", "fault_types", "get_fault_type"]
 
@@ -31,6 +32,22 @@ def fault_types() -> dict[str, type[Fault]]:
         if getattr(cls, "type", None) != ep.name:
             raise PluginError(f"fault plugin {ep.name!r} ({ep.value}) declares "
                               f"type={getattr(cls, 'type', None)!r}; they must match")
+        retired = [a for a in ("launchers", "launcher_reason") if hasattr(cls, a)]
+        if retired:
+            raise PluginError(f"fault plugin {ep.name!r} ({ep.value}) declares "
+                              f"{' and '.join(retired)}, which faultlab no longer reads: "
+                              f"declare what it needs of the target instead (needs = "
+                              f"(...), from {', '.join(CONTEXT_CAPABILITIES)}), and every "
+                              f"launcher whose target offers that can host it")
+        needs = getattr(cls, "needs", ())
+        if isinstance(needs, str):
+            raise PluginError(f"fault plugin {ep.name!r} ({ep.value}) declares needs = "
+                              f"{needs!r}: a tuple of names, e.g. ({needs!r},)")
+        unknown = unknown_capabilities(needs)
+        if unknown:
+            raise PluginError(f"fault plugin {ep.name!r} ({ep.value}) needs "
+                              f"{', '.join(map(repr, unknown))}, which is no context "
+                              f"capability; known: {', '.join(CONTEXT_CAPABILITIES)}")
         if ep.name in found and found[ep.name] is not cls:
             raise PluginError(f"fault type {ep.name!r} is registered twice "
                               f"({found[ep.name].__module__} and {cls.__module__})")

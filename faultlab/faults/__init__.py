@@ -4,21 +4,31 @@
 
 The contract they implement and the registry that finds them live beneath the spec, in
 ``faultlab.fault_api``; this package offers the same names, so a team's fault package writes
-``from faultlab.faults import Fault, FaultParams``.
+``from faultlab.faults import Fault, FaultParams`` (and, for a fault that needs a context
+capability, ``require`` and its protocol: ``NodeNetwork`` ...).
 """
 
 from __future__ import annotations
 
 from faultlab.fault_api import (
     CAPABILITIES,
+    CONTEXT_CAPABILITIES,
     ENTRY_POINT_GROUP,
     Fault,
     FaultContext,
     FaultParams,
+    NodeFreezer,
+    NodeMachine,
+    NodeNetwork,
+    NodeRestart,
+    Services,
+    SlurmController,
     Victim,
     fault_types,
     get_fault_type,
+    require,
 )
 
-__all__ = ["CAPABILITIES", "ENTRY_POINT_GROUP", "Fault", "FaultContext", "FaultParams", "Victim",
-           "fault_types", "get_fault_type"]
+__all__ = ["CAPABILITIES", "CONTEXT_CAPABILITIES", "ENTRY_POINT_GROUP", "Fault", "FaultContext",
+           "FaultParams", "NodeFreezer", "NodeMachine", "NodeNetwork", "NodeRestart", "Services",
+           "SlurmController", "Victim", "fault_types", "get_fault_type", "require"]

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from faultlab.errors import FaultError
-from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, NodeRestart, Victim, require
 
 __all__ = ["SpotPreemptionFault"]
 
@@ -37,9 +37,10 @@ class SpotPreemptionFault(Fault):
     family = "cloud"
     loses_node: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("node",)
-    launchers: ClassVar[tuple[str, ...]] = ("local",)
-    launcher_reason = ("its fake metadata endpoints listen on this host's loopback, which a "
-                       "container node cannot reach")
+    needs: ClassVar[tuple[str, ...]] = ("host_loopback",)
+    """Its fake metadata endpoints listen on this host's loopback. A node that comes back
+    (``return_after_s``) is started again where the target offers ``node_restart``; elsewhere
+    the journal says why it did not (``return_error``)."""
 
     class Params(FaultParams):
         provider: Literal["aws", "gce", "azure"] = Field(
@@ -86,6 +87,7 @@ class SpotPreemptionFault(Fault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         p = self.params
+        require(ctx, "host_loopback", "spot_preemption")
         node = ctx.node_names()[int(victim.value or 0)]
         server = self._servers.get(node)
         if server is None:
@@ -122,7 +124,8 @@ class SpotPreemptionFault(Fault):
                 return
             self._servers[node].clear()  # a new machine: no notice on its metadata
             try:
-                pid = ctx.restart_node(node)
+                restart: NodeRestart = require(ctx, "node_restart", "a replacement node")
+                pid = restart.restart_node(node)
                 self._outcome[node].update(returned_t=time.time(), agent_pid=pid)
             except FaultError as e:
                 self._outcome[node].update(return_error=str(e))

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from faultlab.errors import FaultError
-from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim, require
 from faultlab.runtime.gpu import (
     FAKE_MEMORY_MIB,
     XIDS,
@@ -93,10 +93,7 @@ class GpuFault(Fault):
 
     family = "gpu"
     targets: ClassVar[tuple[str, ...]] = ("rank", "node")
-    launchers: ClassVar[tuple[str, ...]] = ("local",)
-    launcher_reason = ("the node's GPU state file and kernel-log stand-in are written under the "
-                       "run directory as this host sees it; container and Slurm nodes are not "
-                       "wired to it yet")
+    needs: ClassVar[tuple[str, ...]] = ("node_gpu_state",)
     reversible: ClassVar[bool] = True
 
     def __init__(self, params: FaultParams) -> None:
@@ -128,6 +125,7 @@ class GpuFault(Fault):
         return {}
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        require(ctx, "node_gpu_state", self.type)
         node, devices, ranks = _victim(ctx, victim)
         paths = state_paths(ctx.run_dir, node)
         entry = {"id": self.fault_id, "type": self.type, "action": self.rank_action,

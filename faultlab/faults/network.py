@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from faultlab.errors import FaultError
-from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, NodeNetwork, Victim, require
 from faultlab.targets.docker.netns import (
     add_drop_chain,
     host_veth,
@@ -39,8 +39,6 @@ from faultlab.targets.docker.netns import (
 
 __all__ = ["NetworkFlapFault", "NetworkPartitionFault", "NetworkThrottleFault"]
 
-_DOCKER_ONLY = ("only containers have a network stack of their own; on local nodes every "
-                "node shares this host's")
 _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
 _SIZE = re.compile(r"^\d+(\.\d+)?(b|kb|mb|kbit|mbit)?$")
 
@@ -48,8 +46,9 @@ _SIZE = re.compile(r"^\d+(\.\d+)?(b|kb|mb|kbit|mbit)?$")
 class _NetworkFault(Fault):
     family = "network"
     reversible = True
-    launchers: ClassVar[tuple[str, ...]] = ("docker",)
-    launcher_reason = _DOCKER_ONLY
+    needs: ClassVar[tuple[str, ...]] = ("node_network",)
+    """Only nodes with a network stack of their own can be cut or throttled one by one: on
+    local nodes every node shares this host's."""
 
 
 # ----------------------------------------------------------------------------- partitions
@@ -121,14 +120,15 @@ class _Partition:
         return sets, False
 
     def apply(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        net: NodeNetwork = require(ctx, "node_network", "a network partition")
         sets, single = self.sides(ctx, victim)
-        store = ctx.store_address()
+        store = net.store_address()
         if self.params.method == "disconnect":
             node = sets[1][0]
             self.disconnected.append(node)  # before acting: undo must know, whatever happens
-            ctx.disconnect_node(node)
+            net.disconnect_node(node)
             return {"method": "disconnect", "cut": [node]}
-        addresses = {n: ctx.node_address(n) for s in sets for n in s}
+        addresses = {n: net.node_address(n) for s in sets for n in s}
         rules: dict[str, list[str]] = {}
         for k, side in enumerate(sets):
             if single and k == 0:
@@ -139,7 +139,7 @@ class _Partition:
             outside = store and store not in addresses.values()
             peers = [a for a in others if a] + ([store] if cut_store and outside else [])
             for node in side:
-                pid = ctx.node_netns_pid(node)
+                pid = net.node_netns_pid(node)
                 self.chains.append((node, pid))
                 rules[node] = add_drop_chain(pid, self.chain, peers)
         return {"method": "drop", "scope": self.params.scope, "chain": self.chain,
@@ -152,7 +152,8 @@ class _Partition:
         reconnected = []
         for node in self.disconnected:
             try:
-                if ctx.connect_node(node):
+                net: NodeNetwork = require(ctx, "node_network", "reconnecting a node")
+                if net.connect_node(node):
                     reconnected.append(node)
             except FaultError:
                 pass  # the node is gone: nothing left to reconnect
@@ -294,11 +295,12 @@ class NetworkThrottleFault(_NetworkFault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         p = self.params
+        net: NodeNetwork = require(ctx, "node_network", "network_throttle")
         nodes = ctx.node_names()
         chosen = nodes if victim.kind == "all" else [nodes[int(victim.value or 0)]]
         done: dict[str, list[str]] = {}
         for node in chosen:
-            pid = ctx.node_netns_pid(node)
+            pid = net.node_netns_pid(node)
             self._applied.append((pid, "eth0"))
             done[node] = [set_tbf(pid, "eth0", p.rate, p.burst, p.latency_ms)]  # type: ignore[attr-defined]
             if p.direction == "both":  # type: ignore[attr-defined]

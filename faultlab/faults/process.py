@@ -14,7 +14,17 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from faultlab.errors import FaultError
-from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import (
+    Fault,
+    FaultContext,
+    FaultParams,
+    NodeFreezer,
+    NodeMachine,
+    NodeRestart,
+    Services,
+    Victim,
+    require,
+)
 
 __all__ = ["NodeHangFault", "NodeKillFault", "NodePauseFault", "NodeReturnFault", "RankHangFault",
            "RankKillFault", "ServiceKillFault"]
@@ -96,11 +106,10 @@ class NodeKillFault(Fault):
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         node = victim.node(ctx)
         if self.params.method == "machine":  # type: ignore[attr-defined]
-            if not hasattr(ctx, "kill_machine"):
-                raise FaultError("method: machine needs topology.launcher: slurm (on docker "
-                                 "nodes node_kill already kills the container)")
+            # (on docker nodes node_kill with method: processes already kills the container)
+            machines: NodeMachine = require(ctx, "node_machine", "node_kill method: machine")
             self._machines.append(node)
-            ctx.kill_machine(node)  # type: ignore[attr-defined]
+            machines.kill_machine(node)
             return {"method": "machine", "node": node, "at_t": time.time()}
         pids = ctx.kill_node(node, _signal(self.params.signal))  # type: ignore[attr-defined]
         return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",  # type: ignore[attr-defined]
@@ -109,7 +118,10 @@ class NodeKillFault(Fault):
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
         """``method: machine`` (Slurm): start the node's machine again, a replacement host
         for the scheduler to hand back; a killed process is never brought back."""
-        started = [n for n in self._machines if ctx.start_machine(n)]  # type: ignore[attr-defined]
+        if not self._machines:
+            return {"machines_started": []}
+        machines: NodeMachine = require(ctx, "node_machine", "starting a machine again")
+        started = [n for n in self._machines if machines.start_machine(n)]
         self._machines = []
         return {"machines_started": started}
 
@@ -133,8 +145,7 @@ class NodeReturnFault(Fault):
     type = "node_return"
     family = "process"
     targets: ClassVar[tuple[str, ...]] = ("node",)
-    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
-    launcher_reason = "Slurm hands a job's nodes back itself (slurm_node_down, requeue)"
+    needs: ClassVar[tuple[str, ...]] = ("node_restart",)
 
     class Params(FaultParams):
         wait_s: float = Field(60.0, gt=0, description="how long to wait for the node's agent "
@@ -146,8 +157,9 @@ class NodeReturnFault(Fault):
             raise FaultError(f"{node} is still running: node_return starts a node that is "
                              f"gone (after a node_kill)")
         wait_s: float = self.params.wait_s  # type: ignore[attr-defined]
+        restart: NodeRestart = require(ctx, "node_restart", "node_return")
         at_t = time.time()
-        agent = ctx.restart_node(node)
+        agent = restart.restart_node(node)
         deadline = time.monotonic() + wait_s
         # the node's workers (what its launcher gave a RANK), not "every process but the
         # topmost": a docker node's topmost process is the container's init, and its agent is
@@ -229,9 +241,7 @@ class NodePauseFault(Fault):
     loses_node: ClassVar[bool] = True
     reversible = True
     targets: ClassVar[tuple[str, ...]] = ("node",)
-    launchers: ClassVar[tuple[str, ...]] = ("docker",)
-    launcher_reason = ("the freezer acts on a container's cgroup; on local nodes use node_hang "
-                       "(SIGSTOP)")
+    needs: ClassVar[tuple[str, ...]] = ("node_freezer",)
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
@@ -239,14 +249,18 @@ class NodePauseFault(Fault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         node = ctx.node_names()[int(victim.value or 0)]
+        freezer: NodeFreezer = require(ctx, "node_freezer", "node_pause")
         self._paused.append(node)  # before acting: undo must know, whatever happens next
-        ctx.pause_node(node)
+        freezer.pause_node(node)
         return {"node": node, "paused": True}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
         """``docker unpause`` of every node it froze; the guard unpauses them if faultlab
         dies."""
-        thawed = [n for n in self._paused if ctx.unpause_node(n)]
+        if not self._paused:
+            return {"unpaused": []}
+        freezer: NodeFreezer = require(ctx, "node_freezer", "unpausing a node")
+        thawed = [n for n in self._paused if freezer.unpause_node(n)]
         self._paused = []
         return {"unpaused": thawed}
 
@@ -259,8 +273,7 @@ class ServiceKillFault(Fault):
     family = "process"
     kills_service: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("all",)
-    launchers: ClassVar[tuple[str, ...]] = ("local",)
-    launcher_reason = "services run beside local nodes only (target.services)"
+    needs: ClassVar[tuple[str, ...]] = ("services",)
 
     class Params(FaultParams):
         service: str = Field(description="the service's name under target.services")
@@ -277,10 +290,8 @@ class ServiceKillFault(Fault):
         return "service", f"no service {name!r}: {known}"
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        kill = getattr(ctx, "kill_service", None)
-        if kill is None:
-            raise FaultError("this target runs no services (target.services, local nodes)")
+        services: Services = require(ctx, "services", "service_kill")
         name = self.params.service  # type: ignore[attr-defined]
-        pids = kill(name, _signal(self.params.signal))  # type: ignore[attr-defined]
+        pids = services.kill_service(name, _signal(self.params.signal))  # type: ignore[attr-defined]
         return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",  # type: ignore[attr-defined]
                                 "service": name, "pids": pids})

@@ -27,11 +27,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from faultlab.errors import FaultError
-from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, SlurmController, Victim, require
 
 __all__ = ["SlurmNodeDownFault", "SlurmPreemptFault"]
-
-_ONLY_SLURM = "it acts through the Slurm controller (scontrol, scancel)"
 
 NOTICE_WAIT_S = 5.0
 """How long ``slurm_preempt`` waits for the ranks to report the signal (a trainer that reports
@@ -57,10 +55,9 @@ def _notices(ctx: Any, since_t: float, timeout_s: float) -> dict[str, Any]:
             "notice_missing": sorted(ranks - set(seen))}
 
 
-def _slurm(ctx: FaultContext) -> Any:
-    if not hasattr(ctx, "set_node_state"):
-        raise FaultError("this fault needs a Slurm job (topology.launcher: slurm)")
-    return ctx
+def _slurm(ctx: FaultContext, what: str) -> SlurmController:
+    slurm: SlurmController = require(ctx, "slurm_controller", what)
+    return slurm
 
 
 class SlurmNodeDownFault(Fault):
@@ -71,8 +68,7 @@ class SlurmNodeDownFault(Fault):
     loses_node: ClassVar[bool] = True
     reversible = True
     targets: ClassVar[tuple[str, ...]] = ("node",)
-    launchers: ClassVar[tuple[str, ...]] = ("slurm",)
-    launcher_reason = _ONLY_SLURM
+    needs: ClassVar[tuple[str, ...]] = ("slurm_controller",)
 
     class Params(FaultParams):
         state: Literal["down", "drain"] = Field(
@@ -94,7 +90,7 @@ class SlurmNodeDownFault(Fault):
         self._down: list[str] = []
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        slurm = _slurm(ctx)
+        slurm = _slurm(ctx, "slurm_node_down")
         nodes = ctx.node_names()
         if int(victim.value or 0) >= len(nodes):
             raise FaultError(f"node {victim.value}: the job holds {len(nodes)} node(s) now "
@@ -109,7 +105,9 @@ class SlurmNodeDownFault(Fault):
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
         """``scontrol update nodename=N state=resume`` for every node it set down or
         drained."""
-        slurm = _slurm(ctx)
+        if not self._down:
+            return {"resumed": []}
+        slurm = _slurm(ctx, "resuming a node")
         resumed = [n for n in self._down if slurm.resume_node(n)]
         self._down = []
         return {"resumed": resumed}
@@ -121,8 +119,7 @@ class SlurmPreemptFault(Fault):
     type = "slurm_preempt"
     family = "scheduler"
     targets: ClassVar[tuple[str, ...]] = ("all",)
-    launchers: ClassVar[tuple[str, ...]] = ("slurm",)
-    launcher_reason = _ONLY_SLURM
+    needs: ClassVar[tuple[str, ...]] = ("slurm_controller",)
 
     class Params(FaultParams):
         signal: Literal["TERM", "USR1", "USR2", "INT"] = Field(
@@ -141,7 +138,7 @@ class SlurmPreemptFault(Fault):
         self._requeued: dict[str, Any] = {}
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        slurm = _slurm(ctx)
+        slurm = _slurm(ctx, "slurm_preempt")
         p = self.params
         t = time.time()
         slurm.cancel(p.signal, batch=p.batch)  # type: ignore[attr-defined]

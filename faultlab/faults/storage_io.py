@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from faultlab.errors import FaultError
-from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim
+from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim, require
 from faultlab.spec._base import show, unknown
 from faultlab.storage.mount import fuse_unavailable, mount_for, propagates
 from faultlab.storage.rules import ERRNOS, OPS
@@ -86,7 +86,6 @@ class _IoFault(Fault):
     family = "storage"
     targets: ClassVar[tuple[str, ...]] = ("all", "node")
     """``all``: the checkpoint directory as every node sees it; ``{node: N}``: one node's."""
-    launchers: ClassVar[tuple[str, ...]] = ("local", "docker", "slurm")
     reversible = True
     mounts_storage: ClassVar[bool] = True
     """The engine serves the job's checkpoint directory through the passthrough for the whole
@@ -266,9 +265,9 @@ class StaleSharedFsFault(_IoFault):
 
     type = "stale_shared_fs"
     targets: ClassVar[tuple[str, ...]] = ("node",)
-    launchers: ClassVar[tuple[str, ...]] = ("local", "docker")
-    launcher_reason = ("a Slurm node's processes reach the shared directory through its own "
-                       "mount of it; faultlab's passthrough can give them no view of their own")
+    needs: ClassVar[tuple[str, ...]] = ("node_storage_view",)
+    """A Slurm node's processes reach the shared directory through its own mount of it:
+    faultlab's passthrough can give them no view of their own."""
     needs_exact_mount: ClassVar[bool] = True
     """The passthrough runs without the kernel's 1 s attribute and name caches, which every
     node of this host would share."""
@@ -291,6 +290,7 @@ class StaleSharedFsFault(_IoFault):
                                      f"{kind}max or lower {kind}min")
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
+        require(ctx, "node_storage_view", "stale_shared_fs")
         mount = mount_for(ctx.run_dir)
         node = victim.node(ctx)
         p: Any = self.params

@@ -4,12 +4,12 @@ each validated as a whole.
 An experiment's sections are models of their own, each checking itself: ``target``,
 ``topology`` and ``run`` (``faultlab.spec.target``), ``faults`` (``faultlab.spec.faults``, a
 fault's ``params`` against that fault's own ``Params`` included) and ``expect``
-(``faultlab.spec.expect``). Rules that span sections — a rank inside the world size, a fault's
-launcher against the topology's, a trigger inside the run, the trainer's config against
-``run`` and the seed — are checked here, so ``Experiment.model_validate(data)`` from Python is
-exactly as strict as loading a YAML file. Every model is frozen, rejects unknown keys and does
-not coerce (``"10"`` is not an integer). ``faultlab.spec.loader`` turns the errors into
-located ``Problem`` s.
+(``faultlab.spec.expect``). Rules that span sections — a rank inside the world size, what a
+fault needs against what the topology's launcher offers, a trigger inside the run, the
+trainer's config against ``run`` and the seed — are checked here, so
+``Experiment.model_validate(data)`` from Python is exactly as strict as loading a YAML file.
+Every model is frozen, rejects unknown keys and does not coerce (``"10"`` is not an integer).
+``faultlab.spec.loader`` turns the errors into located ``Problem`` s.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Annotated, ClassVar
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 from pydantic_core import InitErrorDetails
 
+from faultlab.fault_api.context import CONTEXT_CAPABILITIES, unmet
 from faultlab.spec._base import SpecModel, as_tuple, located, slug_name, spec_error
 from faultlab.spec._trainer import check_train_config
 from faultlab.spec.checkpoint_args import steps_of_command
@@ -33,7 +34,7 @@ from faultlab.spec.launch import (
     store_problem,
 )
 from faultlab.spec.observation import ObserveSpec
-from faultlab.spec.target import RunSpec, TargetSpec, Topology
+from faultlab.spec.target import RunSpec, TargetSpec, Topology, launcher_names, launcher_offers
 from faultlab.spec.trainers import get_trainer
 
 __all__ = ["Experiment", "GoldenSpec", "JobSpec", "Suite"]
@@ -234,15 +235,21 @@ def _target_in_range(i: int, target: Selector, topology: Topology) -> list[InitE
 
 
 def _launcher_fits(i: int, fault: FaultSpec, topology: Topology) -> list[InitErrorDetails]:
-    launchers = fault.fault_class.launchers
-    if topology.launcher in launchers:
+    """The fault's error when the target ``topology.launcher`` names does not offer every
+    context capability it ``needs`` (which, what it is, and the launchers that offer it all), or
+    when the fault ``refuses`` the topology."""
+    needs = fault.fault_class.needs
+    missing = unmet(needs, launcher_offers(topology.launcher)) if needs else []
+    if not missing:
         why = fault.fault_class.refuses(topology)
         return [] if why is None else [spec_error((i, "type"), f"{fault.type}: {why}",
                                                   fault.type)]
-    return [spec_error((i, "type"), f"{fault.type} needs topology.launcher: "
-                       f"{' or '.join(launchers)} (this experiment's nodes are "
-                       f"{topology.launcher!r}): {fault.fault_class.launcher_reason}",
-                       fault.type)]
+    hosts = [name for name in launcher_names() if not unmet(needs, launcher_offers(name))]
+    what = " and ".join(f"{n} ({CONTEXT_CAPABILITIES[n].description})" for n in missing)
+    those = "launchers that do" if len(needs) == 1 else "launchers that offer all it needs"
+    where = f"{those}: {', '.join(hosts)}" if hosts else "no registered launcher does"
+    return [spec_error((i, "type"), f"{fault.type} needs {what}, which launcher "
+                       f"{topology.launcher!r} does not offer; {where}", fault.type)]
 
 
 def _count(n: int, noun: str) -> str:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from faultlab.errors import PluginError
+from faultlab.fault_api.context import CONTEXT_CAPABILITIES, unknown_capabilities
 from faultlab.spec._base import SpecModel, as_tuple, located, show, spec_error, unknown
 from faultlab.spec._trainer import check_overrides
 from faultlab.spec.launch import (
@@ -32,7 +35,8 @@ from faultlab.spec.launch import (
 )
 from faultlab.spec.trainers import get_trainer, trainers
 
-__all__ = ["PYTHON_NAMES", "RunSpec", "SlurmSpec", "TargetSpec", "Topology"]
+__all__ = ["PYTHON_NAMES", "RunSpec", "SlurmSpec", "TargetSpec", "Topology", "launcher_names",
+           "launcher_offers"]
 
 PYTHON_NAMES = ("python", "python3")
 """A command starting with one of these runs on the interpreter (and virtual environment)
@@ -397,10 +401,41 @@ class SlurmSpec(SpecModel):
 
 def launcher_names() -> list[str]:
     """The names ``topology.launcher`` takes: the ``faultlab.targets`` entry points (read,
-    not imported: the spec never imports a target)."""
+    not imported: the spec imports no target module of its own accord; ``launcher_offers``
+    loads one through its entry point)."""
     from importlib.metadata import entry_points
 
     return sorted({ep.name for ep in entry_points(group="faultlab.targets")})
+
+
+@cache
+def launcher_offers(name: str) -> frozenset[str]:
+    """The context capabilities (``faultlab.fault_api.context``) the target registered as
+    ``name`` offers: its class's ``offers``, the core only where it declares none. Its module
+    is loaded through the entry point (as ``faultlab.targets`` would load it to run a job), only
+    when a fault needs something beyond the core; a target that fails to load, or offers what
+    is no capability, is a PluginError that names it, never skipped."""
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep for ep in entry_points(group="faultlab.targets")}
+    if name not in eps:
+        raise PluginError(f"no target registered as {name!r} (the faultlab.targets entry "
+                          f"points: {', '.join(sorted(eps)) or 'none'})")
+    try:
+        cls = eps[name].load()
+    except Exception as e:  # a plugin's import error must be seen, not swallowed
+        raise PluginError(f"target plugin {name!r} ({eps[name].value}) failed to import: "
+                          f"{type(e).__name__}: {e}") from e
+    offers = getattr(cls, "offers", frozenset())
+    if isinstance(offers, str) or not all(isinstance(o, str) for o in offers):
+        raise PluginError(f"target plugin {name!r} ({eps[name].value}) declares offers = "
+                          f"{offers!r}: a frozenset of capability names")
+    unknown = unknown_capabilities(offers)
+    if unknown:
+        raise PluginError(f"target plugin {name!r} ({eps[name].value}) offers "
+                          f"{', '.join(map(repr, unknown))}, which is no context capability; "
+                          f"known: {', '.join(CONTEXT_CAPABILITIES)}")
+    return frozenset(offers)
 
 
 class Topology(SpecModel):

@@ -5,7 +5,9 @@ Every way of running a job — torchrun agents on this host (``local``), one con
 engine, the faults, the Chaos Toolkit extension and the golden run talk to a job only through
 it. Each method's docstring is the contract (in the style of a pluggy hookspec): what it must
 do, what it returns, what it raises. Faults see the narrower ``FaultContext``
-(``faultlab.fault_api.base``), which every ``Target`` is.
+(``faultlab.fault_api.context``), which every ``Target`` is, plus the context capabilities its
+class ``offers`` (``node_network``, ``slurm_controller`` ...), each a protocol of that module:
+the experiment loader refuses a fault that needs one the launcher's target does not offer.
 
 ``JobContext`` implements the addressing half for any job whose nodes are process trees this
 host can see: a node is its torchrun agent's pid (by node name), ranks are mapped to processes
@@ -24,7 +26,7 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import psutil
 
@@ -42,6 +44,16 @@ class Target(Protocol):
     """One job under test. The engine calls ``start`` once, polls ``finished`` and the
     ``stream``, injects through the ``FaultContext`` methods, and calls ``stop`` exactly once
     on every exit path (an exception and Ctrl-C included)."""
+
+    # -- what it offers faults beyond the core -----------------------------------------------
+
+    offers: ClassVar[frozenset[str]]
+    """The context capabilities this target class offers beyond the core ``FaultContext``
+    (names of ``faultlab.fault_api.context.CONTEXT_CAPABILITIES``), read from the class when an
+    experiment loads: a fault that ``needs`` one it lacks is refused there, with the launchers
+    that offer it. For each capability that has a protocol (``NodeNetwork`` ...) the target
+    implements its methods. A subclass inherits its base's: a target that cannot keep one of
+    them sets its own. Empty (``JobContext``'s): the core only."""
 
     # -- where events and logs are -------------------------------------------------------------
 
@@ -201,6 +213,9 @@ class JobContext(ABC):
     stream: EventStream
     seed: int = 0
     """Seed of every random choice a fault makes here (the experiment's seed)."""
+    offers: ClassVar[frozenset[str]] = frozenset()
+    """The core ``FaultContext`` only: a subclass names the capabilities it adds (``Target``).
+    Where it offers none, the capability methods below raise FaultError."""
 
     # -- what a subclass provides -------------------------------------------------------------
 
@@ -386,39 +401,41 @@ class JobContext(ABC):
         return out
 
     def restart_node(self, node: str) -> int:
-        raise FaultError(f"this target cannot start {node!r} again (only a job faultlab "
-                         f"launched can)")
+        raise self._not_offered("node_restart", f"starting {node} again")
 
     def mark_lost(self, node: str) -> None:
         self._agent_pid(node)
 
-    # What only a node with a network of its own can do (the docker target); elsewhere the
-    # experiment loader already refused the faults that need it.
-    def _isolated_only(self, what: str) -> FaultError:
-        return FaultError(f"{what} needs nodes with a network of their own "
-                          f"(topology.launcher: docker); the nodes of the job in "
-                          f"{self.run_dir} are processes of this host")
+    # The methods of capabilities only some targets offer (``offers``; the docker target's
+    # network and freezer): the experiment loader refuses a fault that needs one where it is
+    # not offered, and a fault asks ``faultlab.fault_api.require`` before it calls one; this
+    # is the last line, for a caller that did neither.
+    def _not_offered(self, capability: str, what: str) -> FaultError:
+        offered = ", ".join(sorted(self.offers)) or "the core only"
+        return FaultError(f"{what} needs the {capability} capability, which "
+                          f"{type(self).__name__} (the job in {self.run_dir}) does not offer "
+                          f"(it offers: {offered})")
 
     def pause_node(self, node: str) -> None:
-        raise self._isolated_only("pausing a node")
+        raise self._not_offered("node_freezer", "pausing a node")
 
     def unpause_node(self, node: str) -> bool:
-        raise self._isolated_only("unpausing a node")
+        raise self._not_offered("node_freezer", "unpausing a node")
 
     def node_address(self, node: str) -> str | None:
-        raise self._isolated_only("a node's address")
+        raise self._not_offered("node_network", "a node's address")
 
     def node_netns_pid(self, node: str) -> int:
-        raise self._isolated_only("a node's network namespace")
+        raise self._not_offered("node_network", "a node's network namespace")
 
     def store_address(self) -> str:
-        raise self._isolated_only("the rendezvous store's address")
+        raise self._not_offered("node_network", "the rendezvous store's address")
 
     def disconnect_node(self, node: str) -> None:
-        raise self._isolated_only("disconnecting a node")
+        raise self._not_offered("node_network", "disconnecting a node")
 
     def connect_node(self, node: str) -> bool:
-        raise self._isolated_only("connecting a node")
+        raise self._not_offered("node_network", "connecting a node")
 
     def assert_owned(self, pid: int) -> None:
         if pid not in self.pids():

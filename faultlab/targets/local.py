@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
@@ -73,6 +73,13 @@ class LocalTarget(JobContext):
     """One launch of an experiment's job on this host (the engine polls ``stream``)."""
 
     job_class: type[LocalJob] = LocalJob
+    offers: ClassVar[frozenset[str]] = frozenset({
+        "node_restart",  # the launcher starts a lost node's agent again
+        "services",  # target.services, beside the nodes
+        "host_loopback",  # the nodes are processes of this host
+        "node_gpu_state",  # they read the GPU state files where this host writes them
+        "node_storage_view",  # and reach the shared directory through its passthrough
+    })
 
     def __init__(self, exp: Experiment, run_dir: Path,
                  node_env: dict[str, dict[str, str]] | None = None) -> None:

@@ -65,8 +65,8 @@ def test_network_faults_are_refused_on_local_nodes() -> None:
         parse_experiment(text, "x.yaml")
     problem = err.value.problems[0]
     assert (problem.line, problem.path) == (4, "faults[0].type")
-    assert "needs topology.launcher: docker" in problem.message
-    assert "local" in problem.message
+    assert "needs node_network (nodes with a network stack of their own" in problem.message
+    assert "which launcher 'local' does not offer; launchers that do: docker" in problem.message
 
 
 @pytest.mark.parametrize(("fault", "params", "message"), [

@@ -11,7 +11,7 @@ run ends (also by the guard process if faultlab itself dies, and by ``faultlab d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from faultlab.errors import FaultError
 from faultlab.spec import Experiment
@@ -28,6 +28,15 @@ class DockerTarget(LocalTarget):
 
     job_class = DockerJob
     job: DockerJob
+    offers: ClassVar[frozenset[str]] = frozenset({
+        "node_network",  # an address and a network namespace per container
+        "node_freezer",  # docker pause
+        "node_restart",  # a lost node's container started again
+        "node_storage_view",  # the run directory, bind-mounted, is seen through the passthrough
+    })
+    """Not ``LocalTarget``'s ``services`` (they run beside local nodes only),
+    ``host_loopback`` (a container's loopback is its own) or ``node_gpu_state`` (not wired to
+    containers yet)."""
 
     def __init__(self, exp: Experiment, run_dir: Path,
                  node_env: dict[str, dict[str, str]] | None = None) -> None:

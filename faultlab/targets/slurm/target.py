@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
@@ -40,6 +40,11 @@ __all__ = ["SlurmTarget"]
 
 class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
     """One Slurm batch job of an experiment (faultlab's batch script or the user's)."""
+
+    offers: ClassVar[frozenset[str]] = frozenset({
+        "slurm_controller",  # SchedulerView, ClusterChanges: scontrol, scancel
+        "node_machine",  # ClusterChanges.kill_machine (the local test cluster's containers)
+    })
 
     def __init__(self, exp: Experiment, run_dir: Path,
                  node_env: dict[str, dict[str, str]] | None = None, *,
