@@ -1,7 +1,11 @@
 # The two set-up commands of the README. Each makes .venv on first use: torch==2.13.0 first (the
 # CPU wheel; an unpinned torch would pull gigabytes of CUDA), then the project with its dev,
 # examples and docs extras (the examples' trainers run in the tests; the docs site is built
-# and opened in a browser by them).
+# and opened in a browser by them), then examples/plugin, a team's own fault and SLA package,
+# as a team would install it beside faultlab: its entry points put optimizer_exception and
+# peers_released_within_s into faultlab list, the schema, the docs reference and the tests
+# (tests/plugin/test_example_plugin_e2e.py). No build isolation: setuptools is already there
+# (torch requires it), so nothing more is downloaded.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,10 +13,11 @@ STAMP := $(VENV)/.faultlab-installed
 
 .PHONY: demo test bench suite-cpu lint clean chromium docker-engine fuse docs etcd
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/plugin/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev,examples,docs]'
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e examples/plugin
 	touch $(STAMP)
 
 demo: $(STAMP) fuse

@@ -197,14 +197,14 @@ def _judge(sla: Any, events: list[dict[str, Any]], bound: float = 30) -> Any:
 
 @pytest.mark.parametrize(("after", "measured", "passed", "note"), [
     ([_ev(100.4, "exit", 10, 0, reason="error", code=1)], 0.4, True,
-     "peers released 0.4 s after rank 1 raised at step 6 (rank 0 its exit (error) +0.40 s; "
-     "bound 30 s)"),
+     "peers released 0.40 s after rank 1 raised at step 6 (bound 30 s): rank 0 by its exit "
+     "(error) after 0.40 s"),
     ([_ev(104.5, "start", 20, 0, restart=1, t_process_created=103.2)], 3.2, True,
-     "rank 0 stopped by the launcher, gone by the restart +3.20 s"),
+     "rank 0 stopped by the launcher (gone by its restart) after 3.20 s"),
     ([_ev(140.0, "exit", 10, 0, reason="watchdog", code=3)], 40.0, False,
-     "peers released 40.0 s after rank 1"),
+     "peers released 40.00 s after rank 1"),
     ([], None, False, "not measured: opt: a peer of rank 1 left no record of leaving after it "
-                      "raised at step 6 (rank 0 no exit record and no restart after it)"),
+                      "raised at step 6 (rank 0 left no exit record, and no restart followed)"),
 ])
 def test_peers_released_is_measured_from_the_peers_records(peers_sla, after, measured, passed,
                                                            note) -> None:

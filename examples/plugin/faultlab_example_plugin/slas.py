@@ -108,13 +108,13 @@ def _release(records: list[Mapping[str, Any]], fault_id: str,
         exit_ = next((r for r in records if r.get("kind") == "exit" and r.get("pid") == pid
                       and (_t(r) or 0.0) > T), None)
         if exit_ is not None:
-            how, t = f"its exit ({exit_.get('reason', '?')})", _t(exit_)
+            how, t = f"by its exit ({exit_.get('reason', '?')})", _t(exit_)
         else:
             mine = [r for r in respawned if r.get("node") == first.get("node")] or respawned
             created = [c for r in mine if (c := _t(r, "t_process_created") or _t(r)) is not None]
-            how, t = "stopped by the launcher, gone by the restart", min(created, default=None)
+            how, t = "stopped by the launcher (gone by its restart)", min(created, default=None)
             if t is None:
-                how = "no exit record and no restart after it"
+                how = "left no exit record, and no restart followed"
         found.append((first.get("rank"), how, None if t is None else max(0.0, t - T)))
     found.sort(key=lambda p: -math.inf if p[2] is None else -p[2])
     return Release(fault_id, victim, strike.get("step"), tuple(found))
@@ -140,14 +140,14 @@ class PeersReleased(Sla):
             if r.missing:
                 notes.append(f"not measured: {r.fault_id}: {r.missing}")
                 continue
-            peers = ", ".join(f"rank {rank} {how}" + ("" if s is None else f" +{s:.2f} s")
+            peers = ", ".join(f"rank {rank} {how}" + ("" if s is None else f" after {s:.2f} s")
                               for rank, how, s in r.peers)
             if r.seconds is None:
                 notes.append(f"not measured: {r.fault_id}: a peer of rank {r.rank} left no "
                              f"record of leaving after it raised at step {r.step} ({peers})")
             else:
-                notes.append(f"peers released {r.seconds:.1f} s after rank {r.rank} raised at "
-                             f"step {r.step} ({peers}; bound {bound:g} s)")
+                notes.append(f"peers released {r.seconds:.2f} s after rank {r.rank} raised at "
+                             f"step {r.step} (bound {bound:g} s): {peers}")
         return measured, "; ".join(notes)
 
 
