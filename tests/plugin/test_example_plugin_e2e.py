@@ -59,6 +59,7 @@ def test_the_listings_the_schema_and_the_reference_show_the_plugins_fault_and_sl
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a golden run and a run (each at most its run.timeout_s, 240 s)
 @pytest.mark.parametrize("name", ["optimizer_exception_reference.yaml",
                                   "optimizer_exception_fsdp2_dcp.yaml"])
 def test_the_plugins_fault_and_sla_in_a_real_run(name: str, tmp_path: Path,
