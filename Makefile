@@ -4,8 +4,9 @@
 # and opened in a browser by them), then examples/plugin, a team's own fault and SLA package,
 # as a team would install it beside faultlab: its entry points put optimizer_exception and
 # peers_released_within_s into faultlab list, the schema, the docs reference and the tests
-# (tests/plugin/test_example_plugin_e2e.py). No build isolation: setuptools is already there
-# (torch requires it), so nothing more is downloaded.
+# (tests/plugin/test_example_plugin_e2e.py). --no-deps: faultlab is already there. Built in
+# isolation like faultlab itself: a fresh venv's own setuptools (65.5 from ensurepip, which
+# torch's requirement accepts) has no bdist_wheel, and --no-build-isolation fails there.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml examples/plugin/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev,examples,docs]'
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e examples/plugin
+	$(PY) -m pip install --quiet --no-deps -e examples/plugin
 	touch $(STAMP)
 
 demo: $(STAMP) fuse
