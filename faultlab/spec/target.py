@@ -426,8 +426,9 @@ def launcher_offers(name: str) -> frozenset[str]:
     except Exception as e:  # a plugin's import error must be seen, not swallowed
         raise PluginError(f"target plugin {name!r} ({eps[name].value}) failed to import: "
                           f"{type(e).__name__}: {e}") from e
-    offers = getattr(cls, "offers", frozenset())
-    if isinstance(offers, str) or not all(isinstance(o, str) for o in offers):
+    offers: object = getattr(cls, "offers", frozenset())
+    if not isinstance(offers, (frozenset, set, tuple, list)) or \
+            not all(isinstance(o, str) for o in offers):
         raise PluginError(f"target plugin {name!r} ({eps[name].value}) declares offers = "
                           f"{offers!r}: a frozenset of capability names")
     unknown = unknown_capabilities(offers)
