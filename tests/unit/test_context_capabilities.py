@@ -105,6 +105,17 @@ def test_a_target_implements_the_protocol_of_every_capability_it_offers(target: 
                 f"{target.__name__} offers {name} but does not implement {method}"
 
 
+def test_the_extending_guide_has_a_row_for_every_capability_with_who_offers_it() -> None:
+    guide = (REPO / "docs" / "guides" / "extending.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line for line in guide.splitlines()
+            if line.startswith("| `")}
+    for name in CONTEXT_CAPABILITIES:
+        assert name in rows, f"docs/guides/extending.md: no row for {name}"
+        offered_by = rows[name].split("|")[4]
+        hosts = {n for n in BUILTIN_LAUNCHERS if name in launcher_offers(n)}
+        assert {n for n in BUILTIN_LAUNCHERS if f"`{n}`" in offered_by} == hosts, name
+
+
 def test_docker_does_not_inherit_what_only_local_nodes_offer() -> None:
     assert {"services", "host_loopback", "node_gpu_state"} & DockerTarget.offers == set()
     assert JobContext.offers == frozenset()  # an attached job: the core only
