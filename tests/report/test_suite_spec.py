@@ -82,12 +82,15 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
                for name in MUST_PASS)
     families = {spec.fault_class.family for _, exp in load_experiments([PRELAUNCH])
                 for spec in exp.faults}
-    local = {f.family for f in fault_types().values() if set(f.needs) <= launcher_offers("local")}
+    # faultlab's own faults: a team's package in the venv (make installs examples/plugin) adds
+    # families that no shipped suite of faultlab's covers
+    builtin = [f for f in fault_types().values() if f.__module__.startswith("faultlab.")]
+    local = {f.family for f in builtin if set(f.needs) <= launcher_offers("local")}
     assert families == local
     # The network family needs nodes with a network of their own (containers), the scheduler
     # family a Slurm job; the suite runs on local nodes, so their experiments run in CI instead
     # (the docker ones as shipped items, the slurm_*.yaml ones in tests/slurm).
-    assert {f.family for f in fault_types().values()} - local == {"network", "scheduler"}
+    assert {f.family for f in builtin} - local == {"network", "scheduler"}
     assert all(f"experiments/{name}.yaml" in shipped
                for name in ("docker_node_loss", "network_partition", "network_throttle"))
     slurm = (REPO / "tests" / "slurm" / "test_slurm_experiments.py").read_text()
