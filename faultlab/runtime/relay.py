@@ -80,6 +80,8 @@ At most one open a second, where one a batch was 8 a second for a node of 8 rank
 step once a second at a moment of their own."""
 FILE_GATE_POLL_S = 0.1
 ORPHAN_S = 5.0
+WATCH_S = 0.5
+"""How often the relay checks that the agent it watches (``--watch-pid``) is still there."""
 HUBLESS_S = 300.0
 IDLE_S = 120.0
 MAX_LINE = 1 << 20
@@ -192,7 +194,7 @@ class Relay:
 
     def _maybe_exit(self, now: float) -> None:
         if self.watch_pid and now >= self.next_watch:
-            self.next_watch = now + 0.5
+            self.next_watch = now + WATCH_S
             if self.watch_start is None or _start_time(self.watch_pid) != self.watch_start:
                 print(f"faultlab relay {self.node}: the node's agent {self.watch_pid} is gone: "
                       f"exiting", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -81,8 +82,35 @@ def _assert_nothing_left(job_ids: list[int]) -> None:
             break
         time.sleep(0.5)
     assert set(states.values()) == {"idle"}, states
+    # A node relay is outside the job's process tree (a session of its own, reparented when
+    # the rank that started it ends), so Slurm's linuxproc tracking does not end it with the
+    # job: it leaves by its own rules, once it sees its agent gone (every WATCH_S) or, with no
+    # agent to watch, ORPHAN_S after its last rank and hub. The node can turn idle before that
+    # (seen once at -n 3: a relay still there when ps ran right after the job ended).
+    from faultlab.runtime.relay import ORPHAN_S, WATCH_S
+
+    deadline = time.monotonic() + ORPHAN_S + 10 * WATCH_S
     for node in states:
-        ps = subprocess.run(["docker", "exec", node, "ps", "-eo", "args"], capture_output=True,
-                            text=True, timeout=30, check=True).stdout
-        jobs = [line for line in ps.splitlines() if "python" in line]  # agents, ranks, steps
-        assert jobs == [], f"{node}:\n{ps}"
+        while True:
+            ps = subprocess.run(["docker", "exec", node, "ps", "-eo", "args"],
+                                capture_output=True, text=True, timeout=30, check=True).stdout
+            jobs = [line for line in ps.splitlines() if "python" in line]  # agents, ranks
+            if not jobs or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert jobs == [], f"{node}:\n{ps}{_relay_logs(jobs)}"
+
+
+def _relay_logs(lines: list[str]) -> str:
+    """The log of every node relay among ``lines`` (``ps`` rows): why it did not leave."""
+    out = []
+    for line in lines:
+        m = re.search(r"faultlab\.runtime\.relay --run-dir (\S+) --node (\S+)", line)
+        if m:
+            log = Path(m.group(1)) / "logs" / f"relay-{m.group(2)}.log"
+            text = log.read_text() if log.is_file() else "(no log)"
+            pids = subprocess.run(["docker", "exec", m.group(2), "ps", "-eo",
+                                   "pid,ppid,stat,lstart,args"], capture_output=True, text=True,
+                                  timeout=30).stdout
+            out.append(f"\n--- {log}:\n{text[-3000:]}\n--- {m.group(2)} processes:\n{pids}")
+    return "".join(out)
