@@ -83,7 +83,12 @@ def test_async_checkpoints_survive_a_rank_kill(golden: Any, tmp_path: Path) -> N
         assert saved and all(e["async"] for e in saved)
         loads = [e for e in o.of("checkpoint_loaded") if e["t"] > o.t_fault]
         assert {e["rank"] for e in loads} == {0, 1}
-        assert {e["step"] for e in loads} == {20}  # killed after step 23: last checkpoint is 20
+        # The newest checkpoint committed before the kill: step 20's when its async write
+        # finished within the three steps before the kill, else step 10's (seen once beside two
+        # busy loops: the write of step 20 was still running when rank 0 died, so it was never
+        # committed, and loading 10 was right). checkpoint_saved is the commit.
+        newest = max(e["step"] for e in saved)
+        assert newest in (10, 20) and {e["step"] for e in loads} == {newest}
         assert {e["rng"] for e in loads} == {"restored"}
         assert o.losses() == g.losses()
         assert o.digest() == g.digest()
