@@ -83,10 +83,14 @@ class JobSpec(SpecModel):
     @classmethod
     def _launch_fits(cls, value: TargetSpec, info: ValidationInfo) -> TargetSpec:
         topology: Topology | None = info.data.get("topology")
-        if topology is not None and value.services and topology.launcher != "local":
-            raise located([spec_error(("services",), f"services run beside local nodes only "
-                                      f"(topology.launcher: local; this experiment's nodes are "
-                                      f"{topology.launcher!r})", list(value.services))])
+        if topology is not None and value.services and \
+                "services" not in launcher_offers(topology.launcher):
+            hosts = [n for n in launcher_names() if "services" in launcher_offers(n)]
+            what = CONTEXT_CAPABILITIES["services"].description
+            raise located([spec_error(("services",), f"services run beside the nodes only where "
+                                      f"the target offers them ({what}): topology.launcher "
+                                      f"{topology.launcher!r} does not; launchers that do: "
+                                      f"{', '.join(hosts)}", list(value.services))])
         if topology is None or (value.launch is None and topology.launcher != "docker"):
             return value  # (docker: a command's default torchrun must be inside the nodes too)
         why = None

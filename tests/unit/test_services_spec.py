@@ -50,9 +50,12 @@ def test_the_missing_services_placeholder_says_where_services_are_named() -> Non
 
 
 def test_services_run_beside_local_nodes_only() -> None:
+    """Where the target offers the services capability (of the built-ins, local only)."""
     _line, at, text = one_problem(doc(target=target(launch="faultlab"),
                                       topology="topology: {nodes: 2, launcher: docker}"))
-    assert at == "target.services" and text.startswith("services run beside local nodes only")
+    assert at == "target.services" and text.startswith(
+        "services run beside the nodes only where the target offers them (")
+    assert text.endswith("topology.launcher 'docker' does not; launchers that do: local")
 
 
 def test_service_kill_must_name_a_service_of_the_experiment() -> None:
