@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from faultlab.errors import FaultError
+from faultlab.errors import FaultError, PluginError
 
 __all__ = ["CONTEXT_CAPABILITIES", "ContextCapability", "FaultContext", "NodeFreezer",
            "NodeMachine", "NodeNetwork", "NodeRestart", "Services", "SlurmController",
-           "not_offered", "require", "unknown_capabilities", "unmet"]
+           "declared_capabilities", "not_offered", "require", "unknown_capabilities", "unmet"]
 
 
 class FaultContext(Protocol):
@@ -251,6 +251,22 @@ CONTEXT_CAPABILITIES: dict[str, ContextCapability] = {c.name: c for c in (
 def unknown_capabilities(names: Iterable[str]) -> list[str]:
     """The names that are not capabilities (for a plugin's ``needs`` or ``offers``)."""
     return [n for n in names if n not in CONTEXT_CAPABILITIES]
+
+
+def declared_capabilities(names: object, plugin: str, attr: str) -> frozenset[str]:
+    """A plugin's ``needs`` or ``offers`` (``attr``), checked: a collection of capability
+    names, else a PluginError that names ``plugin`` (e.g. "fault plugin 'x' (pkg:X)")."""
+    if isinstance(names, str) or not isinstance(names, (frozenset, set, tuple, list)) or \
+            not all(isinstance(n, str) for n in names):
+        example = names if isinstance(names, str) else next(iter(CONTEXT_CAPABILITIES))
+        raise PluginError(f"{plugin} declares {attr} = {names!r}: a tuple of capability names, "
+                          f"e.g. ({example!r},)")
+    unknown = unknown_capabilities(names)
+    if unknown:
+        raise PluginError(f"{plugin} {'needs' if attr == 'needs' else 'offers'} "
+                          f"{', '.join(map(repr, unknown))}, which is no context capability; "
+                          f"known: {', '.join(CONTEXT_CAPABILITIES)}")
+    return frozenset(names)
 
 
 def unmet(needs: Iterable[str], offers: Collection[str]) -> list[str]:

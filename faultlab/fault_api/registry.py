@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 
 from faultlab.errors import PluginError
 from faultlab.fault_api.base import Fault
-from faultlab.fault_api.context import CONTEXT_CAPABILITIES, unknown_capabilities
+from faultlab.fault_api.context import CONTEXT_CAPABILITIES, declared_capabilities
 
 __all__ = ["ENTRY_POINT_GROUP", "fault_types", "get_fault_type"]
 
@@ -39,15 +39,8 @@ def fault_types() -> dict[str, type[Fault]]:
                               f"declare what it needs of the target instead (needs = "
                               f"(...), from {', '.join(CONTEXT_CAPABILITIES)}), and every "
                               f"launcher whose target offers that can host it")
-        needs = getattr(cls, "needs", ())
-        if isinstance(needs, str):
-            raise PluginError(f"fault plugin {ep.name!r} ({ep.value}) declares needs = "
-                              f"{needs!r}: a tuple of names, e.g. ({needs!r},)")
-        unknown = unknown_capabilities(needs)
-        if unknown:
-            raise PluginError(f"fault plugin {ep.name!r} ({ep.value}) needs "
-                              f"{', '.join(map(repr, unknown))}, which is no context "
-                              f"capability; known: {', '.join(CONTEXT_CAPABILITIES)}")
+        declared_capabilities(getattr(cls, "needs", ()), f"fault plugin {ep.name!r} "
+                              f"({ep.value})", "needs")
         if ep.name in found and found[ep.name] is not cls:
             raise PluginError(f"fault type {ep.name!r} is registered twice "
                               f"({found[ep.name].__module__} and {cls.__module__})")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from faultlab.errors import PluginError
-from faultlab.fault_api.context import CONTEXT_CAPABILITIES, unknown_capabilities
+from faultlab.fault_api.context import declared_capabilities
 from faultlab.spec._base import SpecModel, as_tuple, located, show, spec_error, unknown
 from faultlab.spec._trainer import check_overrides
 from faultlab.spec.launch import (
@@ -409,34 +409,35 @@ def launcher_names() -> list[str]:
 
 
 @cache
-def launcher_offers(name: str) -> frozenset[str]:
-    """The context capabilities (``faultlab.fault_api.context``) the target registered as
-    ``name`` offers: its class's ``offers``, the core only where it declares none. Its module
-    is loaded through the entry point (as ``faultlab.targets`` would load it to run a job), only
-    when a fault needs something beyond the core; a target that fails to load, or offers what
-    is no capability, is a PluginError that names it, never skipped."""
+def launcher_class(name: str) -> type:
+    """The target class registered as ``name`` in the ``faultlab.targets`` entry-point group,
+    its module imported now (``faultlab.targets.target_class`` checks it is a ``Target``); a
+    name nobody registered, or a plugin that fails to import, is a PluginError that names it,
+    never skipped."""
     from importlib.metadata import entry_points
 
     eps = {ep.name: ep for ep in entry_points(group="faultlab.targets")}
     if name not in eps:
         raise PluginError(f"no target registered as {name!r} (the faultlab.targets entry "
-                          f"points: {', '.join(sorted(eps)) or 'none'})")
+                          f"points: {', '.join(sorted(eps)) or 'none'}; is faultlab installed?)")
     try:
-        cls = eps[name].load()
+        cls: type = eps[name].load()
     except Exception as e:  # a plugin's import error must be seen, not swallowed
         raise PluginError(f"target plugin {name!r} ({eps[name].value}) failed to import: "
                           f"{type(e).__name__}: {e}") from e
-    offers: object = getattr(cls, "offers", frozenset())
-    if not isinstance(offers, (frozenset, set, tuple, list)) or \
-            not all(isinstance(o, str) for o in offers):
-        raise PluginError(f"target plugin {name!r} ({eps[name].value}) declares offers = "
-                          f"{offers!r}: a frozenset of capability names")
-    unknown = unknown_capabilities(offers)
-    if unknown:
-        raise PluginError(f"target plugin {name!r} ({eps[name].value}) offers "
-                          f"{', '.join(map(repr, unknown))}, which is no context capability; "
-                          f"known: {', '.join(CONTEXT_CAPABILITIES)}")
-    return frozenset(offers)
+    return cls
+
+
+@cache
+def launcher_offers(name: str) -> frozenset[str]:
+    """The context capabilities (``faultlab.fault_api.context``) the target registered as
+    ``name`` offers: its class's ``offers``, the core only where it declares none. Its module
+    is loaded (``launcher_class``) only when a fault needs something beyond the core; offering
+    what is no capability is a PluginError that names it."""
+    cls = launcher_class(name)
+    return declared_capabilities(getattr(cls, "offers", frozenset()),
+                                 f"target plugin {name!r} ({cls.__module__}:{cls.__qualname__})",
+                                 "offers")
 
 
 class Topology(SpecModel):

@@ -47,19 +47,13 @@ def target_types() -> dict[str, Any]:
 
 @cache
 def _load(name: str) -> type[Target]:
-    eps = target_types()
-    if name not in eps:
-        raise PluginError(f"no target registered as {name!r} (the {ENTRY_POINT_GROUP} entry "
-                          f"points: {', '.join(eps) or 'none'}; is faultlab installed?)")
-    try:
-        cls = eps[name].load()
-    except Exception as e:  # a plugin's import error must be seen, not swallowed
-        raise PluginError(f"target plugin {name!r} ({eps[name].value}) failed to import: "
-                          f"{type(e).__name__}: {e}") from e
+    from faultlab.spec.target import launcher_class  # not at import: agents load this package
+
+    cls = launcher_class(name)  # the entry point's lookup and import, and their errors
     for need in ("prepare_run_dir", "start", "finished", "result", "stop"):
         if not hasattr(cls, need):
-            raise PluginError(f"target plugin {name!r} ({eps[name].value}) has no {need}(): "
-                              f"it does not implement faultlab.targets.base.Target")
+            raise PluginError(f"target plugin {name!r} ({target_types()[name].value}) has no "
+                              f"{need}(): it does not implement faultlab.targets.base.Target")
     return cls  # type: ignore[no-any-return]
 
 
