@@ -26,6 +26,10 @@ inside a test: on a machine without them that first run counts the install.
 
 ``--load N`` starts N busy loops (outside the measured group) for the whole run: a suite that
 passes only on an idle machine has a race (docs/development.md).
+
+``--processes`` adds a census of the processes the run ended, by kind (ranks, launcher agents,
+the rest), from Linux process accounting (``_proc_acct.py``; root): how many torch processes the
+suite starts is its floor.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import _proc_acct  # noqa: E402
 from _suite_cpu import CGROUP_ENV, DOCKER_ENV, OUT_ENV, usage_s  # noqa: E402
 from _table import print_table  # noqa: E402
 
@@ -115,7 +120,8 @@ def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None) -> dict[str, Any]:
+def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None,
+            processes: bool = False) -> dict[str, Any]:
     """Run the suite in ``repo`` once, in a control group of its own; every figure of it."""
     subprocess.run(["make", "-s", *PREREQUISITES], cwd=repo, check=True)
     command = pytest_command(repo, pytest_args)
@@ -129,6 +135,9 @@ def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
            "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"),
                                                     "-p _suite_cpu"]))}
+    pacct = out / "pacct" if processes else None
+    if pacct:  # refused without root: said before anything starts
+        _proc_acct.start(pacct)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
     print(f"bench_suite: {command}\n  in {repo}, group {group}, load {load}, log {log_path}",
           flush=True)
@@ -149,6 +158,8 @@ def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None
         suite_s, docker_s = usage_s(group), usage_s(docker_group) - docker0
         engine_s = engine_cpu_s() - engine0
     finally:
+        if pacct:  # before the busy loops end: they are not the suite's
+            _proc_acct.stop()
         for h in hogs:
             h.kill()
             h.wait()
@@ -168,7 +179,8 @@ def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None
             "date": datetime.date.today().isoformat(), "wall_s": wall_s, "load": load,
             "suite_cpu_s": suite_s, "docker_cpu_s": docker_s, "engine_cpu_s": engine_s,
             "total_cpu_s": suite_s + docker_s + engine_s, "left_behind": left,
-            "tests": records}
+            "processes": _proc_acct.census(_proc_acct.parse(pacct.read_bytes())) if pacct
+            else None, "tests": records}
 
 
 def leftovers(group: Path) -> list[str]:
@@ -228,6 +240,12 @@ def render(run: dict[str, Any], top: int, before: dict[str, Any] | None) -> None
     counts = collections.Counter(file_of(r["nodeid"]) for r in run["tests"])
     print_table("Suite CPU-seconds by file", setup, ["file", "tests", "CPU-s"],
                 [[f, str(counts[f]), f"{s:.0f}"] for f, s in files])
+    if run.get("processes"):
+        print_table("Processes the run ended, by kind (process accounting)", setup,
+                    ["kind", "processes", "CPU-s", "CPU-s each"],
+                    [[k, str(n), f"{c:.0f}", f"{c / n:.2f}"] for k, n, c in run["processes"]],
+                    ["every process the machine ended while the suite ran, Docker and Slurm "
+                     "nodes' included"])
     tests = sorted(per_test(run).items(), key=lambda kv: -kv[1])[:top]
     wall = {r["nodeid"]: r["t1"] - r["t0"] for r in run["tests"]}
     print_table("Suite CPU-seconds by test", setup, ["test", "CPU-s", "wall s"],
@@ -245,12 +263,15 @@ def main() -> int:
     ap.add_argument("--from", dest="from_", type=Path,
                     help="print the tables of a run saved with --out instead of running")
     ap.add_argument("--before", type=Path, help="a run saved with --out to compare against")
+    ap.add_argument("--processes", action="store_true",
+                    help="count the processes the run ends, by kind (process accounting; root)")
     ap.add_argument("pytest_args", nargs="*", help="instead of make test's, after --")
     args = ap.parse_args()
     if args.from_:
         run = json.loads(args.from_.read_text())
     else:
-        run = measure(args.repo.resolve(), args.pytest_args, args.load, args.log)
+        run = measure(args.repo.resolve(), args.pytest_args, args.load, args.log,
+                      args.processes)
         if args.out:
             args.out.write_text(json.dumps(run, indent=1))
     render(run, args.top, json.loads(args.before.read_text()) if args.before else None)
