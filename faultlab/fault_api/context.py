@@ -263,8 +263,8 @@ def declared_capabilities(names: object, plugin: str, attr: str) -> frozenset[st
                           f"e.g. ({example!r},)")
     unknown = unknown_capabilities(names)
     if unknown:
-        raise PluginError(f"{plugin} {'needs' if attr == 'needs' else 'offers'} "
-                          f"{', '.join(map(repr, unknown))}, which is no context capability; "
+        raise PluginError(f"{plugin} {attr} {', '.join(map(repr, unknown))}, which is no "
+                          f"context capability; "
                           f"known: {', '.join(CONTEXT_CAPABILITIES)}")
     return frozenset(names)
 

@@ -34,7 +34,7 @@ from faultlab.spec.launch import (
     store_problem,
 )
 from faultlab.spec.observation import ObserveSpec
-from faultlab.spec.target import RunSpec, TargetSpec, Topology, launcher_names, launcher_offers
+from faultlab.spec.target import RunSpec, TargetSpec, Topology, launcher_offers, launchers_offering
 from faultlab.spec.trainers import get_trainer
 
 __all__ = ["Experiment", "GoldenSpec", "JobSpec", "Suite"]
@@ -85,7 +85,7 @@ class JobSpec(SpecModel):
         topology: Topology | None = info.data.get("topology")
         if topology is not None and value.services and \
                 "services" not in launcher_offers(topology.launcher):
-            hosts = [n for n in launcher_names() if "services" in launcher_offers(n)]
+            hosts = launchers_offering(["services"])
             what = CONTEXT_CAPABILITIES["services"].description
             raise located([spec_error(("services",), f"services run beside the nodes only where "
                                       f"the target offers them ({what}): topology.launcher "
@@ -248,7 +248,7 @@ def _launcher_fits(i: int, fault: FaultSpec, topology: Topology) -> list[InitErr
         why = fault.fault_class.refuses(topology)
         return [] if why is None else [spec_error((i, "type"), f"{fault.type}: {why}",
                                                   fault.type)]
-    hosts = [name for name in launcher_names() if not unmet(needs, launcher_offers(name))]
+    hosts = launchers_offering(needs)
     what = " and ".join(f"{n} ({CONTEXT_CAPABILITIES[n].description})" for n in missing)
     those = "launchers that do" if len(needs) == 1 else "launchers that offer all it needs"
     where = f"{those}: {', '.join(hosts)}" if hosts else "no registered launcher does"

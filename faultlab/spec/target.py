@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from faultlab.errors import PluginError
-from faultlab.fault_api.context import declared_capabilities
+from faultlab.fault_api.context import declared_capabilities, unmet
 from faultlab.spec._base import SpecModel, as_tuple, located, show, spec_error, unknown
 from faultlab.spec._trainer import check_overrides
 from faultlab.spec.launch import (
@@ -36,7 +37,7 @@ from faultlab.spec.launch import (
 from faultlab.spec.trainers import get_trainer, trainers
 
 __all__ = ["PYTHON_NAMES", "RunSpec", "SlurmSpec", "TargetSpec", "Topology", "launcher_names",
-           "launcher_offers"]
+           "launcher_offers", "launchers_offering"]
 
 PYTHON_NAMES = ("python", "python3")
 """A command starting with one of these runs on the interpreter (and virtual environment)
@@ -438,6 +439,12 @@ def launcher_offers(name: str) -> frozenset[str]:
     return declared_capabilities(getattr(cls, "offers", frozenset()),
                                  f"target plugin {name!r} ({cls.__module__}:{cls.__qualname__})",
                                  "offers")
+
+
+def launchers_offering(needs: Iterable[str]) -> list[str]:
+    """The registered launchers whose target offers every one of ``needs``."""
+    needs = tuple(needs)
+    return [n for n in launcher_names() if not unmet(needs, launcher_offers(n))]
 
 
 class Topology(SpecModel):
