@@ -27,6 +27,12 @@ inside a test: on a machine without them that first run counts the install.
 ``--load N`` starts N busy loops (outside the measured group) for the whole run: a suite that
 passes only on an idle machine has a race (docs/development.md).
 
+``--cpus N`` caps the whole run at N CPUs of the machine's (``--cpus 1`` on a 2-core machine: a
+machine half as fast, the slowest of its kind): the pytest command, and every Docker container
+the run starts, share one group whose CPU bandwidth is capped (cgroup v1 ``cpu.cfs_quota_us``,
+v2 ``cpu.max``; ``_cpu_cap.py``). A test that fails there has a race or a bound tied to one
+machine's speed (docs/development.md).
+
 ``--processes`` adds a census of the processes the run ended, by kind (ranks, launcher agents,
 the rest), from Linux process accounting (``_proc_acct.py``; root): how many torch processes the
 suite starts is its floor.
@@ -51,6 +57,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _proc_acct  # noqa: E402
+from _cpu_cap import CpuCap  # noqa: E402
 from _suite_cpu import CGROUP_ENV, DOCKER_ENV, OUT_ENV, usage_s  # noqa: E402
 from _table import print_table  # noqa: E402
 
@@ -121,7 +128,7 @@ def file_of(nodeid: str) -> str:
 
 
 def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None,
-            processes: bool = False) -> dict[str, Any]:
+            processes: bool = False, cpus: float | None = None) -> dict[str, Any]:
     """Run the suite in ``repo`` once, in a control group of its own; every figure of it."""
     subprocess.run(["make", "-s", *PREREQUISITES], cwd=repo, check=True)
     command = pytest_command(repo, pytest_args)
@@ -139,15 +146,23 @@ def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None
     if pacct:  # refused without root: said before anything starts
         _proc_acct.start(pacct)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
-    print(f"bench_suite: {command}\n  in {repo}, group {group}, load {load}, log {log_path}",
-          flush=True)
+    cap = CpuCap(cpus, group, docker_group) if cpus else None
+    print(f"bench_suite: {command}\n  in {repo}, group {group}, load {load}, log {log_path}"
+          + (f"\n  capped at {cpus:g} CPU(s): {cap.describe()}" if cap else ""), flush=True)
+
+    def enter_groups() -> None:  # in the child, before exec: every descendant stays in them
+        pid = str(os.getpid())
+        (group / "cgroup.procs").write_text(pid)
+        if cap:
+            cap.enter(pid)
+
     try:
         docker0, engine0, t0 = usage_s(docker_group), engine_cpu_s(), time.monotonic()
         with log_path.open("w") as log:
             proc = subprocess.Popen(
                 ["bash", "-c", command], cwd=repo, env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True,
-                preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+                preexec_fn=enter_groups)
             assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
@@ -158,6 +173,8 @@ def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None
         suite_s, docker_s = usage_s(group), usage_s(docker_group) - docker0
         engine_s = engine_cpu_s() - engine0
     finally:
+        if cap:
+            cap.close()
         if pacct:  # before the busy loops end: they are not the suite's
             _proc_acct.stop()
         for h in hogs:
@@ -177,6 +194,7 @@ def measure(repo: Path, pytest_args: list[str], load: int, log_path: Path | None
                for line in f.read_text().splitlines()]
     return {"command": command, "repo": repo.name, "commit": _commit(repo), "rc": rc,
             "date": datetime.date.today().isoformat(), "wall_s": wall_s, "load": load,
+            "cpus": cpus, "throttled_s": cap.throttled_s if cap else None,
             "suite_cpu_s": suite_s, "docker_cpu_s": docker_s, "engine_cpu_s": engine_s,
             "total_cpu_s": suite_s + docker_s + engine_s, "left_behind": left,
             "processes": _proc_acct.census(_proc_acct.parse(pacct.read_bytes())) if pacct
@@ -217,7 +235,9 @@ def per_file(run: dict[str, Any]) -> dict[str, float]:
 
 def render(run: dict[str, Any], top: int, before: dict[str, Any] | None) -> None:
     setup = [f"`{run['command']}`, commit {run['commit']}, exit {run['rc']}, "
-             f"{len(run['tests'])} tests, {run['load']} busy loop(s) beside it, {run['date']}"]
+             f"{len(run['tests'])} tests, {run['load']} busy loop(s) beside it, "
+             + (f"capped at {run['cpus']:g} CPU(s) (throttled {run['throttled_s']:.0f} s), "
+                if run.get("cpus") else "") + run["date"]]
     if before:
         setup.append(f"before: commit {before['commit']}, {len(before['tests'])} tests, "
                      f"{before['load']} busy loop(s), {before['date']}")
@@ -263,6 +283,8 @@ def main() -> int:
     ap.add_argument("--from", dest="from_", type=Path,
                     help="print the tables of a run saved with --out instead of running")
     ap.add_argument("--before", type=Path, help="a run saved with --out to compare against")
+    ap.add_argument("--cpus", type=float,
+                    help="cap the run, its containers included, at this many CPUs")
     ap.add_argument("--processes", action="store_true",
                     help="count the processes the run ends, by kind (process accounting; root)")
     ap.add_argument("pytest_args", nargs="*", help="instead of make test's, after --")
@@ -271,7 +293,7 @@ def main() -> int:
         run = json.loads(args.from_.read_text())
     else:
         run = measure(args.repo.resolve(), args.pytest_args, args.load, args.log,
-                      args.processes)
+                      args.processes, args.cpus)
         if args.out:
             args.out.write_text(json.dumps(run, indent=1))
     render(run, args.top, json.loads(args.before.read_text()) if args.before else None)
