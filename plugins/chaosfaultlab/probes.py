@@ -188,7 +188,7 @@ def wait_for_completion(run_dir: str | None = None, timeout_s: float = 300.0,
 
 def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str | None = None,
                                 golden_experiment: str | None = None,
-                                golden_cache_dir: str = "reports/.golden",
+                                golden_cache_dir: str | None = None,
                                 timeout_s: float = 600.0,
                                 configuration: dict | None = None) -> bool:
     """True if the job's final state is bitwise equal to a fault-free golden run's.
@@ -196,12 +196,14 @@ def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str |
     The golden digest is ``golden_digest`` if given; else the (cached) golden run of
     ``golden_experiment`` (a faultlab experiment file); else, for a job launched by
     ``start_training`` or the run context, the golden run of the experiment it was launched
-    from. Golden runs are cached in ``golden_cache_dir``, like ``faultlab run``'s. False if the
+    from. Golden runs are cached in ``golden_cache_dir``; by default where ``faultlab run``
+    caches them (``reports/.golden``; on Slurm the shared runs root's). False if the
     job has no final digest (it did not complete).
     """
     path = _jobs.resolve_run_dir(run_dir, configuration)
     if golden_digest is None:
-        golden_digest = _golden_digest(path, golden_experiment, Path(golden_cache_dir),
+        golden_digest = _golden_digest(path, golden_experiment,
+                                       Path(golden_cache_dir) if golden_cache_dir else None,
                                        _seconds("timeout_s", timeout_s))
     digest = compute_metrics(_events(path), []).final_digest
     if digest is None:
@@ -214,11 +216,11 @@ def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str |
     return digest == golden_digest
 
 
-def _golden_digest(run_dir: Path, golden_experiment: str | None, cache_dir: Path,
+def _golden_digest(run_dir: Path, golden_experiment: str | None, cache_dir: Path | None,
                    timeout_s: float) -> str:
     import json
 
-    from faultlab.engine.golden import GoldenRunFailed, golden_cache_dir, golden_run
+    from faultlab.engine.golden import GoldenRunFailed, golden_cache_for, golden_run
     from faultlab.errors import InvalidExperimentError
     from faultlab.spec import experiment_from_dict, load_experiment
 
@@ -235,7 +237,8 @@ def _golden_digest(run_dir: Path, golden_experiment: str | None, cache_dir: Path
     except InvalidExperimentError as e:
         raise TargetError(f"golden_experiment: {e}") from None
     try:  # on the job's own target, like the engine's
-        golden = golden_run(exp, golden_cache_dir(exp, cache_dir), timeout_s=timeout_s)
+        golden = golden_run(exp, golden_cache_for(exp, cache_dir, Path("reports")),
+                            timeout_s=timeout_s)
     except GoldenRunFailed as e:
         raise TargetError(str(e)) from None
     if golden.digest is None:
