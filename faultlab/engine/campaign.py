@@ -158,6 +158,7 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
                       "type": p.type, "victim": str(p.victim), "entry": p.entry}
                      for p in schedule],
         "golden_key": golden.key, "golden_run_dir": golden.run_dir,
+        "golden_cached": golden.cached,
         "score": strict_json(score.to_dict()),
         **_plot_data(events, result.faults, score),
     }
