@@ -146,14 +146,24 @@ def difference(reference: dict[str, Any] | None, run: dict[str, Any] | None) -> 
     return f"{describe(reference, differ)} vs {describe(run, differ)}"
 
 
+TOKEN_WAIT_S = 3.0
+"""How long the probe looks again for a token file it does not see at once (a file just made
+on another host of a shared filesystem can take a moment to appear)."""
+
+
 def main() -> int:
     """Print this node's site as one JSON line (the slurm target's probe), with the node's
-    name and, for each directory given, whether the token file named there is seen."""
+    name and, for each token file named, whether this node sees it."""
     import socket
+    import time
 
     import torch  # noqa: F401 - the versions are torch's
 
+    deadline = time.monotonic() + TOKEN_WAIT_S
     seen = {arg: Path(arg).is_file() for arg in sys.argv[1:]}
+    while not all(seen.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        seen = {arg: Path(arg).is_file() for arg in sys.argv[1:]}
     print(json.dumps({"site": site(), "node": socket.gethostname(), "seen": seen}), flush=True)
     return 0
 
