@@ -16,14 +16,15 @@ uncommitted diff of the working directory). Entries are written atomically under
 lock, so parallel experiments (pytest-xdist) that need the same golden run it once. A Slurm
 experiment's cache is on the cluster's shared filesystem (``golden_cache_dir``), and every way
 of running (``faultlab run``, campaigns, ``--repeat``, the pre-launch suite, the pytest plugin,
-the Chaos Toolkit probe) finds it there: ``golden_cache_dir``.
+the Chaos Toolkit probe) finds it there: ``golden_cache_for``.
 
 The nodes' site is read on this host for nodes on this host, and for Slurm learnt on the nodes
 (one ``srun`` probe per cluster and partition, then what runs report: the target's
 ``probe_site`` and ``site_seen``). It is a key, not a proof: the golden run records the site its
 rank 0 reported (``GoldenRun.site``), so does the experiment's run, and the judge uses no
 reference from another site (``faultlab.judge.evidence``); the runner then drops that entry
-(``forget``), so the next run computes the reference under the key of the nodes it met.
+(``refuse_other_hardware``), so the next run computes the reference under the key of the nodes
+it met. Where a reference is looked for and keyed, and its refusal, are ``golden_site``'s.
 
 ``runs: 2`` (the experiment's ``golden.runs``) runs it a second time: two fault-free runs that
 differ say the trainer is not reproducible (``faultlab.judge.noise``), and measure its
@@ -57,6 +58,7 @@ import torch
 
 import faultlab
 from faultlab.engine.foreign import complete_events, log_losses
+from faultlab.engine.golden_site import golden_cache_dir, golden_cache_for, reference_site
 from faultlab.engine.shared_checkpoints import SharedCheckpoint
 from faultlab.engine.view import NullView
 from faultlab.errors import TargetError
@@ -65,16 +67,15 @@ from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
 from faultlab.observe.final_state import final_checkpoint_path
 from faultlab.observe.launch_findings import trainer_findings
 from faultlab.observe.logs import node_logs
-from faultlab.observe.site import other_hardware, run_site
+from faultlab.observe.site import run_site
 from faultlab.runtime.events import read_events
-from faultlab.runtime.site import COMPARED, difference, site
+from faultlab.runtime.site import COMPARED, difference
 from faultlab.spec import Experiment
 from faultlab.spec.trainers import get_trainer
 from faultlab.targets import target_class
 
-__all__ = ["GoldenRun", "GoldenRunFailed", "code_version", "forget", "golden_cache_dir",
-           "golden_cache_for", "golden_key", "golden_run", "reference_site",
-           "refuse_other_hardware"]
+__all__ = ["GoldenRun", "GoldenRunFailed", "code_version", "golden_cache_dir", "golden_cache_for",
+           "golden_key", "golden_run", "reference_site"]
 
 
 class GoldenRunFailed(TargetError):
@@ -160,30 +161,6 @@ def golden_key(exp: Experiment) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def reference_site(exp: Experiment) -> dict[str, Any]:
-    """Where a golden run of ``exp`` computes its bits, as far as it is known before the run:
-    the target kind and this host's site (``faultlab.runtime.site``, exact for nodes on this
-    host), with what the target says over it (``Target.reference_site``: Slurm's cluster and
-    its nodes' site). Part of the cache key: a CPU reference is never looked up for a GPU run,
-    one cluster's or partition's never for another's."""
-    here = site(exp.topology.world_size)
-    return {"target": exp.topology.launcher, **here, **target_class(exp).reference_site(exp)}
-
-
-def golden_cache_dir(exp: Experiment, default: Path) -> Path:
-    """Where ``exp``'s golden runs are cached when no cache was named (``--golden-cache``):
-    where its target says (``Target.golden_cache_dir``: ``default``, the report directory's
-    ``.golden``, where the nodes see this host's files; the shared runs root on Slurm)."""
-    return target_class(exp).golden_cache_dir(exp, default)
-
-
-def golden_cache_for(exp: Experiment, named: Path | None, report_dir: Path) -> Path:
-    """The golden cache every way of running ``exp`` uses (a run, a campaign, ``--repeat``,
-    the pre-launch suite, the pytest plugin, the Chaos Toolkit probe): the one named, else
-    ``golden_cache_dir`` with ``report_dir/.golden`` as the default."""
-    return named if named is not None else golden_cache_dir(exp, report_dir / ".golden")
-
-
 def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int = 1,
                view: NullView | None = None) -> GoldenRun:
     """The cached golden result for ``exp``, running it (without faults, on its own target)
@@ -246,34 +223,6 @@ def _learn(exp: Experiment, golden: GoldenRun, cache_dir: Path) -> None:
         key = golden_key(exp)
         if key != golden.key:
             _store(cache_dir / f"{key}.json", golden)
-
-
-def refuse_other_hardware(exp: Experiment, cache_dir: Path, golden: GoldenRun,
-                          events: list[dict[str, Any]], source: str) -> str:
-    """After a run: ``reference from other hardware (A vs B)`` when its rank 0 reported
-    another site than ``golden`` ran on (the judge used none of it), and then the entry is
-    dropped (``forget``); '' when the sites agree or either is unknown."""
-    seen = run_site(events)
-    note = other_hardware(golden.site, seen)
-    if note and seen is not None:
-        forget(exp, cache_dir, golden, seen, source)
-    return note
-
-
-def forget(exp: Experiment, cache_dir: Path, golden: GoldenRun, seen: dict[str, Any],
-           source: str) -> None:
-    """The run met other hardware than ``golden`` ran on (``seen``: its rank 0's site): drop
-    the entry, so that the next run computes the reference again, and tell the target what the
-    nodes are (``site_seen``), so that it does so under the key of those nodes."""
-    with open(cache_dir / f"{golden.key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        entry = cache_dir / f"{golden.key}.json"
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(entry.read_text()).get("site") == golden.site:  # not a newer one
-                entry.unlink()
-    site_seen = getattr(target_class(exp), "site_seen", None)
-    if site_seen is not None:
-        site_seen(exp, seen, source)
 
 
 def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:

@@ -25,13 +25,8 @@ from typing import Any
 
 from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.foreign import complete_events, log_losses
-from faultlab.engine.golden import (
-    GoldenRun,
-    GoldenRunFailed,
-    golden_cache_for,
-    golden_run,
-    refuse_other_hardware,
-)
+from faultlab.engine.golden import GoldenRun, GoldenRunFailed, golden_cache_for, golden_run
+from faultlab.engine.golden_site import refuse_other_hardware
 from faultlab.engine.hub import Hub, control_plane
 from faultlab.engine.runtime_plan import RuntimeSetup
 from faultlab.engine.session import LINGER_S, JobSession, training_done

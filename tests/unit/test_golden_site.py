@@ -8,7 +8,8 @@ hardware is never used (issue 53, part 5).
   without GPUs keys an H100 partition's reference by the H100s), and a run that reports other
   hardware moves it;
 - the judge refuses a reference whose site differs from the run's: bitwise and within-noise
-  are not measured, the note says which hardware; the runner's ``forget`` drops the entry.
+  are not measured, the note says which hardware; the runner then drops the entry
+  (``refuse_other_hardware``).
 
 On the real cluster, tests/slurm/test_slurm_experiments.py checks that the key carries what the
 nodes report (one ``srun`` probe on a node), and that the probe refuses a run directory the
@@ -24,7 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from faultlab.engine.golden import GoldenRun, forget, golden_key, golden_run, reference_site
+from faultlab.engine.golden import GoldenRun, golden_key, golden_run, reference_site
+from faultlab.engine.golden_site import refuse_other_hardware
 from faultlab.judge import judge
 from faultlab.observe import compute_metrics
 from faultlab.observe.site import other_hardware, run_site
@@ -182,13 +184,14 @@ def test_a_refused_reference_is_dropped_and_the_next_run_keys_the_nodes_it_met(
     entry = {"digest": "abc", "losses": {"1": 1.0}, "wall_s": 1.0, "run_dir": str(tmp_path),
              "site": a100, "checkpoints_outside": []}
     (cache / f"{key}.json").write_text(json.dumps(entry))
-    old = golden_run(exp, cache, timeout_s=1)  # cached: nothing runs (the probe needs srun)
+    old = golden_run(exp, cache, timeout_s=1)  # cached, the nodes known: nothing runs
     assert old.cached and old.site == a100
     h100 = {**a100, "accelerator": H100, "driver": "550.54.15"}
-    forget(exp, cache, old, h100, "run r")  # the run met H100s
-    assert not (cache / f"{key}.json").exists()
+    events = [{"kind": "start", "rank": 0, "t": 1.0, "site": h100}]  # the run met H100s
+    note = refuse_other_hardware(exp, cache, old, events, "run r")
+    assert note == other_hardware(a100, h100) and not (cache / f"{key}.json").exists()
     assert golden_key(exp) != key and reference_site(exp)["accelerator"] == H100
-    # an entry another process wrote since (another site) is not dropped by a stale forget
+    # an entry another process wrote since (another site) is not dropped by a stale refusal
     (cache / f"{key}.json").write_text(json.dumps({**entry, "site": h100}))
-    forget(exp, cache, old, h100, "run r")
+    refuse_other_hardware(exp, cache, old, events, "run r")
     assert (cache / f"{key}.json").exists()
