@@ -450,13 +450,18 @@ def _dry_run(experiments: list, console: Console) -> int:  # type: ignore[type-a
 
 
 def _sla_table(result) -> Table:  # type: ignore[no-untyped-def]
+    from faultlab.judge.timing import bound_text
+
     table = Table(title=f"{result.name}: {result.verdict.upper()}  ({result.run_folder})")
     for col in ("SLA", "bound", "measured", "result"):
         table.add_column(col)
     for s in result.slas:
         measured = "not measured" if s.measured is None else (
             f"{s.measured:.3f}" if isinstance(s.measured, float) else str(s.measured))
-        table.add_row(escape(s.name), escape(str(s.bound)),
+        if s.ratio and s.measured is not None:
+            measured += f" s ({s.ratio})"
+        bound = bound_text(s.bound, s.limit) if isinstance(s.bound, dict) else str(s.bound)
+        table.add_row(escape(s.name), escape(bound),
                       escape(measured + (f" ({s.note})" if s.note else "")),
                       "[green]pass[/]" if s.passed else "[bold red]FAIL[/]")
     return table

@@ -187,7 +187,11 @@ def slas_page() -> str:
            "(`not measured: ...`), never guessed. The definitions below are the ones the code "
            "measures (the docstrings of `faultlab.observe`). `faultlab list slas` prints the "
            "short form. Each SLA is one declaration (`faultlab.sla`); those a team registers "
-           "appear here beside the built-ins ([Adding an SLA](../guides/extending.md)).\n\n",
+           "appear here beside the built-ins ([Adding an SLA](../guides/extending.md)). Every "
+           "upper bound in seconds may also be written relative to the job's own fault-free "
+           "timings (`resume_time_s: {cold_starts: 2.5}`), which each run measures again on its "
+           "own target: such a bound holds on a slower machine as on a faster one; the verdict "
+           "shows the seconds and the ratio.\n\n",
            "| key | unit | kind | what |\n| --- | --- | --- | --- |\n"]
     for key, sla in SLAS.items():
         out.append(f"| [`{key}`](#{key}) | {sla.unit} | {sla.kind} | {_cell(sla.description)} |\n")
@@ -199,6 +203,11 @@ def slas_page() -> str:
         for key, sla in table.items():
             out.append(f"\n### {key}\n\n{_md(sla.description)}.\n\n")
             out.append(f"- **unit:** {sla.unit}\n- **judged as:** {bound[sla.kind]}\n")
+            if getattr(sla, "relative", False):
+                out.append("- **relative:** also written in the job's own timings, "
+                           "`{cold_starts: k}`, `{step_times: k}` or a sum with fixed `s` "
+                           "([Time bounds that carry between machines]"
+                           "(../concepts.md#time-bounds-that-carry-between-machines))\n")
             if sla.metric:
                 out.append(f"- **metric:** `{sla.metric}`\n")
             else:  # a declaration that measures the run's records itself

@@ -42,6 +42,7 @@ from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError
 from faultlab.faults import Fault, Victim
 from faultlab.judge import SLAResult, judge
+from faultlab.judge.timing import TimingUnits, timing_units
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.observe.launch_findings import LaunchFinding, launch_findings, trainer_findings
@@ -179,6 +180,7 @@ class _Judged:
     slurm_view: dict[str, Any] | None = None
     scan: Any = None
     saved_outside: list[str] = field(default_factory=list)
+    units: TimingUnits | None = None
 
     @property
     def verdict(self) -> str:
@@ -376,6 +378,8 @@ class _Run:
                                    hung_after_restart=hung, services=exp.target.services) \
             if self.launch_info else []
         findings += trainer_findings(logs, self.records, events)  # under any launcher
+        # The units of a relative bound: this run's own fault-free start, else the golden run's.
+        units = timing_units(events, self.session.launched_t, self.records, self.golden)
         # Stopped before the launch: no SLA was measured, and a table of "not measured" would
         # only bury the reason (the error).
         slas = [] if self.stopped or self.golden_failed else judge(
@@ -384,7 +388,7 @@ class _Run:
             findings=findings,
             node_exits=target.result().returncodes if target is not None else None,
             lost_nodes=target.result().killed if target is not None else (),
-            stopped_nodes=self.session.lingering, losses=losses or None)
+            stopped_nodes=self.session.lingering, losses=losses or None, units=units)
         slas += on_time if slas else []
         own = own_checkpoints_check(exp, self.source, events, job_dir) if events else None
         if own is not None:  # first: every other line of the verdict is vacuous beside it
@@ -399,7 +403,7 @@ class _Run:
         if control.get("lost") and slas:
             slas.append(SLAResult("control_plane_intact", True, False, False, control["lost"]))
         return _Judged(slas, metrics, landed, findings, control, final_state, losses,
-                       slurm_view, scan, saved_outside)
+                       slurm_view, scan, saved_outside, units)
 
     # -- journal ---------------------------------------------------------------------------
 
@@ -416,7 +420,8 @@ class _Run:
                            "file": str(self.source) if self.source else None, "seed": exp.seed,
                            "document": exp.model_dump(mode="json")},
             "golden": dataclasses.asdict(self.golden) if self.golden else None,
-            "run": {"started_t": self.started_t, "ended_t": time.time(),
+            "run": {"started_t": self.started_t, "launched_t": self.session.launched_t,
+                    "ended_t": time.time(),
                     "wall_s": time.time() - self.started_t, "job_s": self.job_s,
                     "timed_out": self.timed_out, "interrupted": self.interrupted,
                     "error": self.error, "job_dir": str(self.job_dir),
@@ -429,6 +434,7 @@ class _Run:
                     "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
                                           if k != "tensors"} if final_state else None),
                     "log_losses": judged.losses or None,
+                    "timing_units": judged.units.to_dict() if judged.units else None,
                     "stopped_after_completion": self.session.lingering,
                     "checkpoints_outside": judged.saved_outside,
                     "slurm": judged.slurm_view,

@@ -124,8 +124,9 @@ class SlaSpread:
     """The 95th percentile on the failing side: p95 for ``max``, p5 for ``min``."""
     headroom: float | None
     """How far the tail is from the bound, positive when inside it (``bound - p95`` for
-    ``max``, ``p5 - bound`` for ``min``); None for ``bool`` SLAs or when nothing was
-    measured."""
+    ``max``, ``p5 - bound`` for ``min``; for a relative bound, which each run made seconds
+    with its own units, the p5 of each run's ``limit - measured``); None for ``bool`` SLAs
+    or when nothing was measured."""
 
     @property
     def headroom_fraction(self) -> float | None:
@@ -220,7 +221,13 @@ def _sla_spread(name: str, bound: Any, rows: list[Mapping[str, Any]], num_runs: 
     if kind != "bool" and measured:
         median = statistics.median(measured)
         b = _number(bound)
-        if kind == "max":
+        if kind == "max" and isinstance(bound, dict):  # relative: each run had its own limit
+            tail = nearest_rank(measured, 0.95)
+            slack = [-(lim - m) for r in rows if (lim := _number(r.get("limit"))) is not None
+                     and (m := _number(r.get("measured"))) is not None]
+            worst = nearest_rank(slack, 0.95)
+            headroom = None if worst is None else -worst
+        elif kind == "max":
             tail = nearest_rank(measured, 0.95)
             headroom = None if b is None or tail is None else b - tail
         else:  # the low tail: the p95 of the negated values

@@ -16,6 +16,7 @@ from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState
 from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.sla import slas
+from faultlab.sla.timing import RelativeSeconds, TimingUnits, bound_text
 from faultlab.spec import Experiment, arrival_times_s
 
 __all__ = ["Golden", "SLAResult", "judge"]
@@ -42,6 +43,10 @@ class SLAResult:
     measured: Any
     passed: bool
     note: str = ""
+    limit: float | None = None
+    """A relative bound (``bound``: ``{"cold_starts": 2.5}``) in seconds on this run."""
+    ratio: str = ""
+    """The measured seconds in the run's own units (``1.73 cold starts``)."""
 
     def describe(self) -> str:
         campaign = CAMPAIGN_SLAS.get(self.name)
@@ -49,7 +54,11 @@ class SLAResult:
         kind = campaign.kind if campaign else sla.kind if sla else "bool"
         op = {"max": "<=", "min": ">=", "bool": "=="}[kind]
         measured = "not measured" if self.measured is None else repr(self.measured)
-        return f"{self.name}: measured {measured}, required {op} {self.bound!r}" + \
+        if self.ratio:
+            measured += f" s ({self.ratio})"
+        bound = bound_text(self.bound, self.limit) if isinstance(self.bound, dict) \
+            else repr(self.bound)
+        return f"{self.name}: measured {measured}, required {op} {bound}" + \
             (f" ({self.note})" if self.note else "")
 
 
@@ -62,7 +71,8 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
           node_exits: Mapping[str, int | None] | None = None,
           lost_nodes: Collection[str] = (),
           stopped_nodes: Collection[str] = (),
-          losses: Mapping[int, float] | None = None) -> list[SLAResult]:
+          losses: Mapping[int, float] | None = None,
+          units: TimingUnits | None = None) -> list[SLAResult]:
     """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
     fault was injected at least once (an experiment whose fault never fired proved nothing).
 
@@ -78,14 +88,18 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
     struck, not below ``min_nodes``), and each node no fault struck exited 0. ``node_exits``
     is the target's exit code per node (``Target.result().returncodes``; None: that half is not
     measured), ``lost_nodes`` its nodes lost on purpose (``killed``), ``stopped_nodes`` those
-    the engine stopped because training had completed and they still ran."""
+    the engine stopped because training had completed and they still ran.
+
+    ``units`` are the run's fault-free timings (``faultlab.judge.timing.timing_units``), by
+    which a relative bound in seconds is judged; None: such a bound is not measured."""
     out = _injected(exp, metrics, faults, events, job_s) + _golden_fault_free(golden)
     ev = RunEvidence(exp, metrics, golden, timed_out, faults, events, final_state, job_s,
-                     findings, node_exits, lost_nodes, stopped_nodes, losses)
+                     findings, node_exits, lost_nodes, stopped_nodes, losses, units)
     declared = slas()
     for key, bound in exp.expect.items():
         o = declared[key].judge(ev, bound)
-        out.append(SLAResult(key, bound, o.measured, o.passed, o.note))
+        written = bound.terms() if isinstance(bound, RelativeSeconds) else bound
+        out.append(SLAResult(key, written, o.measured, o.passed, o.note, o.limit, o.ratio))
     return out
 
 

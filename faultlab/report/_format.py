@@ -61,15 +61,26 @@ def timestamp(t: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t)))
 
 
-def sla_bound(name: str, bound: Any) -> str:
-    """``≤ 40 s``, ``≥ 0.3``, ``= yes``: the SLA's comparison and bound."""
+def sla_bound(name: str, bound: Any, limit: float | None = None) -> str:
+    """``≤ 40 s``, ``≥ 0.3``, ``= yes``, ``≤ 2.5 cold starts = 6.08 s``: the SLA's comparison
+    and bound (``limit``: a relative bound in seconds on the run)."""
     from faultlab.judge import SLA_KINDS
     from faultlab.judge.slas import CAMPAIGN_SLAS
+    from faultlab.judge.timing import bound_text
 
     campaign = CAMPAIGN_SLAS.get(name)  # a campaign in a suite: ettr ≥ 0.3, not "= 0.3"
     kind = campaign.kind if campaign else SLA_KINDS.get(name, "bool")
     op = {"max": "≤", "min": "≥", "bool": "="}[kind]
+    if isinstance(bound, dict):
+        return f"{op} {bound_text(bound, limit)}"
     return f"{op} {measured(name, bound)}"
+
+
+def sla_measured(entry: dict[str, Any]) -> str:
+    """What an SLA row of a journal measured, with its ratio to the run's own units."""
+    text = measured(entry["name"], entry.get("measured"))
+    return f"{text} ({entry['ratio']})" if entry.get("ratio") and \
+        entry.get("measured") is not None else text
 
 
 def measured(name: str, value: Any) -> str:

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultlab.judge.timing import bound_text
+
 __all__ = ["SCHEMA_VERSION", "environment", "read_journal", "render_markdown", "strict_json",
            "write_journal"]
 
@@ -137,7 +139,10 @@ def render_markdown(journal: dict[str, Any]) -> str:
     lines += ["## SLAs", "", "| SLA | bound | measured | result |", "| --- | --- | --- | --- |"]
     for s in journal["slas"]:
         note = f" ({s['note']})" if s.get("note") else ""
-        lines.append(f"| {s['name']} | {_fmt(s['bound'])} | {_fmt(s['measured'])}{note} | "
+        bound = bound_text(s["bound"], s.get("limit")) if isinstance(s["bound"], dict) \
+            else _fmt(s["bound"])
+        ratio = f" ({s['ratio']})" if s.get("ratio") and s["measured"] is not None else ""
+        lines.append(f"| {s['name']} | {bound} | {_fmt(s['measured'])}{ratio}{note} | "
                      f"{'pass' if s['passed'] else '**FAIL**'} |")
     lines += findings_markdown(run.get("launch_findings") or [])
     lines += ["", "## Faults", "",

@@ -46,8 +46,9 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def sla_summary(slas: list[dict[str, Any]]) -> str:
     """One line per experiment: ``recovery_time_s 4.77 s (≤ 40.00 s) ✓; …``."""
-    return "; ".join(f"{s['name']} {fmt.measured(s['name'], s['measured'])} "
-                     f"({fmt.sla_bound(s['name'], s['bound'])}) {'✓' if s['passed'] else '✗'}"
+    return "; ".join(f"{s['name']} {fmt.sla_measured(s)} "
+                     f"({fmt.sla_bound(s['name'], s['bound'], s.get('limit'))}) "
+                     f"{'✓' if s['passed'] else '✗'}"
                      for s in slas if not s["name"].startswith("fault_injected"))
 
 
@@ -183,8 +184,8 @@ def _experiment(exp: dict[str, Any]) -> list[str]:
         lines += _repeats(exp["repeats"])
     if exp.get("slas"):
         lines += _table(["SLA", "bound", "measured", "result"],
-                        [[s["name"], fmt.sla_bound(s["name"], s["bound"]),
-                          fmt.measured(s["name"], s["measured"])
+                        [[s["name"], fmt.sla_bound(s["name"], s["bound"], s.get("limit")),
+                          fmt.sla_measured(s)
                           + (f" ({s['note']})" if s.get("note") else ""),
                           "pass" if s["passed"] else "**FAIL**"] for s in exp["slas"]])
     if exp.get("campaign"):

@@ -18,7 +18,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import Field, ValidationError
+
+from faultlab.sla.timing import RelativeSeconds, in_units
 
 __all__ = ["Evidence", "Kind", "Outcome", "Sla"]
 
@@ -62,6 +66,9 @@ class Evidence(Protocol):
     """Ids of the faults injected without error."""
     unfinished: str
     """How the run fell short of finishing ('' if it completed)."""
+    units: Any
+    """The run's fault-free timings, the units of a relative bound
+    (``faultlab.sla.timing.TimingUnits``), or None."""
 
     def value(self, metric: str) -> Any:
         """The run-level metric ``metric`` of ``metrics`` (None: not measured or unknown)."""
@@ -111,6 +118,11 @@ class Outcome:
     measured: Any
     passed: bool
     note: str = ""
+    limit: float | None = None
+    """A relative bound in seconds on this run (None: the bound is as written)."""
+    ratio: str = ""
+    """The measured seconds in the run's own units (``2.10 cold starts``), for every bound in
+    seconds whose unit the run measured."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,20 +160,36 @@ class Sla:
 
     # ------------------------------------------------------------------------- the YAML side
 
+    @property
+    def relative(self) -> bool:
+        """An upper bound in seconds: it may also be written in the run's own units
+        (``{cold_starts: 2.5}``, ``faultlab.sla.timing``)."""
+        return self.unit == "s" and self.kind == "max"
+
     def annotation(self) -> Any:
         """The value's type for the ``Expect`` model (``None`` is always allowed: not judged)."""
+        if self.relative:
+            return Annotated[self.value, Field(**self.bounds())] | RelativeSeconds | None
         return self.value | None
 
     def bounds(self) -> dict[str, float]:
         """The bounds that are set, as keywords of ``pydantic.Field``."""
         return {k: v for k in ("gt", "ge", "lt", "le") if (v := getattr(self, k)) is not None}
 
+    def field_bounds(self) -> dict[str, float]:
+        """The bounds the ``Expect`` field itself carries (a relative bound's are inside its
+        annotation, on the number)."""
+        return {} if self.relative else self.bounds()
+
     def field_doc(self) -> str:
         return inspect.cleandoc(self.doc)
 
     def parse(self, value: Any) -> Any:
-        """Turn the YAML value into the bound, before its type is checked (default: as is);
-        raise ``ValueError`` with a message to refuse it."""
+        """Turn the YAML value into the bound, before its type is checked (default: as is, a
+        mapping of a bound in seconds into ``RelativeSeconds``); raise ``ValueError`` with a
+        message to refuse it."""
+        if self.relative and isinstance(value, dict):
+            return relative_bound(value)
         return value
 
     # ------------------------------------------------------------------------ the judge side
@@ -190,9 +218,23 @@ class Sla:
 
     def judge(self, ev: Evidence, bound: Any) -> Outcome:
         """The verdict: measure, explain, then the notes every SLA shares (not measured, and
-        why; the launch findings that explain a failure)."""
-        measured, note = self.explain(ev, self.measure(ev), bound)
-        return self.conclude(ev, bound, measured, note)
+        why; the launch findings that explain a failure). A relative bound is first made
+        seconds with the run's own units; one whose unit the run did not measure is not
+        measured."""
+        units = getattr(ev, "units", None)  # an Evidence double of a team's may have none
+        limit = bound.seconds(units) if isinstance(bound, RelativeSeconds) else bound
+        measured = self.measure(ev)
+        if limit is None:
+            return Outcome(measured, False, f"not measured: the bound is {bound}, and this run "
+                           f"measured no such unit ({_describe(units)}) nor did its golden "
+                           f"run")
+        measured, note = self.explain(ev, measured, limit)
+        out = self.conclude(ev, limit, measured, note)
+        if not self.relative:
+            return out
+        ratio = in_units(measured, units) if isinstance(measured, int | float) else ""
+        return Outcome(out.measured, out.passed, out.note,
+                       limit if isinstance(bound, RelativeSeconds) else None, ratio)
 
     def conclude(self, ev: Evidence, bound: Any, measured: Any, note: str) -> Outcome:
         if measured is None and ev.unfinished and (why := self.unfinished_why(ev)):
@@ -203,3 +245,26 @@ class Sla:
         if not passed:
             note = "; ".join(filter(None, [note, *ev.findings_for(self.key)]))
         return Outcome(measured, passed, note)
+
+
+def relative_bound(value: dict[Any, Any]) -> RelativeSeconds:
+    """A mapping written for a bound in seconds, checked; ``ValueError`` says what is wrong."""
+    try:
+        return RelativeSeconds(**{str(k): v for k, v in value.items()})
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            why = f"unknown key {where!r}"
+        elif where:
+            why = f"{where}: {first['msg'].lower()}, not {first['input']!r}"
+        else:
+            why = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{why}; a bound in seconds is a number, or a mapping of s (fixed "
+                         f"seconds), cold_starts (times the run's launch-to-first-step) and "
+                         f"step_times (times its median step), e.g. {{cold_starts: 2.5}}") \
+            from None
+
+
+def _describe(units: Any) -> str:
+    return units.describe() if units is not None else "no timings recorded"
