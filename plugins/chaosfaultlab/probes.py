@@ -47,9 +47,26 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise TargetError(f"{name}: expected a number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def _window_s(path: Path, name: str, seconds: Any, cold_starts: Any) -> float:
+    """A waiting probe's window: ``seconds``, or when ``cold_starts`` is given (> 0) that many
+    times the job's own cold start, its launch to its first step (``faultlab.sla.timing``): a
+    window in cold starts holds on a slower machine as on a faster one. The cold start is
+    known for a job this process launched once it has made a step; otherwise the probe fails
+    with the reason (a window it cannot measure is never a pass)."""
+    k = _seconds("cold_starts", cold_starts)
+    if not k:
+        return _seconds(name, seconds)
+    cold = _jobs.cold_start_s(path)
+    if cold is None:
+        raise TargetError(f"cold_starts: the cold start of the job in {path} is not known (it "
+                          f"is for a job this chaos process launched, once it has made a "
+                          f"step); give {name} in seconds instead")
+    return k * cold
 
 
 def current_step(run_dir: str | None = None, configuration: dict | None = None) -> int:
@@ -60,11 +77,13 @@ def current_step(run_dir: str | None = None, configuration: dict | None = None) 
 
 
 def training_is_progressing(run_dir: str | None = None, within_s: float = 10.0,
-                            configuration: dict | None = None) -> bool:
-    """True if the job completes a new step within ``within_s`` seconds from now — or has
-    completed its run (a finished job made all the progress there was to make)."""
-    within_s = _seconds("within_s", within_s)
+                            configuration: dict | None = None,
+                            cold_starts: float = 0.0) -> bool:
+    """True if the job completes a new step within ``within_s`` seconds from now (or, given
+    ``cold_starts``, within that many times its own launch-to-first-step) — or has completed
+    its run (a finished job made all the progress there was to make)."""
     path = _jobs.resolve_run_dir(run_dir, configuration)
+    within_s = _window_s(path, "within_s", within_s, cold_starts)
     stream = EventStream(path)
     stream.poll()
     start = stream.max_step()
@@ -112,17 +131,20 @@ def _recovery_s(events: list[dict[str, Any]], fault: InjectionState) -> float | 
     return max(first.values()) - T if len(first) == world else None
 
 
-def recovered_within(seconds: float, run_dir: str | None = None,
-                     configuration: dict | None = None) -> bool:
+def recovered_within(seconds: float = 0.0, run_dir: str | None = None,
+                     configuration: dict | None = None, cold_starts: float = 0.0) -> bool:
     """True if the job got back to the highest step it had reached before the last injected
-    fault within ``seconds`` of that injection (faultlab's recovery time <= ``seconds``).
+    fault within ``seconds`` of that injection (faultlab's recovery time <= ``seconds``), or,
+    given ``cold_starts``, within that many times the job's own launch-to-first-step.
 
     Waits until the answer is known: recovery seen, or ``seconds`` after the injection passed,
     or the job ended. True when no fault was injected (nothing to recover from), so the probe
     can sit in a steady-state hypothesis that is also checked before the method.
     """
-    seconds = _seconds("seconds", seconds)
     path = _jobs.resolve_run_dir(run_dir, configuration)
+    if not (seconds or cold_starts):
+        raise TargetError("recovered_within: give seconds, or cold_starts (> 0)")
+    seconds = _window_s(path, "seconds", seconds, cold_starts)
     fault = ActionLog(path).last_injected()
     if fault is None:
         logger.info(f"recovered_within: no fault injected into {path} yet; nothing to recover "

@@ -16,12 +16,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import chaosfaultlab
 import psutil
 import pytest
-from chaosfaultlab import _undo, actions, control, probes
+from chaosfaultlab import _jobs, _undo, actions, control, probes
 from chaosfaultlab._state import ActionLog
 from chaoslib.exceptions import InvalidActivity
 
@@ -45,7 +46,7 @@ def test_discover_lists_exactly_the_exported_activities() -> None:
     args = {a["name"]: {x["name"]: x for x in a["arguments"]} for a in d["activities"]}
     assert list(args["inject_fault"])[:4] == ["fault_type", "target", "params", "run_dir"]
     assert args["recovered_within"]["seconds"]["type"] == "number"
-    assert "default" not in args["recovered_within"]["seconds"]  # required
+    assert args["recovered_within"]["cold_starts"]["type"] == "number"
     assert args["kill_rank"]["signal"]["default"] == "KILL"
     for activity in d["activities"]:
         assert activity["doc"], f"{activity['name']} has no docstring"
@@ -318,6 +319,26 @@ def test_recovered_within_uses_faultlabs_recovery_time(tmp_path: Path) -> None:
     assert not probes.recovered_within(5.9, run_dir=str(tmp_path))
     assert time.monotonic() - t0 < 5  # the job is not running: no waiting for a deadline
     assert probes.current_step(run_dir=str(tmp_path)) == 15
+
+
+def test_a_window_in_cold_starts_is_the_launched_jobs_own(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """recovered_within(cold_starts=k): k times the job's launch to its first step, which this
+    process knows of a job it launched; of any other job it is refused, never guessed."""
+    T = _killed_and_recovered(tmp_path, back_after_s=6.0)
+    with pytest.raises(TargetError, match="the cold start of the job in .* is not known"):
+        probes.recovered_within(run_dir=str(tmp_path), cold_starts=10)
+    first_step = min(e["t"] for e in probes._events(tmp_path) if e["kind"] == "step")
+    session = SimpleNamespace(launched_t=first_step - 2.0)  # a cold start of 2 s
+    monkeypatch.setattr(_jobs, "launched", lambda path: SimpleNamespace(session=session))
+    monkeypatch.setattr(_jobs, "job_running", lambda path: False)
+    assert _jobs.cold_start_s(tmp_path) == pytest.approx(2.0)
+    assert probes.recovered_within(run_dir=str(tmp_path), cold_starts=3)  # 6 s <= 6 s
+    assert not probes.recovered_within(run_dir=str(tmp_path), cold_starts=2.9)
+    assert not probes.recovered_within(30, run_dir=str(tmp_path), cold_starts=2.9)  # replaced
+    with pytest.raises(TargetError, match="recovered_within: give seconds, or cold_starts"):
+        probes.recovered_within(run_dir=str(tmp_path))
+    assert T > first_step
 
 
 def test_progress_and_completion_of_a_finished_job(tmp_path: Path) -> None:
