@@ -21,8 +21,9 @@ from pytest_faultlab._messages import (
 )
 from pytest_faultlab._options import Settings
 
-__all__ = ["ExperimentFailed", "ExperimentFile", "ExperimentItem", "looks_like_experiment",
-           "record_properties", "repeat_table", "sla_table", "settings_key"]
+__all__ = ["ExperimentFailed", "ExperimentFile", "ExperimentItem", "hang_guard_s",
+           "looks_like_experiment", "record_properties", "repeat_table", "sla_table",
+           "settings_key"]
 
 settings_key = pytest.StashKey[Settings]()
 
@@ -82,12 +83,10 @@ class ExperimentItem(pytest.Item):
         self.problem = problem
         if experiment is not None and self.config.pluginmanager.hasplugin("timeout"):
             # The repo-wide timeout (e.g. 120 s) is for unit tests; an experiment bounds
-            # itself with run.timeout_s (twice when a golden run may be needed first).
-            runs = self.config.stash[settings_key].repeat
-            golden = experiment.expect.bitwise_equal_to_golden is not None or \
-                _is_campaign(source)  # a campaign always needs its golden run
-            runs += 1 if golden else 0
-            self.add_marker(pytest.mark.timeout(runs * experiment.run.timeout_s + 120))
+            # itself with run.timeout_s, once per run and per golden run it may need first.
+            self.add_marker(pytest.mark.timeout(hang_guard_s(
+                experiment, runs=self.config.stash[settings_key].repeat,
+                campaign=_is_campaign(source))))
 
     def runtest(self) -> None:
         if self.problem is not None:
@@ -147,6 +146,19 @@ class ExperimentItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"faultlab experiment {self.name}"
+
+
+GUARD_REST_S = 120
+"""What a run costs besides its job, bounded: the engine's start, judging, clean-up."""
+
+
+def hang_guard_s(experiment: Any, *, runs: int = 1, campaign: bool = False) -> float:
+    """How long a test that runs ``experiment`` ``runs`` times may take before pytest-timeout
+    calls it hung: each run, and each golden run it may need first (a campaign always needs
+    one), is bounded by the experiment's own ``run.timeout_s``, a configured timer; the rest
+    is ``GUARD_REST_S``. Derived from the experiment, never from one machine's clock."""
+    golden = 1 if campaign else getattr(experiment, "golden_runs", 1)
+    return (runs + golden) * experiment.run.timeout_s + GUARD_REST_S
 
 
 def _is_campaign(source: Path) -> bool:

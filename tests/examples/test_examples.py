@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from pytest_faultlab._items import hang_guard_s
 
 from faultlab.engine import run_experiment
 from faultlab.engine.campaign import run_campaign
@@ -244,9 +245,23 @@ def test_an_example_left_to_slurm_is_that_slurm_experiment_on_local_nodes(name: 
     assert SCENARIOS[name].verdict == "pass"  # tests/slurm asserts that the Slurm run passes
 
 
+def guarded(names: set[str], *, runs: int = 1) -> list[object]:
+    """Each example as a parameter with its hang guard: pytest-timeout at what its own
+    ``run.timeout_s`` bounds (``hang_guard_s``: each run and golden run), not the suite's
+    120 s for unit tests, which a job with a golden run meets on a machine half as fast."""
+    out = []
+    for name in sorted(names):
+        path = EXAMPLES / name.replace("/", "/experiments/")
+        campaign = load_campaign(path)
+        doc = campaign[0] if campaign else load_experiment(path)
+        out.append(pytest.param(name, marks=pytest.mark.timeout(hang_guard_s(
+            doc, runs=runs, campaign=campaign is not None))))
+    return out
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - set(SHOWN_ON_SLURM)
+@pytest.mark.parametrize("name", guarded(set(SCENARIOS) - set(SHOWN_ON_SLURM)
                                          - set(SHOWN_WITH_FIX) - SHOWN_BY_PLUGIN_TEST))
 def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Path) -> None:
     expected = SCENARIOS[name]
@@ -276,7 +291,7 @@ def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Pat
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SHOWN_WITH_FIX))
+@pytest.mark.parametrize("name", guarded(set(SHOWN_WITH_FIX), runs=2))  # the team's, the fix's
 def test_with_fix_turns_the_finding_into_a_pass(name: str, tmp_path: Path,
                                                 golden_cache: Path) -> None:
     """Issue 38's proof: the team's plain torchrun line fails as its scenario says, and the same
