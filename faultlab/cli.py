@@ -490,8 +490,8 @@ def _print_unmeasured(rows: list[Any], console: Console) -> None:
     """An inconclusive run's lines under its table: what could not be measured, and why."""
     for s in rows:
         name, note = (s.name, s.note) if hasattr(s, "name") else (s["name"], s.get("note"))
-        console.print(f"[bold yellow]INCONCLUSIVE[/] {escape(name)}: not measured"
-                      + (f" ({escape(note)})" if note else ""))
+        console.print(f"[bold yellow]INCONCLUSIVE[/] {escape(name)}: "
+                      f"{escape(note or 'not measured')}")
     if rows:
         console.print("inconclusive is not a pass: nothing failed, but nothing showed the run "
                       f"right either (exit status {EXIT_INCONCLUSIVE})")

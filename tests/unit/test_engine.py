@@ -296,7 +296,8 @@ def test_an_inconclusive_journal_renders_and_exits_3(tmp_path: Path, capsys: Any
     assert read_journal(tmp_path)["slas"][1]["result"] == "inconclusive"
     assert cli_main(["report", str(tmp_path)]) == EXIT_INCONCLUSIVE
     out = capsys.readouterr().out
-    assert "INCONCLUSIVE bitwise_equal_to_golden: not measured (not measured: two" in out
+    assert "INCONCLUSIVE bitwise_equal_to_golden: not measured: two fault-free runs differ; " \
+           "add X" in out
     # the exit codes: one verdict, and many combined
     assert [exit_code(v) for v in ("pass", "fail", "inconclusive", "not run")] == [0, 1, 3, 1]
     assert [combine(v) for v in (["pass", "inconclusive"], ["inconclusive", "fail"], [],
