@@ -184,7 +184,10 @@ def slas_page() -> str:
            "Every key an experiment may state under `expect`, with the metric it is judged "
            "against. A metric is *not measured* when the run left none of the evidence it "
            "needs; an SLA on a metric that was not measured fails, and its note says why "
-           "(`not measured: ...`), never guessed. The definitions below are the ones the code "
+           "(`not measured: ...`), never guessed. A *correctness* SLA not measured on a run "
+           "that completed (no usable reference) makes the verdict `inconclusive` instead: "
+           "never a pass, exit code 3; its note says what to add. A NaN never holds. The "
+           "definitions below are the ones the code "
            "measures (the docstrings of `faultlab.observe`). `faultlab list slas` prints the "
            "short form. Each SLA is one declaration (`faultlab.sla`); those a team registers "
            "appear here beside the built-ins ([Adding an SLA](../guides/extending.md)). Every "
@@ -217,6 +220,9 @@ def slas_page() -> str:
             definition = defs.get(sla.metric) if sla.metric else None
             if definition:
                 out.append(f"- **measured:** {_cell(definition)}\n")
+            if getattr(sla, "correctness", False):
+                out.append("- **correctness:** not measured on a run that completed, the "
+                           "verdict is `inconclusive` (exit code 3), not failed\n")
             if sla.metric in UNFINISHED_RUN:
                 out.append(f"- **not measured when the run did not complete:** "
                            f"{_md(UNFINISHED_RUN[sla.metric])}\n")

@@ -43,6 +43,7 @@ from faultlab.errors import FaultError, FaultlabError
 from faultlab.faults import Fault, Victim
 from faultlab.judge import SLAResult, judge
 from faultlab.judge.timing import TimingUnits, timing_units
+from faultlab.judge.verdict import FAIL, INCONCLUSIVE, verdict_of
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.observe.launch_findings import LaunchFinding, launch_findings, trainer_findings
@@ -76,8 +77,18 @@ class RunResult:
     def passed(self) -> bool:
         return self.verdict == "pass"
 
+    @property
+    def inconclusive(self) -> bool:
+        """Nothing failed, but a correctness SLA could not be measured (never a pass)."""
+        return self.verdict == INCONCLUSIVE
+
     def failures(self) -> list[SLAResult]:
-        return [s for s in self.slas if not s.passed]
+        """The checks that failed (not those inconclusive or covered: ``unmeasured``)."""
+        return [s for s in self.slas if s.result == FAIL]
+
+    def unmeasured(self) -> list[SLAResult]:
+        """The inconclusive checks: each note says what to add."""
+        return [s for s in self.slas if s.result == INCONCLUSIVE]
 
 
 @dataclass
@@ -184,7 +195,7 @@ class _Judged:
 
     @property
     def verdict(self) -> str:
-        return "pass" if self.slas and all(s.passed for s in self.slas) else "fail"
+        return verdict_of(self.slas)
 
 
 class _Run:
@@ -410,10 +421,10 @@ class _Run:
     def journal(self, judged: _Judged) -> RunResult:
         exp, target, launch, storage = self.exp, self.target, self.launch_info, self.storage
         final_state = judged.final_state
-        verdict = judged.verdict if self.error is None else "fail"
+        verdict = judged.verdict if self.error is None else FAIL
         journal = {
             "verdict": verdict,
-            "slas": [dataclasses.asdict(s) for s in judged.slas],
+            "slas": [s.to_dict() for s in judged.slas],
             "metrics": judged.metrics.to_dict(),
             "faults": [_record_dict(r, judged.landed.get(r.id)) for r in self.records],
             "experiment": {"name": exp.name, "description": exp.description,

@@ -8,7 +8,9 @@ or anything with their ``verdict``, ``slas`` and ``metrics``) and returns:
   default every run must pass; ``min_pass_rate`` (a fraction in (0, 1]) sets another bar: the
   set passes when ``passed / runs >= min_pass_rate``, compared exactly (``Fraction``), so 19/20
   meets 0.95. An empty set, or one cut short by Ctrl-C, never passes: a verdict over runs that
-  did not happen would be a vacuous one.
+  did not happen would be a vacuous one. An inconclusive run (``faultlab.judge.verdict``) is
+  not a pass: a set that meets its bar only if its inconclusive runs are counted as passes is
+  ``inconclusive``; one that misses it even so fails.
 - per numeric metric: median and p95 over the runs that measured it, min and max, and how many
   runs measured it.
 - per SLA: the bound, how many runs met it, the median and the tail of what was measured, and
@@ -34,6 +36,7 @@ from fractions import Fraction
 from typing import Any
 
 from faultlab.judge.slas import SLA_KINDS
+from faultlab.judge.verdict import FAIL, INCONCLUSIVE, PASS, row_result
 
 __all__ = ["ALL_PASS", "MetricSpread", "RepeatSummary", "SlaSpread", "format_rate",
            "nearest_rank", "parse_pass_rate", "required_passes", "summarize"]
@@ -118,6 +121,9 @@ class SlaSpread:
     num_passed: int
     num_runs: int
     num_measured: int
+    num_inconclusive: int
+    """Runs in which it was inconclusive (not measured for want of a reference; covered ones
+    not counted)."""
     median: float | None
     """Median of the measured values (numeric SLAs; None for ``bool``)."""
     tail: float | None
@@ -150,14 +156,21 @@ class RepeatSummary:
     slas: list[SlaSpread] = field(default_factory=list)
 
     @property
+    def num_inconclusive(self) -> int:
+        return sum(v == INCONCLUSIVE for v in self.verdicts)
+
+    @property
     def required(self) -> int:
         return required_passes(self.num_runs, self.min_pass_rate)
 
     @property
     def verdict(self) -> str:
-        ok = (self.num_runs > 0 and not self.interrupted
-              and Fraction(self.num_passed, self.num_runs) >= self.min_pass_rate)
-        return "pass" if ok else "fail"
+        if self.num_runs == 0 or self.interrupted:
+            return FAIL
+        if Fraction(self.num_passed, self.num_runs) >= self.min_pass_rate:
+            return PASS
+        could = Fraction(self.num_passed + self.num_inconclusive, self.num_runs)
+        return INCONCLUSIVE if could >= self.min_pass_rate else FAIL
 
     @property
     def passed(self) -> bool:
@@ -168,12 +181,15 @@ class RepeatSummary:
         pct = f"{100 * self.num_passed / self.num_runs:.0f}%" if self.num_runs else "—"
         bar = ("every run" if self.min_pass_rate == ALL_PASS
                else f"min pass rate {format_rate(self.min_pass_rate)}")
-        return (f"{self.num_passed}/{self.num_runs} passed ({pct}; required "
-                f"{self.required}, {bar})" + (", interrupted" if self.interrupted else ""))
+        return (f"{self.num_passed}/{self.num_runs} passed"
+                + (f", {self.num_inconclusive} inconclusive" if self.num_inconclusive else "")
+                + f" ({pct}; required {self.required}, {bar})"
+                + (", interrupted" if self.interrupted else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "num_runs": self.num_runs,
-                "num_passed": self.num_passed, "required": self.required,
+                "num_passed": self.num_passed, "num_inconclusive": self.num_inconclusive,
+                "required": self.required,
                 "min_pass_rate": float(self.min_pass_rate),
                 "min_pass_rate_exact": str(self.min_pass_rate),
                 "interrupted": self.interrupted, "verdicts": list(self.verdicts),
@@ -237,4 +253,6 @@ def _sla_spread(name: str, bound: Any, rows: list[Mapping[str, Any]], num_runs: 
     num_measured = sum(r.get("measured") is not None for r in rows)
     return SlaSpread(name=name, kind=kind, bound=bound,
                      num_passed=sum(bool(r.get("passed")) for r in rows), num_runs=num_runs,
-                     num_measured=num_measured, median=median, tail=tail, headroom=headroom)
+                     num_measured=num_measured,
+                     num_inconclusive=sum(row_result(r) == INCONCLUSIVE for r in rows),
+                     median=median, tail=tail, headroom=headroom)

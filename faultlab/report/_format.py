@@ -95,3 +95,32 @@ def measured(name: str, value: Any) -> str:
 
 def verdict(value: str) -> str:
     return {"pass": "PASS", "fail": "FAIL"}.get(value, value.upper())
+
+
+RESULT_WORDS = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE",
+                "covered": "covered"}
+"""An SLA's ``result`` (``faultlab.judge.verdict``) as the reports write it."""
+
+RESULT_MARKS = {"pass": "✓", "fail": "✗", "inconclusive": "?", "covered": "~"}
+"""An SLA's ``result`` in a one-line summary."""
+
+
+def sla_result(row: Any) -> str:
+    """The ``result`` of a journal's SLA row (one written before ``inconclusive`` existed
+    too)."""
+    from faultlab.judge.verdict import row_result
+
+    return row_result(row)
+
+
+def result_word(row: Any, *, markdown: bool = False) -> str:
+    """``pass``, ``FAIL``, ``INCONCLUSIVE`` or ``covered``; in Markdown the two that need
+    attention bold."""
+    result = sla_result(row)
+    word = RESULT_WORDS.get(result, result)
+    return f"**{word}**" if markdown and result in ("fail", "inconclusive") else word
+
+
+def result_mark(row: Any) -> str:
+    return RESULT_MARKS.get(sla_result(row), "?")
+

@@ -15,7 +15,9 @@ implementation).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
@@ -113,7 +115,12 @@ class Evidence(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """One SLA judged: what was measured (None: not measured), whether it held, and why."""
+    """One SLA judged: what was measured (None: not measured), whether it held, and why.
+
+    ``inconclusive``: not measured for want of evidence that the run did not lose (no
+    reference to compare with: two fault-free runs that differ, golden runs that went NaN, a
+    trainer that printed no loss): neither passed nor failed. It is never ``passed``; the
+    run's verdict is ``inconclusive`` when nothing failed. Its note says what to add."""
 
     measured: Any
     passed: bool
@@ -123,6 +130,11 @@ class Outcome:
     ratio: str = ""
     """The measured seconds in the run's own units (``2.10 cold starts``), for every bound in
     seconds whose unit the run measured."""
+    inconclusive: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inconclusive and self.passed:
+            raise ValueError("an inconclusive outcome is never passed (it was not measured)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +169,13 @@ class Sla:
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
+    correctness: bool = False
+    """A correctness SLA: it judges what the job computed (its final state, its losses), not
+    how fast or how often it recovered. Not measured on a run that completed (no reference,
+    a reference that cannot be used), it makes the verdict ``inconclusive``, not failed:
+    nothing showed the run wrong, and nothing showed it right. On a run that did not complete
+    it fails like any other. The built-in ones: ``bitwise_equal_to_golden``,
+    ``matches_golden_within_noise``, ``healed_state_matches_peer``."""
 
     # ------------------------------------------------------------------------- the YAML side
 
@@ -199,6 +218,10 @@ class Sla:
         return ev.value(self.metric) if self.metric else None
 
     def holds(self, measured: Any, bound: Any) -> bool:
+        """``measured`` meets ``bound``; NaN never does (``bool(nan)`` is True, and NaN
+        compares False both ways: each comparison must fail it, not pass it)."""
+        if isinstance(measured, float) and math.isnan(measured):
+            return False
         if self.kind == "max":
             return bool(measured <= bound)
         if self.kind == "min":
@@ -233,8 +256,8 @@ class Sla:
         if not self.relative:
             return out
         ratio = in_units(measured, units) if isinstance(measured, int | float) else ""
-        return Outcome(out.measured, out.passed, out.note,
-                       limit if isinstance(bound, RelativeSeconds) else None, ratio)
+        return dataclasses.replace(out, limit=limit if isinstance(bound, RelativeSeconds)
+                                   else None, ratio=ratio)
 
     def conclude(self, ev: Evidence, bound: Any, measured: Any, note: str) -> Outcome:
         if measured is None and ev.unfinished and (why := self.unfinished_why(ev)):
@@ -242,9 +265,10 @@ class Sla:
         if measured is None:
             note = note or "not measured: the run ended without the events it needs"
         passed = measured is not None and self.holds(measured, bound)
-        if not passed:
+        inconclusive = measured is None and self.correctness and not ev.unfinished
+        if not passed and not inconclusive:
             note = "; ".join(filter(None, [note, *ev.findings_for(self.key)]))
-        return Outcome(measured, passed, note)
+        return Outcome(measured, passed, note, inconclusive=inconclusive)
 
 
 def relative_bound(value: dict[Any, Any]) -> RelativeSeconds:

@@ -3,8 +3,10 @@
 Every probe reads the job's event stream (``RUN_DIR/events``, the event protocol of
 docs/concepts.md) afresh, so it works the same on a job launched by this ``chaos`` process and on
 one that was already running. The boolean probes are made for a steady-state hypothesis with
-``"tolerance": true``; ``current_step`` suits a ``range`` tolerance. Metric definitions
-(high-water step, recovery time, completion) are those of ``faultlab.observe.metrics``.
+``"tolerance": true``; ``current_step`` suits a ``range`` tolerance; ``final_digest_matches_golden``
+answers ``"inconclusive"`` where bitwise equality cannot be judged (a trainer that is not
+reproducible), which ``true`` does not accept. Metric definitions (high-water step, recovery
+time, completion) are those of ``faultlab.observe.metrics``.
 
 Probes that wait (``training_is_progressing``, ``recovered_within``, ``wait_for_completion``)
 wait at most as long as their argument says, and stop early once the answer is known. Why a
@@ -23,6 +25,7 @@ from chaosfaultlab import _jobs
 from chaosfaultlab._state import ActionLog, InjectionState
 from faultlab.errors import TargetError
 from faultlab.faults import fault_types
+from faultlab.judge.noise import reproducibility
 from faultlab.observe import EventStream, FaultRecord, compute_metrics
 
 __all__ = [
@@ -208,11 +211,16 @@ def wait_for_completion(run_dir: str | None = None, timeout_s: float = 300.0,
     return False
 
 
+INCONCLUSIVE = "inconclusive"
+"""What ``final_digest_matches_golden`` returns when bitwise equality cannot be judged: a value
+a tolerance tells apart from both ``true`` and ``false``."""
+
+
 def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str | None = None,
                                 golden_experiment: str | None = None,
                                 golden_cache_dir: str = "reports/.golden",
                                 timeout_s: float = 600.0,
-                                configuration: dict | None = None) -> bool:
+                                configuration: dict | None = None) -> bool | str:
     """True if the job's final state is bitwise equal to a fault-free golden run's.
 
     The golden digest is ``golden_digest`` if given; else the (cached) golden run of
@@ -220,24 +228,41 @@ def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str |
     ``start_training`` or the run context, the golden run of the experiment it was launched
     from. Golden runs are cached in ``golden_cache_dir``, like ``faultlab run``'s. False if the
     job has no final digest (it did not complete).
+
+    ``"inconclusive"`` (neither true nor false) when that experiment asks for two fault-free
+    runs (``golden: {runs: 2}``) and they differ: the trainer is not bitwise reproducible, so
+    no digest of it can match; the log says from which step they differ and what to do. A
+    tolerance of ``true`` does not accept it; ``[true, "inconclusive"]`` would.
     """
     path = _jobs.resolve_run_dir(run_dir, configuration)
+    not_reproducible = None
     if golden_digest is None:
-        golden_digest = _golden_digest(path, golden_experiment, Path(golden_cache_dir),
-                                       _seconds("timeout_s", timeout_s))
+        golden = _golden(path, golden_experiment, Path(golden_cache_dir),
+                         _seconds("timeout_s", timeout_s))
+        repro = reproducibility(golden)
+        not_reproducible = repro.note() if repro is not None and not repro.reproducible \
+            else None
+        if not_reproducible is None and golden.digest is None:
+            raise TargetError(f"the golden run in {golden.run_dir} produced no final digest")
+        golden_digest = golden.digest
     digest = compute_metrics(_events(path), []).final_digest
     if digest is None:
         logger.warning(f"final_digest_matches_golden: the job in {path} has no final digest "
                        f"(it has not completed)")
         return False
+    if not_reproducible is not None:
+        logger.warning(f"final_digest_matches_golden: {INCONCLUSIVE}: {not_reproducible}")
+        return INCONCLUSIVE
     if digest != golden_digest:
         logger.warning(f"final_digest_matches_golden: final digest {digest[:16]}… differs "
                        f"from the golden run's {str(golden_digest)[:16]}…")
     return digest == golden_digest
 
 
-def _golden_digest(run_dir: Path, golden_experiment: str | None, cache_dir: Path,
-                   timeout_s: float) -> str:
+def _golden(run_dir: Path, golden_experiment: str | None, cache_dir: Path,
+            timeout_s: float) -> Any:
+    """The golden run (``faultlab.engine.golden.GoldenRun``) of the experiment named, or of
+    the one the job was launched from: as many fault-free runs as it asks for."""
     import json
 
     from faultlab.engine.golden import GoldenRunFailed, golden_cache_dir, golden_run
@@ -257,9 +282,7 @@ def _golden_digest(run_dir: Path, golden_experiment: str | None, cache_dir: Path
     except InvalidExperimentError as e:
         raise TargetError(f"golden_experiment: {e}") from None
     try:  # on the job's own target, like the engine's
-        golden = golden_run(exp, golden_cache_dir(exp, cache_dir), timeout_s=timeout_s)
+        return golden_run(exp, golden_cache_dir(exp, cache_dir), timeout_s=timeout_s,
+                          runs=exp.golden.runs)
     except GoldenRunFailed as e:
         raise TargetError(str(e)) from None
-    if golden.digest is None:
-        raise TargetError(f"the golden run of {exp.name!r} produced no final digest")
-    return golden.digest

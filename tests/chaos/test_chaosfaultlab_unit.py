@@ -354,6 +354,34 @@ def test_progress_and_completion_of_a_finished_job(tmp_path: Path) -> None:
     assert not probes.latest_checkpoint_valid(run_dir=str(tmp_path))  # there is none
 
 
+def test_a_trainer_that_is_not_reproducible_answers_inconclusive(tmp_path: Path) -> None:
+    """Two fault-free runs of the golden experiment differ: no digest of the job can match
+    them, and the probe says so with a value a tolerance tells from true and false."""
+    from faultlab.engine.golden import golden_cache_dir, golden_key
+    from faultlab.spec import load_experiment
+
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text("name: g\ngolden: {runs: 2}\nexpect: {bitwise_equal_to_golden: true}\n")
+    exp = load_experiment(exp_file)
+    cache = golden_cache_dir(exp, tmp_path / "golden")
+    cache.mkdir(parents=True)
+    entry = {"digest": "abc", "losses": {"1": 2.0}, "wall_s": 1.0, "run_dir": str(tmp_path),
+             "checkpoints_outside": [], "second": {"digest": "abd", "losses": {"1": 2.1}}}
+    (cache / f"{golden_key(exp)}.json").write_text(json.dumps(entry))
+    run_dir = tmp_path / "run"
+    _write_run(run_dir, [
+        {"t": 1.0, "kind": "start", "rank": 0, "pid": 1, "resumed_from_step": 0},
+        {"t": 3.0, "kind": "final_digest", "rank": 0, "pid": 1, "digest": "abc"},
+        {"t": 3.1, "kind": "exit", "rank": 0, "pid": 1, "reason": "completed"}])
+    answer = probes.final_digest_matches_golden(run_dir=str(run_dir),
+                                                golden_experiment=str(exp_file),
+                                                golden_cache_dir=str(tmp_path / "golden"))
+    assert answer == probes.INCONCLUSIVE == "inconclusive"
+    assert answer is not True and answer is not False
+    # the same job against the given digest: judged bit for bit
+    assert probes.final_digest_matches_golden(run_dir=str(run_dir), golden_digest="abc") is True
+
+
 def test_a_stalled_job_is_not_progressing(tmp_path: Path) -> None:
     _write_run(tmp_path, [{"t": 1.0, "kind": "start", "rank": 0, "pid": 1,
                            "resumed_from_step": 0},
