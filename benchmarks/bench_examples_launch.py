@@ -35,7 +35,7 @@ DEFAULT = [f"examples/{name}.yaml" for name in (
 
 def outcome(result) -> str:  # type: ignore[no-untyped-def]
     """The run's outcome in a few words: whose failure it shows."""
-    notes = {s.name: s.note or "" for s in result.slas if not s.passed}
+    notes = {s.name: s.note or "" for s in result.slas if s.result in ("fail", "inconclusive")}
     if any("never trained again until the timeout" in n for n in notes.values()):
         return "torchrun: the restart hung until the timeout (restart_hung)"
     if any("connectFullMesh failed" in n for n in notes.values()):

@@ -93,6 +93,15 @@ EXPECTED_FAILURES = {"experiments/rank_hang_default_timeouts.yaml":
                      ("completes", "detection_latency_s")}
 
 
+def _failing(journal: dict[str, Any]) -> tuple[str, ...]:
+    """The SLAs a run failed (not those inconclusive or covered), sorted: what tests/examples'
+    table lists as failing."""
+    from faultlab.judge.verdict import row_result
+
+    return tuple(sorted(s["name"] for s in journal.get("slas") or []
+                        if row_result(s) == "fail"))
+
+
 def expectations() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Experiment key → (the verdict CI asserts, the SLAs it asserts failing): the examples'
     from tests/examples' own table (one source of truth), the rest pass unless listed in
@@ -359,15 +368,13 @@ def _soak(args: argparse.Namespace, out: Path) -> int:
         summary = summarize(journals)
         verdicts = set(summary.verdicts)
         # An example expected to fail must fail the same way every time, not just fail.
-        failing = {tuple(sorted(s["name"] for s in j.get("slas") or [] if not s["passed"]))
-                   for j in journals}
+        failing = {_failing(j) for j in journals}
         resume, detect, wall = (_p(summary, m) for m in
                                 ("resume_time_s", "detection_latency_s", "wall_s"))
         missing = args.runs - summary.num_runs
         verdict, must_fail = expected.get(key, ("pass", ()))
         # as expected: the verdict CI asserts, failing exactly the SLAs CI asserts failing
-        as_expected = sum(j.get("verdict") == verdict and tuple(sorted(
-            s["name"] for s in j.get("slas") or [] if not s["passed"])) == must_fail
+        as_expected = sum(j.get("verdict") == verdict and _failing(j) == must_fail
                           for j in journals)
         rows.append([key, "pass" if verdict == "pass" else "fail: " + ", ".join(must_fail),
                      f"{as_expected}/{args.runs}"

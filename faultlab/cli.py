@@ -37,7 +37,20 @@ from faultlab.errors import FaultlabError, InvalidExperimentError
 if TYPE_CHECKING:
     from faultlab.spec import PlannedSuite
 
-EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_CODES = ("exit status: 0 every experiment passed; 1 one failed (or the run broke); 2 "
+              "invalid input, nothing run; 3 inconclusive: nothing failed, but a correctness SLA "
+              "could not be measured (its note says what to add); 130 interrupted")
+VERDICT_EXIT = {"pass": EXIT_PASS, "inconclusive": EXIT_INCONCLUSIVE}
+"""A verdict's exit status (anything else: ``EXIT_FAIL``)."""
+
+
+CODE_VERDICT = {EXIT_PASS: "pass", EXIT_INCONCLUSIVE: "inconclusive"}
+
+
+def exit_code(verdict: str) -> int:
+    """``pass`` → 0, ``inconclusive`` → 3, anything else → 1 (``EXIT_CODES``)."""
+    return VERDICT_EXIT.get(verdict, EXIT_FAIL)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                                              "training.")
     p.add_argument("--version", action="version", version=f"faultlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="run experiments and judge their SLAs")
+    run = sub.add_parser("run", help="run experiments and judge their SLAs", epilog=EXIT_CODES)
     run.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT",
                      help="experiment, campaign or suite files (YAML), run in order")
     run.add_argument("--report-dir", type=Path, default=Path("reports"),
@@ -358,6 +371,9 @@ def _report(run_dir: Path, console: Console) -> int:
         raise FaultlabError(str(e)) from None
     (run_dir / "report.md").write_text(render_markdown(journal))
     console.print(f"wrote {run_dir / 'report.md'} (verdict: {journal['verdict']})")
+    if journal.get("campaign") is None and journal["verdict"] == "inconclusive":
+        _print_unmeasured([s for s in journal["slas"] if s.get("result") == "inconclusive"],
+                          console)
     if journal.get("campaign"):  # a campaign run: its page too, and its tables
         from faultlab.report.html import render_campaign_html
 
@@ -365,7 +381,7 @@ def _report(run_dir: Path, console: Console) -> int:
         for table in campaign_tables(journal["campaign"]["score"]):
             console.print(table)
         console.print(f"wrote {run_dir / 'report.html'}")
-    return EXIT_PASS if journal["verdict"] == "pass" else EXIT_FAIL
+    return exit_code(journal["verdict"])
 
 
 def _metadata_serve(args: argparse.Namespace, console: Console, err: Console) -> int:
@@ -477,17 +493,41 @@ def _dry_run(experiments: list, console: Console) -> int:  # type: ignore[type-a
     return EXIT_PASS
 
 
+RESULT_STYLE = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]",
+                "inconclusive": "[bold yellow]INCONCLUSIVE[/]", "covered": "[dim]covered[/]"}
+"""An SLA's ``result`` in the terminal's tables."""
+
+VERDICT_STYLE = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]",
+                 "inconclusive": "[bold yellow]INCONCLUSIVE[/]"}
+
+
 def _sla_table(result) -> Table:  # type: ignore[no-untyped-def]
+    from faultlab.judge.timing import bound_text
+
     table = Table(title=f"{result.name}: {result.verdict.upper()}  ({result.run_folder})")
     for col in ("SLA", "bound", "measured", "result"):
         table.add_column(col)
     for s in result.slas:
         measured = "not measured" if s.measured is None else (
             f"{s.measured:.3f}" if isinstance(s.measured, float) else str(s.measured))
-        table.add_row(escape(s.name), escape(str(s.bound)),
+        if s.ratio and s.measured is not None:
+            measured += f" s ({s.ratio})"
+        bound = bound_text(s.bound, s.limit) if isinstance(s.bound, dict) else str(s.bound)
+        table.add_row(escape(s.name), escape(bound),
                       escape(measured + (f" ({s.note})" if s.note else "")),
-                      "[green]pass[/]" if s.passed else "[bold red]FAIL[/]")
+                      RESULT_STYLE[s.result])
     return table
+
+
+def _print_unmeasured(rows: list[Any], console: Console) -> None:
+    """An inconclusive run's lines under its table: what could not be measured, and why."""
+    for s in rows:
+        name, note = (s.name, s.note) if hasattr(s, "name") else (s["name"], s.get("note"))
+        console.print(f"[bold yellow]INCONCLUSIVE[/] {escape(name)}: "
+                      f"{escape(note or 'not measured')}")
+    if rows:
+        console.print("inconclusive is not a pass: nothing failed, but nothing showed the run "
+                      f"right either (exit status {EXIT_INCONCLUSIVE})")
 
 
 def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # type: ignore[type-arg]
@@ -497,9 +537,10 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
     default golden cache (a suite's runs go to a folder of their own, its cache does not)."""
     from faultlab.engine import RunView, run_experiment
     from faultlab.engine.golden import golden_cache_for
+    from faultlab.judge.verdict import combine
     from faultlab.spec import load_campaign
 
-    verdicts = []
+    verdicts: list[str] = []
     repeat = getattr(args, "repeat", 1)
     if getattr(args, "bar", False):
         _refuse_bar(experiments)
@@ -515,7 +556,7 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
                                  golden_cache=golden_cache, on_result=on_result)
             if code == EXIT_INTERRUPTED:
                 return code
-            verdicts.append((exp.name, code == EXIT_PASS))
+            verdicts.append(CODE_VERDICT.get(code, "fail"))
             continue
         campaign = load_campaign(path, seed=getattr(args, "seed", None))
         try:
@@ -534,7 +575,7 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
                     for problem in e.problems:
                         console.print(f"[bold red]invalid campaign[/] {escape(str(problem))}")
                     on_result(index, None, "fail", "; ".join(map(str, e.problems)))
-                    verdicts.append((exp.name, False))
+                    verdicts.append("fail")
                     continue
                 result = ran.result
                 for table in campaign_tables(ran.score.to_dict()):
@@ -556,6 +597,8 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
             console.print(f"[bold red]error:[/] {escape(result.error)}")
         for s in result.failures():
             console.print(f"[bold red]FAIL[/] {escape(s.describe())}")
+        if result.verdict == "inconclusive":
+            _print_unmeasured(result.unmeasured(), console)
         console.print(f"journal: {result.journal_path}")
         if getattr(args, "bar", False) and campaign is None and \
                 exp.target.launch_line(exp.topology.launcher) is not None:
@@ -570,12 +613,14 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
                               golden_cache=golden_cache)
             except KeyboardInterrupt as e:
                 return _interrupted(e, "run_folder", "journal in", index, None, console)
-        verdicts.append((exp.name, result.passed))
+        verdicts.append(result.verdict)
+    overall = combine(verdicts)
     if len(verdicts) > 1:
-        passed = sum(ok for _n, ok in verdicts)
-        console.print(f"[bold]overall: {'PASS' if passed == len(verdicts) else 'FAIL'}[/] "
-                      f"({passed}/{len(verdicts)} experiments passed)")
-    return EXIT_PASS if all(ok for _n, ok in verdicts) else EXIT_FAIL
+        inconclusive = verdicts.count("inconclusive")
+        console.print(f"[bold]overall: {overall.upper()}[/] "
+                      f"({verdicts.count('pass')}/{len(verdicts)} experiments passed"
+                      + (f", {inconclusive} inconclusive" if inconclusive else "") + ")")
+    return exit_code(overall)
 
 
 BAR_METRICS = ("completes", "restarts", "detection_latency_s", "resume_time_s",
@@ -757,7 +802,8 @@ def bar_rows(team, bar) -> list[tuple[str, str, str]]:  # type: ignore[no-untype
 
     def sla(result, name: str) -> str:  # type: ignore[no-untyped-def]
         found = next((s for s in result.slas if s.name == name), None)
-        return "—" if found is None else ("pass" if found.passed else "FAIL")
+        return "—" if found is None else found.result.upper() if found.result != "pass" \
+            else "pass"
 
     rows = [("verdict", team.verdict.upper(), bar.verdict.upper())]
     rows += [(name, metric(team, name), metric(bar, name)) for name in BAR_METRICS]
@@ -827,7 +873,7 @@ def _run_repeated(exp, path: Path, args: argparse.Namespace,  # type: ignore[no-
         failed = ", ".join(s.name for s in result.failures())
         if failed and result.findings:  # what explains it, by name (the report has the rest)
             failed += f" ({', '.join(dict.fromkeys(f.cause for f in result.findings))})"
-        verdict = "[green]PASS[/]" if result.passed else "[bold red]FAIL[/]"
+        verdict = VERDICT_STYLE.get(result.verdict, VERDICT_STYLE["fail"])
         console.print(f"run {i}/{repeat}: {verdict}"
                       f"  resume {_secs(m.resume_time_s)}, detection "
                       f"{_secs(m.detection_latency_s)}, recovery {_secs(m.recovery_time_s)}, "
@@ -847,11 +893,11 @@ def _run_repeated(exp, path: Path, args: argparse.Namespace,  # type: ignore[no-
         on_result(index, outcome.folder, outcome.verdict)
     for table in repeat_tables(outcome.name, outcome.summary.to_dict(), outcome.folder):
         console.print(table)
-    verdict = "[green]PASS[/]" if outcome.passed else "[bold red]FAIL[/]"
+    verdict = VERDICT_STYLE.get(outcome.verdict, VERDICT_STYLE["fail"])
     console.print(f"[bold]{escape(exp.name)}[/]: {verdict}  {outcome.summary.stability()}")
     console.print(f"record: {outcome.record_path} (and report.md; each run under "
                   f"{outcome.folder / 'runs'})")
-    return EXIT_PASS if outcome.passed else EXIT_FAIL
+    return exit_code(outcome.verdict)
 
 
 def _secs(value: float | None) -> str:
@@ -869,7 +915,7 @@ def repeat_tables(name: str, summary: dict, folder: Path) -> list[Table]:  # typ
     for col in SLA_HEADER:
         slas.add_column(col, no_wrap=col in ("SLA", "tail"))
     for row in sla_rows:
-        met, runs = (int(x) for x in row[2].split("/"))
+        met, runs = (int(x) for x in row[2].split(",")[0].split("/"))
         slas.add_row(*map(escape, row[:2]),
                      f"[green]{row[2]}[/]" if met == runs else f"[bold red]{row[2]}[/]",
                      *map(escape, row[3:]))
@@ -887,7 +933,7 @@ def _report_repeats(folder: Path, console: Console) -> int:
     record = _rerender(folder, "repeats", rerender_folder)
     console.print(f"wrote {folder / 'repeats.json'}, {folder / 'report.md'} (verdict: "
                   f"{record['verdict']}; {record['summary']['stability']})")
-    return EXIT_PASS if record["verdict"] == "pass" else EXIT_FAIL
+    return exit_code(record["verdict"])
 
 
 def _rerender(folder: Path, what: str, render: Any) -> dict[str, Any]:
@@ -934,7 +980,7 @@ def _run_suite(suite: tuple[Path, PlannedSuite], experiments: list,  # type: ign
                   f"{folder / 'report.html'} (and report.md, report.json)")
     if code == EXIT_INTERRUPTED:
         return code
-    return EXIT_PASS if report["verdict"] == "pass" else EXIT_FAIL
+    return exit_code(report["verdict"])
 
 
 def _report_suite(folder: Path, console: Console) -> int:
@@ -943,7 +989,7 @@ def _report_suite(folder: Path, console: Console) -> int:
     report = _rerender(folder, "suite", render_folder)
     console.print(f"wrote {', '.join(str(folder / n) for n in REPORT_FILES)} "
                   f"(verdict: {report['verdict']})")
-    return EXIT_PASS if report["verdict"] == "pass" else EXIT_FAIL
+    return exit_code(report["verdict"])
 
 
 if __name__ == "__main__":

@@ -184,10 +184,17 @@ def slas_page() -> str:
            "Every key an experiment may state under `expect`, with the metric it is judged "
            "against. A metric is *not measured* when the run left none of the evidence it "
            "needs; an SLA on a metric that was not measured fails, and its note says why "
-           "(`not measured: ...`), never guessed. The definitions below are the ones the code "
+           "(`not measured: ...`), never guessed. A *correctness* SLA not measured on a run "
+           "that completed (no usable reference) makes the verdict `inconclusive` instead: "
+           "never a pass, exit code 3; its note says what to add. A NaN never holds. The "
+           "definitions below are the ones the code "
            "measures (the docstrings of `faultlab.observe`). `faultlab list slas` prints the "
            "short form. Each SLA is one declaration (`faultlab.sla`); those a team registers "
-           "appear here beside the built-ins ([Adding an SLA](../guides/extending.md)).\n\n",
+           "appear here beside the built-ins ([Adding an SLA](../guides/extending.md)). Every "
+           "upper bound in seconds may also be written relative to the job's own fault-free "
+           "timings (`resume_time_s: {cold_starts: 2.5}`), which each run measures again on its "
+           "own target: such a bound holds on a slower machine as on a faster one; the verdict "
+           "shows the seconds and the ratio.\n\n",
            "| key | unit | kind | what |\n| --- | --- | --- | --- |\n"]
     for key, sla in SLAS.items():
         out.append(f"| [`{key}`](#{key}) | {sla.unit} | {sla.kind} | {_cell(sla.description)} |\n")
@@ -199,6 +206,11 @@ def slas_page() -> str:
         for key, sla in table.items():
             out.append(f"\n### {key}\n\n{_md(sla.description)}.\n\n")
             out.append(f"- **unit:** {sla.unit}\n- **judged as:** {bound[sla.kind]}\n")
+            if getattr(sla, "relative", False):
+                out.append("- **relative:** also written in the job's own timings, "
+                           "`{cold_starts: k}`, `{step_times: k}` or a sum with fixed `s` "
+                           "([Time bounds that carry between machines]"
+                           "(../concepts.md#time-bounds-that-carry-between-machines))\n")
             if sla.metric:
                 out.append(f"- **metric:** `{sla.metric}`\n")
             else:  # a declaration that measures the run's records itself
@@ -208,6 +220,9 @@ def slas_page() -> str:
             definition = defs.get(sla.metric) if sla.metric else None
             if definition:
                 out.append(f"- **measured:** {_cell(definition)}\n")
+            if getattr(sla, "correctness", False):
+                out.append("- **correctness:** not measured on a run that completed, the "
+                           "verdict is `inconclusive` (exit code 3), not failed\n")
             if sla.metric in UNFINISHED_RUN:
                 out.append(f"- **not measured when the run did not complete:** "
                            f"{_md(UNFINISHED_RUN[sla.metric])}\n")

@@ -125,7 +125,8 @@ class TrainConfig:
     max_rollbacks: int = 3
     """Rollbacks allowed in one process before a non-finite step aborts instead."""
     watchdog_s: float = 120.0
-    """Exit (after dumping every thread's stack) when no progress is made for this long."""
+    """Exit (after dumping every thread's stack) when no progress is made for this long, once
+    the process group is up (before it, a rank waits for its peers: ``pg_timeout_s``)."""
     checkpoint_timeout_s: float = 0.0
     """A save (sync or async) still unfinished after this long is hung: the watchdog reports
     it and exits. 0: ``watchdog_s``. An async save hangs in a background thread while steps

@@ -55,6 +55,8 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="faultlab-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
+        """Watch from now on (idle time counts from here)."""
+        self._last = time.monotonic()
         self._thread.start()
         return self
 

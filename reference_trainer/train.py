@@ -165,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                         idle_s=round(idle_s, 3), action="exit")
         events.emit("exit", reason="watchdog", code=EXIT_CODES["watchdog"])
 
-    watchdog = Watchdog(cfg.watchdog_s, on_watchdog).start()
+    # Started by train() once the process group is up: until then a rank waits for its peers'
+    # start-up (their imports, the rendezvous), which a slow or loaded machine stretches by
+    # seconds, and which --pg-timeout-s bounds. A 5 s step watchdog armed from the first line
+    # fired there on a machine half as fast, and every restart met it again.
+    watchdog = Watchdog(cfg.watchdog_s, on_watchdog)
     try:
         code = train(cfg, rank=rank, world_size=world_size, local_rank=local_rank,
                      events=events, watchdog=watchdog, progress=progress, t_main=t_main)
@@ -235,7 +239,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         return _leave_for_unhealthy_gpu(events, gpu, bad, agent_pid, step=0, when="start")
     mesh = init_device_mesh(device.type, (world_size,))
     t_pg_ready = time.time()
-    watchdog.beat()
+    watchdog.start()
 
     # --- model, optimizer, schedule, data ---------------------------------------------------
     mcfg = cfg.model

@@ -27,6 +27,7 @@ from faultlab.engine.view import NullView
 from faultlab.errors import InvalidExperimentError, Problem
 from faultlab.judge import SLAResult
 from faultlab.judge.slas import CAMPAIGN_SLAS
+from faultlab.judge.verdict import FAIL, verdict_of
 from faultlab.observe.campaign import CampaignScore, golden_step_time_s, score_campaign
 from faultlab.observe.records import FaultRecord
 from faultlab.report.html import render_campaign_html
@@ -147,10 +148,9 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
     # is a fact of the campaign, shown as "not injected" in its table, not a failed check.
     kept = [s for s in result.slas if not s.name.startswith("fault_injected[")]
     slas = [*kept, *judge_campaign(campaign, score)]
-    verdict = "pass" if slas and all(s.passed for s in slas) and result.error is None \
-        else "fail"
+    verdict = verdict_of(slas) if result.error is None else FAIL
     journal["verdict"] = verdict
-    journal["slas"] = strict_json([dataclasses.asdict(s) for s in slas])
+    journal["slas"] = strict_json([s.to_dict() for s in slas])
     journal["campaign"] = {
         "document": campaign.model_dump(mode="json"),
         "clock": campaign.campaign.clock,

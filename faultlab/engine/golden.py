@@ -62,6 +62,7 @@ from faultlab.engine.golden_site import golden_cache_dir, golden_cache_for, refe
 from faultlab.engine.shared_checkpoints import SharedCheckpoint
 from faultlab.engine.view import NullView
 from faultlab.errors import TargetError
+from faultlab.judge.timing import cold_start_s, step_time_s
 from faultlab.observe import compute_metrics
 from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
 from faultlab.observe.final_state import final_checkpoint_path
@@ -112,6 +113,11 @@ class GoldenRun:
     said). A run whose own differs is not judged against it."""
     second: dict[str, Any] | None = None
     """The second fault-free run (``runs: 2``): its digest, tensors, losses, checkpoint."""
+    cold_start_s: float | None = None
+    """Its launch to its first step (``faultlab.judge.timing``): the unit of a relative bound
+    for a run whose fault struck before it showed its own."""
+    step_s: float | None = None
+    """Its median step time, likewise."""
 
 
 def code_version(exp: Experiment) -> str:
@@ -233,7 +239,8 @@ def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:
                      tensors=d.get("tensors") or {}, not_measured=d.get("not_measured"),
                      checkpoints_outside=tuple(d.get("checkpoints_outside") or ()),
                      final_checkpoint=d.get("final_checkpoint"), where=d.get("where") or {},
-                     site=d.get("site"),
+                     site=d.get("site"), cold_start_s=d.get("cold_start_s"),
+                     step_s=d.get("step_s"),
                      second=None if second is None else {
                          **second, "losses": {int(k): v for k, v in second["losses"].items()}})
 
@@ -308,7 +315,9 @@ def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
                      restarts=metrics.restarts, failures=failures,
                      final_checkpoint=(foreign.path if foreign else
                                        final_checkpoint_path(events)),
-                     where=where, site=run_site(events))
+                     where=where, site=run_site(events),
+                     cold_start_s=cold_start_s(events, session.launched_t),
+                     step_s=step_time_s(events))
 
 
 def _job_id(target: Any) -> dict[str, Any]:

@@ -43,6 +43,8 @@ from faultlab.engine.view import NullView
 from faultlab.errors import FaultError, FaultlabError, TargetError
 from faultlab.faults import Fault, Victim
 from faultlab.judge import SLAResult, judge
+from faultlab.judge.timing import TimingUnits, timing_units
+from faultlab.judge.verdict import FAIL, INCONCLUSIVE, verdict_of
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
 from faultlab.observe.launch_findings import LaunchFinding, launch_findings, trainer_findings
@@ -76,8 +78,18 @@ class RunResult:
     def passed(self) -> bool:
         return self.verdict == "pass"
 
+    @property
+    def inconclusive(self) -> bool:
+        """Nothing failed, but a correctness SLA could not be measured (never a pass)."""
+        return self.verdict == INCONCLUSIVE
+
     def failures(self) -> list[SLAResult]:
-        return [s for s in self.slas if not s.passed]
+        """The checks that failed (not those inconclusive or covered: ``unmeasured``)."""
+        return [s for s in self.slas if s.result == FAIL]
+
+    def unmeasured(self) -> list[SLAResult]:
+        """The inconclusive checks: each note says what to add."""
+        return [s for s in self.slas if s.result == INCONCLUSIVE]
 
 
 @dataclass
@@ -180,10 +192,11 @@ class _Judged:
     slurm_view: dict[str, Any] | None = None
     scan: Any = None
     saved_outside: list[str] = field(default_factory=list)
+    units: TimingUnits | None = None
 
     @property
     def verdict(self) -> str:
-        return "pass" if self.slas and all(s.passed for s in self.slas) else "fail"
+        return verdict_of(self.slas)
 
 
 class _Run:
@@ -377,6 +390,8 @@ class _Run:
                                    hung_after_restart=hung, services=exp.target.services) \
             if self.launch_info else []
         findings += trainer_findings(logs, self.records, events)  # under any launcher
+        # The units of a relative bound: this run's own fault-free start, else the golden run's.
+        units = timing_units(events, self.session.launched_t, self.records, self.golden)
         # Stopped before the launch: no SLA was measured, and a table of "not measured" would
         # only bury the reason (the error).
         slas = [] if self.stopped or self.golden_failed else judge(
@@ -385,7 +400,7 @@ class _Run:
             findings=findings,
             node_exits=target.result().returncodes if target is not None else None,
             lost_nodes=target.result().killed if target is not None else (),
-            stopped_nodes=self.session.lingering, losses=losses or None)
+            stopped_nodes=self.session.lingering, losses=losses or None, units=units)
         slas += on_time if slas else []
         if self.golden is not None and (note := refuse_other_hardware(
                 exp, self.golden_cache, self.golden, events, f"run {self.run_folder}")):
@@ -404,24 +419,25 @@ class _Run:
         if control.get("lost") and slas:
             slas.append(SLAResult("control_plane_intact", True, False, False, control["lost"]))
         return _Judged(slas, metrics, landed, findings, control, final_state, losses,
-                       slurm_view, scan, saved_outside)
+                       slurm_view, scan, saved_outside, units)
 
     # -- journal ---------------------------------------------------------------------------
 
     def journal(self, judged: _Judged) -> RunResult:
         exp, target, launch, storage = self.exp, self.target, self.launch_info, self.storage
         final_state = judged.final_state
-        verdict = judged.verdict if self.error is None else "fail"
+        verdict = judged.verdict if self.error is None else FAIL
         journal = {
             "verdict": verdict,
-            "slas": [dataclasses.asdict(s) for s in judged.slas],
+            "slas": [s.to_dict() for s in judged.slas],
             "metrics": judged.metrics.to_dict(),
             "faults": [_record_dict(r, judged.landed.get(r.id)) for r in self.records],
             "experiment": {"name": exp.name, "description": exp.description,
                            "file": str(self.source) if self.source else None, "seed": exp.seed,
                            "document": exp.model_dump(mode="json")},
             "golden": dataclasses.asdict(self.golden) if self.golden else None,
-            "run": {"started_t": self.started_t, "ended_t": time.time(),
+            "run": {"started_t": self.started_t, "launched_t": self.session.launched_t,
+                    "ended_t": time.time(),
                     "wall_s": time.time() - self.started_t, "job_s": self.job_s,
                     "timed_out": self.timed_out, "interrupted": self.interrupted,
                     "error": self.error, "job_dir": str(self.job_dir),
@@ -434,6 +450,7 @@ class _Run:
                     "final_checkpoint": ({k: v for k, v in final_state.to_dict().items()
                                           if k != "tensors"} if final_state else None),
                     "log_losses": judged.losses or None,
+                    "timing_units": judged.units.to_dict() if judged.units else None,
                     "stopped_after_completion": self.session.lingering,
                     "checkpoints_outside": judged.saved_outside,
                     "slurm": judged.slurm_view,

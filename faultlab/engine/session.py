@@ -84,6 +84,8 @@ class JobSession:
         self.reaper: subprocess.Popen[bytes] | None = None
         self.launch_info: dict[str, Any] | None = None
         self.t0: float | None = None
+        self.launched_t: float | None = None
+        """Wall clock when the target started the job: a cold start is measured from it."""
         self.lingering: list[str] = []
         self._last_pids_write = 0.0
         self._stop_guard = threading.Event()
@@ -135,6 +137,7 @@ class JobSession:
             [sys.executable, "-m", "faultlab.reaper", "--parent", str(os.getpid()),
              "--pidfile", str(self.pidfile), *extra],
             start_new_session=True, stdin=subprocess.DEVNULL)
+        self.launched_t = time.time()
         target.start()
         self.launch_info = target.launch_summary()
         if self.launch_info:

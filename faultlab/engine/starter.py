@@ -32,6 +32,7 @@ names the directory and asks for the argument. It deletes nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -53,6 +54,9 @@ from faultlab.spec.launch import trainer_argv
 
 __all__ = ["InitError", "LineChange", "Measured", "TorchrunArgs", "parse_torchrun",
            "starter_document"]
+
+RESUME_COLD_STARTS = 3
+"""The starter's resume bound, in cold starts of the job (``faultlab.sla.timing``)."""
 
 # A loss line as most trainers print it: "step 12 loss 2.3", "step=12, loss=2.3", "[12] loss:".
 _LOSS_GUESS = (r"step[\s:=#]*(?P<step>\d+)\b.*?\bloss[\s:=]*"
@@ -295,12 +299,14 @@ def _compare(m: Measured, dir_a: Path, events_a: list[dict[str, Any]], dir_b: Pa
 
 
 def measure(events: list[dict[str, Any]], logs: list[Path], ok: bool,
-            wall_s: float) -> Measured:
-    """Read the fault-free run's events and logs."""
+            wall_s: float, launched_t: float | None = None) -> Measured:
+    """Read the fault-free run's events and logs (``launched_t``: when the job was launched,
+    from which its start-up is measured; else from its first record)."""
     steps = [e for e in events if e.get("kind") == "step" and e.get("rank") == 0]
     starts = [e for e in events if e.get("kind") == "start"]
     saves = [e for e in events if e.get("kind") == "checkpoint_saved"]
-    t0 = min((float(e["t"]) for e in events), default=0.0)
+    t0 = launched_t if launched_t is not None else \
+        min((float(e["t"]) for e in events), default=0.0)
     first_step = min((float(e["t"]) for e in steps), default=None)
     times = [float(e["step_time_s"]) for e in steps[1:] if isinstance(e.get("step_time_s"),
                                                                        int | float)]
@@ -385,14 +391,15 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
         raise InitError(f"the fault-free run reached step {m.steps}: faultlab saw no optimizer "
                         f"steps (does the trainer step a torch.optim optimizer?)")
     command, _ = _with_run_dir(tr.command, m.checkpoint_dir)
-    step_s = m.step_time_s or 1.0
-    startup_s = m.startup_s or 10.0
     every = m.checkpoint_every or max(1, m.steps // 4)
     first_ckpt = m.checkpoint_steps[0] if m.checkpoint_steps else every
     kill_at = min(m.steps - 1, first_ckpt + max(1, every // 2))
-    # Headroom: a restart pays the start-up again, then replays at most one interval.
-    resume_s = math.ceil(2 * startup_s + 10)
-    recovery_s = math.ceil(resume_s + 2 * every * step_s + 5)
+    # Relative bounds (faultlab.sla.timing), so the file holds on a machine of another speed:
+    # a restart pays a start-up again (a fresh process, its imports, the rendezvous), well
+    # under the job's whole cold start, which the bound allows three of; recovery then replays
+    # at most the steps since the checkpoint, which it allows twice over.
+    resume = {"cold_starts": RESUME_COLD_STARTS}
+    recovery = {"cold_starts": RESUME_COLD_STARTS, "step_times": 2 * every}
     doc: dict[str, Any] = {
         "name": name,
         "description": f"{name}: a rank killed after the first checkpoint must restart, "
@@ -405,7 +412,7 @@ def starter_document(name: str, tr: TorchrunArgs, m: Measured) -> dict[str, Any]
                     "target": {"rank": tr.nodes * tr.procs_per_node - 1},
                     "trigger": {"at_step": kill_at}}],
         "expect": {"completes": True, "max_restarts": max(1, tr.max_restarts),
-                   "resume_time_s": resume_s, "recovery_time_s": recovery_s,
+                   "resume_time_s": resume, "recovery_time_s": recovery,
                    "lost_steps": every},
     }
     # Whenever the golden run's final checkpoint reads back: init has already refused a run
@@ -458,10 +465,15 @@ def render(doc: dict[str, Any], tr: TorchrunArgs, m: Measured, argv: list[str]) 
     """The YAML file, headed by what it is for and the exact command that wrote it."""
     lines = [f"# {doc['name']}: a starter chaos experiment for your trainer, written by",
              f"#   faultlab init --name {doc['name']} -- {shlex.join(argv)}",
-             f"# Measured in the fault-free run: {m.steps} steps in {m.wall_s:.1f} s, start-up "
-             f"{_s(m.startup_s)}, a step {_s(m.step_time_s)}, checkpoints at steps "
-             f"{m.checkpoint_steps or 'none'} ({_s(m.checkpoint_s)} each).",
-             "# SLAs are those values plus headroom: tighten them to what you need.",
+             f"# Measured in the fault-free run: {m.steps} steps in {m.wall_s:.1f} s, launch to "
+             f"the first step (a cold start) {_s(m.startup_s)}, a step {_s(m.step_time_s)}, "
+             f"checkpoints at steps {m.checkpoint_steps or 'none'} ({_s(m.checkpoint_s)} each).",
+             "# resume_time_s and recovery_time_s are relative: in cold starts and step times,",
+             "# which every run measures again on its own target before its fault, so the file "
+             "holds on a",
+             "# slower machine too. Tighten them to what you need; write seconds (a number) for "
+             "a bound",
+             "# that is a production SLA or a configured timer.",
              f"# Run it: faultlab run {doc['name']}.yaml"]
     if tr.launch is not None:
         lines.append("# It runs your own launch line (target.launch) on every node, your flags "
@@ -579,9 +591,11 @@ def main(argv: list[str], console: Any) -> int:
         [s for s in result.slas if s.name == "completes" and s.passed])
     wall = max((float(e["t"]) for e in events), default=0.0) - \
         min((float(e["t"]) for e in events), default=0.0)
-    measured = measure(events, sorted((job_dir / "logs").glob("node*.log")), ok, wall)
+    launched_t = json.loads(result.journal_path.read_text())["run"].get("launched_t")
+    measured = measure(events, sorted((job_dir / "logs").glob("node*.log")), ok, wall,
+                       launched_t)
     for label, value in (("steps", measured.steps), ("wall", _s(measured.wall_s)),
-                         ("start-up to the first step", _s(measured.startup_s)),
+                         ("launch to the first step", _s(measured.startup_s)),
                          ("median step", _s(measured.step_time_s)),
                          ("step number from", measured.step_source or "n/a"),
                          ("checkpoints at steps", measured.checkpoint_steps or "none"),

@@ -31,6 +31,7 @@ from faultlab.observe.metrics import UNFINISHED_RUN, completion
 from faultlab.observe.node_exits import final_world_shortfall, struck_nodes, unclean_node_exit
 from faultlab.observe.save_failures import sign_note, struck
 from faultlab.observe.site import other_hardware, run_site
+from faultlab.sla.timing import TimingUnits
 from faultlab.spec import Experiment
 
 __all__ = ["OtherHardware", "RunEvidence"]
@@ -69,6 +70,7 @@ class RunEvidence:
     lost_nodes: Collection[str] = ()
     stopped_nodes: Collection[str] = ()
     losses: Mapping[int, float] | None = None
+    units: TimingUnits | None = None
     fired: frozenset[str] = field(init=False)
     unfinished: str = field(init=False)
 

@@ -6,9 +6,11 @@ fault-free runs on the experiment's own target (``golden: {runs: 2}``) tell the 
 
 - **reproducible**: the two runs end with the same final digest (or checkpoint tensors). The
   bitwise verdict is measured as before.
-- **not reproducible**: they differ. ``bitwise_equal_to_golden`` is then *not measured*, never
-  failed; its note says from which step the runs' losses differ, by how much, and the usual
-  causes with their fixes (``CAUSES``).
+- **not reproducible**: they differ. ``bitwise_equal_to_golden`` is then *not measured*: the
+  verdict is ``inconclusive`` (never passed, never failed), unless a measured
+  ``matches_golden_within_noise`` in the same experiment judges in its place. Its note says from
+  which step the runs' losses differ, by how much, the usual causes with their fixes
+  (``CAUSES``), and what to add (``ADD_NOISE_SLA``).
 
 ``matches_golden_within_noise: k`` judges such a trainer. The two fault-free runs A and B give
 the run-to-run spread: at each step ``s`` the *noise envelope* is the largest loss difference
@@ -23,6 +25,12 @@ its final weights' distance to A over A's to B. The measured value is the larges
 the run passes when it is at most ``k``. A run that leaves the envelope is named by the first
 step where it did.
 
+Missing evidence never passes. A NaN or Inf in R's losses fails at its first step; R's final
+weights fail when they lack a tensor of A's, hold one in another shape, or hold a NaN or Inf
+(named), and when they cannot be read where A's and B's could. A NaN in A or B, no second run,
+no step R shares with them, or A's and B's weights that cannot be compared make the verdict
+inconclusive (not measured), with the reason.
+
 A loss read from a log line carries only the digits the trainer prints: a trainer that prints
 fewer than its noise needs looks reproducible by its losses, which the note says.
 """
@@ -34,18 +42,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from faultlab.observe.final_state import weights_distance
+from faultlab.observe.final_state import weights_distance, weights_gap
 from faultlab.spec.expect import NOISE_K_DEFAULT as DEFAULT_K
 
-__all__ = ["CAUSES", "DEFAULT_K", "RESOLUTION_ULPS", "Reproducibility", "WithinNoise",
-           "compare_runs", "reproducibility", "resolution", "run_losses", "weights_distance",
-           "within_noise"]
+__all__ = ["ADD_NOISE_SLA", "CAUSES", "DEFAULT_K", "RESOLUTION_ULPS", "Reproducibility",
+           "WithinNoise", "compare_runs", "reproducibility", "resolution", "run_losses",
+           "weights_distance", "within_noise"]
 
 CAUSES = ("the usual causes and their fixes: nondeterministic kernels "
           "(torch.use_deterministic_algorithms(True)), cuBLAS workspaces "
           "(CUBLAS_WORKSPACE_CONFIG=:4096:8), NCCL's algorithm and protocol choice (a fixed "
           "NCCL_ALGO and NCCL_PROTO), unseeded data-loader workers (a worker_init_fn and a "
           "generator seeded from the run's seed), a different world size")
+
+
+ADD_NOISE_SLA = ("add matches_golden_within_noise: true under expect (it runs the golden run "
+                 "twice, as golden: {runs: 2} does)")
+"""What to add to an experiment whose bitwise verdict a trainer's own noise keeps from being
+measured (the note of an inconclusive bitwise verdict says it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +73,9 @@ class Reproducibility:
     weights_rel_l2: float | None = None
     """Relative L2 distance of the two final states' floating-point tensors."""
 
-    def note(self) -> str:
+    def note(self, *, advise: bool = True) -> str:
+        """Why bitwise equality is not measured; with ``advise``, what to add to judge the
+        trainer anyway (leave it out when the experiment has it already)."""
         if self.reproducible:
             return "two fault-free runs ended bitwise equal: the trainer is reproducible"
         where = (f"from step {self.first_step} (largest loss difference "
@@ -68,8 +84,9 @@ class Reproducibility:
         weights = "" if self.weights_rel_l2 is None else \
             f", final weights {self.weights_rel_l2:.3g} apart (relative L2)"
         return (f"not measured: two fault-free runs differ {where}{weights}: the trainer is "
-                f"not bitwise reproducible on this target; {CAUSES}; or judge it with "
-                f"matches_golden_within_noise")
+                f"not bitwise reproducible on this target; {CAUSES}"
+                + (f"; or judge it by its own run-to-run noise: {ADD_NOISE_SLA}" if advise
+                   else ""))
 
 
 def _differ(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[int | None, float]:
@@ -103,23 +120,85 @@ class WithinNoise:
     """``matches_golden_within_noise``: the run's distance to the golden run in noise units."""
 
     measured: float | None
-    """The largest deviation in units of the noise (None: not measured)."""
+    """The largest deviation in units of the noise (None: not measured; infinite: a NaN or
+    Inf in the run, or final weights that cannot match the golden run's)."""
     passed: bool
     note: str
+    inconclusive: bool = False
+    """Not measured for want of a reference (no second fault-free run, golden runs that went
+    NaN, no step shared with them, golden weights that cannot be read): never passed."""
 
 
 def within_noise(golden: Any, losses: Mapping[int, float], final_checkpoint: str | None,
                  k: float) -> WithinNoise:
-    """Judge a run's per-step losses and final weights against the golden runs' noise."""
+    """Judge a run's per-step losses and final weights against the golden runs' noise.
+
+    Evidence that is missing is never a pass: a NaN or Inf in the run's losses fails at the
+    first step that has one, and its final weights fail when they lack a tensor of the golden
+    run's, hold it in another shape, or hold a NaN or Inf (named); a reference that cannot
+    measure the noise (no second run, a NaN in the golden runs, no shared step, golden
+    weights that cannot be read) makes it inconclusive, with the reason and what to do."""
     second = getattr(golden, "second", None)
     if golden is None or not second:
-        return WithinNoise(None, False, "not measured: no second fault-free run to measure the "
-                                        "trainer's noise (golden: {runs: 2})")
+        return _inconclusive("no second fault-free run to measure the trainer's noise; add "
+                             "golden: {runs: 2} under the experiment")
     a, b = golden.losses, second.get("losses") or {}
+    diverged = _first_nonfinite(("the golden run", a), ("the second golden run", b))
+    if diverged:
+        return _inconclusive(f"{diverged}: the fault-free reference diverged itself and "
+                             f"measures no noise; make the trainer's fault-free run finite "
+                             f"(logs: {golden.run_dir}) and run again (a change to the "
+                             f"trainer measures the golden runs again)")
+    ours = _first_nonfinite(("this run", losses))
+    if ours:
+        return WithinNoise(math.inf, False, f"{ours}, where both fault-free runs stayed "
+                                            f"finite: the run diverged (k = {k:g})")
     steps = sorted(set(a) & set(b) & set(losses))
     if not steps:
-        return WithinNoise(None, False, "not measured: the run and the golden runs share no "
-                                        "step with a loss")
+        return _inconclusive("the run and the golden runs share no step with a loss; check "
+                             "that observe.log_pattern (or the step records) gives a loss at "
+                             "every step, a restarted run's too")
+    worst, worst_step, left, envelope = _loss_units(a, b, losses, steps, k)
+    w_units, w_note, w_inconclusive = _weights(golden, second, final_checkpoint)
+    measured = worst if w_units is None else max(worst, w_units)
+    if left is not None:
+        s, dev, env = left
+        head = (f"left the noise envelope at step {s}: loss {dev:.3g} from the golden run's, "
+                f"{_units(dev / env if env else math.inf)} the two fault-free runs' spread "
+                f"({env:.3g}) by then")
+    else:
+        head = (f"within {_units(worst)} the noise at every step"
+                + (f" (closest to the edge at step {worst_step})" if worst_step else ""))
+    parts = [head, w_note]
+    if envelope == 0:
+        parts.append("the two fault-free runs' losses agree to the digits recorded: the noise "
+                     "is in digits the loss does not show")
+    note = "; ".join(filter(None, parts)) + f" (k = {k:g})"
+    if measured <= k and w_inconclusive:
+        return WithinNoise(None, False, "not measured: " + note, inconclusive=True)
+    return WithinNoise(round(measured, 3) if math.isfinite(measured) else measured,
+                       measured <= k, note)
+
+
+def _inconclusive(why: str) -> WithinNoise:
+    return WithinNoise(None, False, f"not measured: {why}", inconclusive=True)
+
+
+def _first_nonfinite(*series: tuple[str, Mapping[int, float]]) -> str:
+    """``the golden run's loss is nan at step 7``: the first step of the first series (in
+    the order given) whose loss is NaN or infinite ('' if none is)."""
+    for who, losses in series:
+        bad = next((s for s in sorted(losses) if not math.isfinite(losses[s])), None)
+        if bad is not None:
+            return f"{who}'s loss is {losses[bad]} at step {bad}"
+    return ""
+
+
+def _loss_units(a: Mapping[int, float], b: Mapping[int, float], losses: Mapping[int, float],
+                steps: list[int], k: float
+                ) -> tuple[float, int | None, tuple[int, float, float] | None, float]:
+    """Over ``steps`` (every loss finite): the largest distance in noise units and its step,
+    the first step past ``k`` (step, distance, noise), and the final envelope."""
     envelope = 0.0  # the fault-free runs' own spread so far (running maximum)
     worst, worst_step, left = 0.0, None, None
     for s in steps:
@@ -130,34 +209,40 @@ def within_noise(golden: Any, losses: Mapping[int, float], final_checkpoint: str
         noise = max(envelope, resolution(a[s]))
         dev = abs(losses[s] - a[s])
         units = 0.0 if dev == 0 else dev / noise
-        if units > worst:
+        if not units <= worst:
             worst, worst_step = units, s
-        if left is None and units > k:
+        if left is None and not units <= k:
             left = (s, dev, noise)
-    parts = []
-    w_units = None
-    spread_w = weights_distance(second.get("final_checkpoint"), golden.final_checkpoint)
-    dev_w = weights_distance(final_checkpoint, golden.final_checkpoint)
-    if spread_w is not None and dev_w is not None:
-        w_units = 0.0 if dev_w == 0 else (math.inf if spread_w == 0 else dev_w / spread_w)
-        parts.append(f"final weights {_units(w_units)} the noise ({dev_w:.3g} against "
-                     f"{spread_w:.3g} relative L2)")
-    measured = max(worst, w_units or 0.0)
-    passed = measured <= k
-    if left is not None:
-        s, dev, env = left
-        head = (f"left the noise envelope at step {s}: loss {dev:.3g} from the golden run's, "
-                f"{_units(dev / env if env else math.inf)} the two fault-free runs' spread "
-                f"({env:.3g}) by then")
-    else:
-        head = (f"within {_units(worst)} the noise at every step"
-                + (f" (closest to the edge at step {worst_step})" if worst_step else ""))
-    if envelope == 0:
-        parts.append("the two fault-free runs' losses agree to the digits recorded: the noise "
-                     "is in digits the loss does not show")
-    note = "; ".join([head, *parts]) + f" (k = {k:g})"
-    return WithinNoise(round(measured, 3) if math.isfinite(measured) else measured, passed,
-                       note)
+    return worst, worst_step, left, envelope
+
+
+def _weights(golden: Any, second: Mapping[str, Any], final_checkpoint: str | None
+             ) -> tuple[float | None, str, bool]:
+    """The final weights in noise units (None: not compared), the note's part, and whether
+    the reference could not measure them (inconclusive). Infinite when this run's final
+    checkpoint lacks a tensor of the golden run's, holds one in another shape or holds a NaN
+    or Inf, or cannot be read where the golden runs' could."""
+    reference, other = golden.final_checkpoint, second.get("final_checkpoint")
+    if not reference and not other:
+        return None, "final weights not compared: the golden runs left no final checkpoint", \
+            False
+    ref = "the golden run's final checkpoint"
+    spread = weights_gap(other, reference, ref=ref)
+    if spread.distance is None:
+        why = (f"the second golden run's final checkpoint {spread.problem}" if spread.problem
+               else spread.not_measured)
+        return None, (f"final weights not measured: their spread between the golden runs is "
+                      f"unknown ({why})"), True
+    gap = weights_gap(final_checkpoint, reference, ref=ref)
+    if gap.problem:
+        return math.inf, f"this run's final checkpoint {gap.problem}", False
+    if gap.distance is None:
+        return math.inf, (f"this run's final weights cannot be compared, where the golden "
+                          f"runs' could: {gap.not_measured}"), False
+    units = 0.0 if gap.distance == 0 else (
+        math.inf if spread.distance == 0 else gap.distance / spread.distance)
+    return units, (f"final weights {_units(units)} the noise ({gap.distance:.3g} against "
+                   f"{spread.distance:.3g} relative L2)"), False
 
 
 RESOLUTION_ULPS = 4

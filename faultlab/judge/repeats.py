@@ -8,7 +8,9 @@ or anything with their ``verdict``, ``slas`` and ``metrics``) and returns:
   default every run must pass; ``min_pass_rate`` (a fraction in (0, 1]) sets another bar: the
   set passes when ``passed / runs >= min_pass_rate``, compared exactly (``Fraction``), so 19/20
   meets 0.95. An empty set, or one cut short by Ctrl-C, never passes: a verdict over runs that
-  did not happen would be a vacuous one.
+  did not happen would be a vacuous one. An inconclusive run (``faultlab.judge.verdict``) is
+  not a pass: a set that meets its bar only if its inconclusive runs are counted as passes is
+  ``inconclusive``; one that misses it even so fails.
 - per numeric metric: median and p95 over the runs that measured it, min and max, and how many
   runs measured it.
 - per SLA: the bound, how many runs met it, the median and the tail of what was measured, and
@@ -34,6 +36,7 @@ from fractions import Fraction
 from typing import Any
 
 from faultlab.judge.slas import SLA_KINDS
+from faultlab.judge.verdict import FAIL, INCONCLUSIVE, PASS, row_result
 
 __all__ = ["ALL_PASS", "MetricSpread", "RepeatSummary", "SlaSpread", "format_rate",
            "nearest_rank", "parse_pass_rate", "required_passes", "summarize"]
@@ -118,14 +121,18 @@ class SlaSpread:
     num_passed: int
     num_runs: int
     num_measured: int
+    num_inconclusive: int
+    """Runs in which it was inconclusive (not measured for want of a reference; covered ones
+    not counted)."""
     median: float | None
     """Median of the measured values (numeric SLAs; None for ``bool``)."""
     tail: float | None
     """The 95th percentile on the failing side: p95 for ``max``, p5 for ``min``."""
     headroom: float | None
     """How far the tail is from the bound, positive when inside it (``bound - p95`` for
-    ``max``, ``p5 - bound`` for ``min``); None for ``bool`` SLAs or when nothing was
-    measured."""
+    ``max``, ``p5 - bound`` for ``min``; for a relative bound, which each run made seconds
+    with its own units, the p5 of each run's ``limit - measured``); None for ``bool`` SLAs
+    or when nothing was measured."""
 
     @property
     def headroom_fraction(self) -> float | None:
@@ -149,14 +156,21 @@ class RepeatSummary:
     slas: list[SlaSpread] = field(default_factory=list)
 
     @property
+    def num_inconclusive(self) -> int:
+        return sum(v == INCONCLUSIVE for v in self.verdicts)
+
+    @property
     def required(self) -> int:
         return required_passes(self.num_runs, self.min_pass_rate)
 
     @property
     def verdict(self) -> str:
-        ok = (self.num_runs > 0 and not self.interrupted
-              and Fraction(self.num_passed, self.num_runs) >= self.min_pass_rate)
-        return "pass" if ok else "fail"
+        if self.num_runs == 0 or self.interrupted:
+            return FAIL
+        if Fraction(self.num_passed, self.num_runs) >= self.min_pass_rate:
+            return PASS
+        could = Fraction(self.num_passed + self.num_inconclusive, self.num_runs)
+        return INCONCLUSIVE if could >= self.min_pass_rate else FAIL
 
     @property
     def passed(self) -> bool:
@@ -167,12 +181,15 @@ class RepeatSummary:
         pct = f"{100 * self.num_passed / self.num_runs:.0f}%" if self.num_runs else "—"
         bar = ("every run" if self.min_pass_rate == ALL_PASS
                else f"min pass rate {format_rate(self.min_pass_rate)}")
-        return (f"{self.num_passed}/{self.num_runs} passed ({pct}; required "
-                f"{self.required}, {bar})" + (", interrupted" if self.interrupted else ""))
+        return (f"{self.num_passed}/{self.num_runs} passed"
+                + (f", {self.num_inconclusive} inconclusive" if self.num_inconclusive else "")
+                + f" ({pct}; required {self.required}, {bar})"
+                + (", interrupted" if self.interrupted else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "num_runs": self.num_runs,
-                "num_passed": self.num_passed, "required": self.required,
+                "num_passed": self.num_passed, "num_inconclusive": self.num_inconclusive,
+                "required": self.required,
                 "min_pass_rate": float(self.min_pass_rate),
                 "min_pass_rate_exact": str(self.min_pass_rate),
                 "interrupted": self.interrupted, "verdicts": list(self.verdicts),
@@ -220,7 +237,13 @@ def _sla_spread(name: str, bound: Any, rows: list[Mapping[str, Any]], num_runs: 
     if kind != "bool" and measured:
         median = statistics.median(measured)
         b = _number(bound)
-        if kind == "max":
+        if kind == "max" and isinstance(bound, dict):  # relative: each run had its own limit
+            tail = nearest_rank(measured, 0.95)
+            slack = [-(lim - m) for r in rows if (lim := _number(r.get("limit"))) is not None
+                     and (m := _number(r.get("measured"))) is not None]
+            worst = nearest_rank(slack, 0.95)
+            headroom = None if worst is None else -worst
+        elif kind == "max":
             tail = nearest_rank(measured, 0.95)
             headroom = None if b is None or tail is None else b - tail
         else:  # the low tail: the p95 of the negated values
@@ -230,4 +253,6 @@ def _sla_spread(name: str, bound: Any, rows: list[Mapping[str, Any]], num_runs: 
     num_measured = sum(r.get("measured") is not None for r in rows)
     return SlaSpread(name=name, kind=kind, bound=bound,
                      num_passed=sum(bool(r.get("passed")) for r in rows), num_runs=num_runs,
-                     num_measured=num_measured, median=median, tail=tail, headroom=headroom)
+                     num_measured=num_measured,
+                     num_inconclusive=sum(row_result(r) == INCONCLUSIVE for r in rows),
+                     median=median, tail=tail, headroom=headroom)

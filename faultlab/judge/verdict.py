@@ -1,11 +1,26 @@
 """The verdict of one run: every SLA of ``expect`` against the measured metrics, the final
 digest against the golden run's, and whether each fault was injected at all.
 
-``judge`` returns one ``SLAResult`` per check; the run passes when every one of them does.
+``judge`` returns one ``SLAResult`` per check, each with its ``result``:
+
+- ``pass``: measured, and it held;
+- ``fail``: measured and it did not hold, or not measured for what the run did (it ended
+  early, it left no events) or for an SLA that is not about correctness;
+- ``inconclusive``: a correctness SLA (``faultlab.sla.Sla.correctness``) not measured on a run
+  that completed, for want of a reference or of evidence the run did not lose (two fault-free
+  runs that differ, golden runs that went NaN); its note says what to add;
+- ``covered``: an inconclusive ``bitwise_equal_to_golden`` that a measured
+  ``matches_golden_within_noise`` of the same experiment judges in its place.
+
+The run's verdict (``verdict_of``): ``fail`` if any check failed (or there is none),
+``inconclusive`` if nothing failed but a check is inconclusive, else ``pass``. Never ``pass``
+on evidence the run did not have. ``combine`` does the same for many verdicts (several
+experiments, a suite, a fault family).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,9 +31,19 @@ from faultlab.observe import FaultRecord, Metrics
 from faultlab.observe.final_state import FinalState
 from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.sla import slas
+from faultlab.sla.timing import RelativeSeconds, TimingUnits, bound_text
 from faultlab.spec import Experiment, arrival_times_s
 
-__all__ = ["Golden", "SLAResult", "judge"]
+__all__ = ["COVERS", "FAIL", "INCONCLUSIVE", "PASS", "VERDICTS", "Golden", "SLAResult",
+           "combine", "judge", "result_of", "row_result", "verdict_of"]
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE)
+"""The verdicts of a run, a set of runs, a suite or a campaign."""
+
+COVERS = {"bitwise_equal_to_golden": "matches_golden_within_noise"}
+"""An inconclusive SLA → the SLA that, measured in the same experiment, judges in its place:
+on a trainer that is not bitwise reproducible, the noise verdict is the correctness check."""
 
 
 class Golden(Protocol):
@@ -42,6 +67,21 @@ class SLAResult:
     measured: Any
     passed: bool
     note: str = ""
+    limit: float | None = None
+    """A relative bound (``bound``: ``{"cold_starts": 2.5}``) in seconds on this run."""
+    ratio: str = ""
+    """The measured seconds in the run's own units (``1.73 cold starts``)."""
+    inconclusive: bool = False
+    """Not measured, for want of a reference or evidence the run did not lose (a correctness
+    SLA on a run that completed): neither passed nor failed (module docstring)."""
+    covered_by: str | None = None
+    """The SLA of the same experiment that judged in this inconclusive one's place
+    (``COVERS``)."""
+
+    @property
+    def result(self) -> str:
+        """``pass``, ``fail``, ``inconclusive`` or ``covered`` (module docstring)."""
+        return result_of(self.passed, self.inconclusive, self.covered_by)
 
     def describe(self) -> str:
         campaign = CAMPAIGN_SLAS.get(self.name)
@@ -49,8 +89,53 @@ class SLAResult:
         kind = campaign.kind if campaign else sla.kind if sla else "bool"
         op = {"max": "<=", "min": ">=", "bool": "=="}[kind]
         measured = "not measured" if self.measured is None else repr(self.measured)
-        return f"{self.name}: measured {measured}, required {op} {self.bound!r}" + \
+        if self.ratio:
+            measured += f" s ({self.ratio})"
+        bound = bound_text(self.bound, self.limit) if isinstance(self.bound, dict) \
+            else repr(self.bound)
+        return f"{self.name}: measured {measured}, required {op} {bound}" + \
             (f" ({self.note})" if self.note else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the journal keeps it: the fields and the ``result``."""
+        return {"name": self.name, "bound": self.bound, "measured": self.measured,
+                "passed": self.passed, "note": self.note, "limit": self.limit,
+                "ratio": self.ratio, "inconclusive": self.inconclusive,
+                "covered_by": self.covered_by, "result": self.result}
+
+
+def result_of(passed: Any, inconclusive: Any = False, covered_by: Any = None) -> str:
+    """An SLA's ``result`` from its fields (a journal row's too: ``result_of(**row)`` style,
+    where a journal written before ``inconclusive`` existed has neither field)."""
+    if passed:
+        return PASS
+    if inconclusive:
+        return "covered" if covered_by else INCONCLUSIVE
+    return FAIL
+
+
+def row_result(row: Mapping[str, Any]) -> str:
+    """The ``result`` of one SLA row of a journal (``SLAResult.to_dict``)."""
+    return str(row.get("result") or result_of(row.get("passed"), row.get("inconclusive"),
+                                              row.get("covered_by")))
+
+
+def verdict_of(results: Sequence[SLAResult | Mapping[str, Any]]) -> str:
+    """One run's verdict from its checks: ``fail`` if one failed or there is none,
+    ``inconclusive`` if one is, else ``pass``."""
+    found = [r.result if isinstance(r, SLAResult) else row_result(r) for r in results]
+    if not found or FAIL in found:
+        return FAIL
+    return INCONCLUSIVE if INCONCLUSIVE in found else PASS
+
+
+def combine(verdicts: Sequence[str]) -> str:
+    """Many verdicts as one (several experiments, a suite, a fault family): ``fail`` if any
+    is neither ``pass`` nor ``inconclusive`` (``not run`` included) or there is none,
+    ``inconclusive`` if any is, else ``pass``."""
+    if not verdicts or any(v not in (PASS, INCONCLUSIVE) for v in verdicts):
+        return FAIL
+    return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
 
 
 def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
@@ -62,7 +147,8 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
           node_exits: Mapping[str, int | None] | None = None,
           lost_nodes: Collection[str] = (),
           stopped_nodes: Collection[str] = (),
-          losses: Mapping[int, float] | None = None) -> list[SLAResult]:
+          losses: Mapping[int, float] | None = None,
+          units: TimingUnits | None = None) -> list[SLAResult]:
     """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
     fault was injected at least once (an experiment whose fault never fired proved nothing).
 
@@ -78,14 +164,32 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
     struck, not below ``min_nodes``), and each node no fault struck exited 0. ``node_exits``
     is the target's exit code per node (``Target.result().returncodes``; None: that half is not
     measured), ``lost_nodes`` its nodes lost on purpose (``killed``), ``stopped_nodes`` those
-    the engine stopped because training had completed and they still ran."""
+    the engine stopped because training had completed and they still ran.
+
+    ``units`` are the run's fault-free timings (``faultlab.judge.timing.timing_units``), by
+    which a relative bound in seconds is judged; None: such a bound is not measured."""
     out = _injected(exp, metrics, faults, events, job_s) + _golden_fault_free(golden)
     ev = RunEvidence(exp, metrics, golden, timed_out, faults, events, final_state, job_s,
-                     findings, node_exits, lost_nodes, stopped_nodes, losses)
+                     findings, node_exits, lost_nodes, stopped_nodes, losses, units)
     declared = slas()
-    for key, bound in exp.expect.items():
-        o = declared[key].judge(ev, bound)
-        out.append(SLAResult(key, bound, o.measured, o.passed, o.note))
+    judged = [SLAResult(key, bound.terms() if isinstance(bound, RelativeSeconds) else bound,
+                        o.measured, o.passed, o.note, o.limit, o.ratio, o.inconclusive)
+              for key, bound in exp.expect.items()
+              for o in [declared[key].judge(ev, bound)]]
+    return out + _covered(judged)
+
+
+def _covered(results: list[SLAResult]) -> list[SLAResult]:
+    """Each inconclusive SLA of ``COVERS`` whose stand-in was measured in the same
+    experiment, marked ``covered`` by it (its note says so)."""
+    measured = {r.name: r for r in results if r.measured is not None}
+    out = []
+    for r in results:
+        by = measured.get(COVERS.get(r.name, ""))
+        if r.result == INCONCLUSIVE and by is not None:
+            r = dataclasses.replace(r, covered_by=by.name, note="; ".join(filter(None, [
+                r.note, f"judged by {by.name} instead ({by.result})"])))
+        out.append(r)
     return out
 
 

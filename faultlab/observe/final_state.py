@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FinalState", "final_checkpoint_path", "final_checkpoint_state", "first_difference",
-           "weights_distance"]
+__all__ = ["FinalState", "WeightsGap", "final_checkpoint_path", "final_checkpoint_state",
+           "first_difference", "weights_distance", "weights_gap"]
 
 NO_FINAL_CHECKPOINT = ("the job saved no final checkpoint; add a save at the end or use level 1 "
                        "(faultlab.runtime.attach)")
@@ -125,27 +125,69 @@ def final_checkpoint_path(events: Iterable[Mapping[str, Any]]) -> str | None:
     return str(max(saves, key=lambda e: (_int(e.get("step")) or -1, float(e["t"])))["path"])
 
 
-def weights_distance(ours: str | None, reference: str | None) -> float | None:
-    """``||ours - reference|| / ||reference||`` over every floating-point tensor both final
-    checkpoints hold (read whole, without a process group); None if either is unreadable."""
-    if not ours or not reference:
-        return None
+@dataclass(frozen=True, slots=True)
+class WeightsGap:
+    """How far one final checkpoint's weights are from a reference checkpoint's
+    (:func:`weights_gap`)."""
+
+    distance: float | None = None
+    """``||ours - reference|| / ||reference||`` over every floating-point tensor of the
+    reference (None: not measured, or ``problem``)."""
+    problem: str = ""
+    """Why ours cannot match the reference, the tensor named: one of the reference's is
+    missing from ours or of another shape, or one of ours holds NaN or Inf ('' if none)."""
+    not_measured: str = ""
+    """Why there is no distance and no problem: a checkpoint missing or unreadable, or the
+    reference's own weights not finite ('' if measured)."""
+
+
+def weights_gap(ours: str | None, reference: str | None, *,
+                ref: str = "the reference") -> WeightsGap:
+    """``ours`` against ``reference`` (called ``ref`` in the texts), every floating-point
+    tensor of the reference read whole (without a process group). A tensor the reference has
+    and ours lacks, or holds in another shape, and a NaN or Inf in ours are each a
+    ``problem`` ("lacks tensor w, which the reference holds"): never skipped, never a distance
+    that hides them. Tensors only ours holds are not compared."""
+    if not reference:
+        return WeightsGap(not_measured=f"{ref} is missing")
+    if not ours:
+        return WeightsGap(not_measured="there is no final checkpoint")
     import torch
 
     from faultlab.runtime.dcp import read_checkpoint
 
-    try:
-        a, b = _tensors(read_checkpoint(Path(ours))), _tensors(read_checkpoint(Path(reference)))
-    except (ValueError, OSError):
-        return None
+    read: list[dict[str, Any]] = []
+    for which, path in ((ref, reference), ("the final checkpoint", ours)):
+        try:
+            read.append(_tensors(read_checkpoint(Path(path))))
+        except (ValueError, OSError) as e:
+            return WeightsGap(not_measured=f"{which} ({path}) cannot be read: {e}")
+    b, a = read
+    bad_ref = next((n for n in sorted(b) if not bool(torch.isfinite(b[n]).all())), None)
+    if bad_ref is not None:
+        return WeightsGap(not_measured=f"{ref} holds NaN or Inf in tensor {bad_ref}")
     num = den = 0.0
-    for name in a.keys() & b.keys():
+    for name in sorted(b):
+        if name not in a:
+            return WeightsGap(problem=f"lacks tensor {name}, which {ref} holds")
         x, y = a[name], b[name]
         if x.shape != y.shape:
-            return None
+            return WeightsGap(problem=f"holds tensor {name} in shape {tuple(x.shape)}, "
+                                      f"{ref} in {tuple(y.shape)}")
+        if not bool(torch.isfinite(x).all()):
+            return WeightsGap(problem=f"holds {'NaN' if bool(torch.isnan(x).any()) else 'Inf'}"
+                                      f" in tensor {name}")
         num += float(torch.sum((x.double() - y.double()) ** 2))
         den += float(torch.sum(y.double() ** 2))
-    return math.sqrt(num / den) if den > 0 else None
+    if not den > 0:
+        return WeightsGap(not_measured=f"{ref} holds no nonzero floating-point tensor")
+    return WeightsGap(distance=math.sqrt(num / den))
+
+
+def weights_distance(ours: str | None, reference: str | None) -> float | None:
+    """``weights_gap(ours, reference).distance``: None if either is unreadable, or they do
+    not hold the same tensors in the same shapes, or ours is not finite."""
+    return weights_gap(ours, reference).distance
 
 
 def _tensors(state: Any, prefix: str = "") -> dict[str, Any]:

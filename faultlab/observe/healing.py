@@ -17,12 +17,13 @@ survivors
     The ranks with a ``start`` at or before ``T`` that the fault did not strike.
 survivor_restarts
     ``start`` records of survivors after the first fault's ``T``, over the run: a survivor
-    that kept its process adds none. None with no fault.
+    that kept its process adds none. None with no fault, or with no survivor (every rank
+    struck, or none had started): 0 restarts of nobody is no evidence.
 survivor_lost_steps
     The worst, over faults and survivors, of ``max(0, H_r + 1 − s_r)``, where ``H_r`` is the
     survivor's highest step at or before ``T`` and ``s_r`` its first step after ``T``: 0 when it
     went straight on. None if a survivor made no step after ``T`` (the job stalled or was
-    lost: what it cost is unknown, not 0).
+    lost: what it cost is unknown, not 0), or if there was no survivor.
 healed_at_step, heal_time_s
     For each fault that struck ranks, the first step record of a struck rank after ``U`` (``T``
     for a fault that is not undone): its ``step``, and its ``t − T``, if that step is past the
@@ -129,12 +130,15 @@ def healing_metrics(records: Sequence[Record], faults: Sequence[FaultRecord]) ->
         matches.append(_matches(healed, steps, survivors, notes, fault.id))
     restarted = [int(r["rank"]) for r in starts if r["t"] > t_first
                  and int(r["rank"]) in survivors_ever]
-    out.survivor_restarts = len(restarted)
+    if not survivors_ever:
+        notes.insert(0, "no rank outlived the faults (every rank was struck, or none had "
+                        "started): nothing shows how survivors fare")
+    out.survivor_restarts = len(restarted) if survivors_ever else None
     if restarted:  # the guarantee broken: name who paid for the struck ranks' fault
         notes.insert(0, f"rank(s) {', '.join(map(str, sorted(set(restarted))))} (not struck) "
                         f"restarted {len(restarted)} time(s) after the fault")
-    out.survivor_lost_steps = None if None in lost else max(
-        (n for n in lost if n is not None), default=0)
+    out.survivor_lost_steps = None if None in lost or not lost else max(
+        n for n in lost if n is not None)
     if heals:
         known = [h for h in heals if h is not None]
         if None not in heals:

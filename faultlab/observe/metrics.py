@@ -28,7 +28,9 @@ final_digest
     ``digest`` of the last ``final_digest`` record; None if there is none.
 restarts
     Number of rank-0 ``start`` records − 1 (0 if none). Only a new process emits ``start``; an
-    in-process rollback is not a restart.
+    in-process rollback is not a restart. ``max_restarts`` judges it as not measured when no
+    ``start`` record exists (0 restarts of nothing is no count), and when faultlab stopped an
+    unfinished job (timeout) within the bound (the restarts still to come are unknown).
 max_step
     Highest ``step`` of any step record; 0 if none.
 committed trajectory
@@ -95,14 +97,18 @@ bitwise_equal_to_golden (judged, not computed here)
     :mod:`faultlab.observe.final_state`) equals the fault-free golden run's. Not measured
     without a golden run, without a final state on either side (no record, and no checkpoint
     saved at or after the last step), or when the run did not complete.
-    Not measured (and not failed) when two fault-free runs (``golden: {runs: 2}``) differ:
-    the trainer is not bitwise reproducible on its target.
+    Not measured when two fault-free runs (``golden: {runs: 2}``) differ: the trainer is not
+    bitwise reproducible on its target (inconclusive, never failed nor passed; covered by a
+    measured matches_golden_within_noise).
 matches_golden_within_noise (judged, not computed here)
     The run's largest distance to the golden run in units of the trainer's own run-to-run
     noise: at each step, its loss's distance to the golden run's over the largest loss
     difference of two fault-free runs up to that step; and its final weights' relative L2
-    distance over theirs (:mod:`faultlab.judge.noise`). Not measured without a second
-    fault-free run, or when the run did not complete.
+    distance over theirs (:mod:`faultlab.judge.noise`). Infinite (failed) at the first NaN or
+    Inf of the run's losses, and when its final weights lack a tensor of the golden run's,
+    hold one in another shape or hold a NaN or Inf (named). Not measured without a second
+    fault-free run, with a NaN in the golden runs, with no step shared with them, or when the
+    run did not complete.
 checkpoints_all_finite (set by the engine)
     Every committed checkpoint the job left, read back after the run
     (:mod:`faultlab.engine.checkpoints`), holds only finite floating-point values; False at the

@@ -61,15 +61,26 @@ def timestamp(t: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t)))
 
 
-def sla_bound(name: str, bound: Any) -> str:
-    """``≤ 40 s``, ``≥ 0.3``, ``= yes``: the SLA's comparison and bound."""
+def sla_bound(name: str, bound: Any, limit: float | None = None) -> str:
+    """``≤ 40 s``, ``≥ 0.3``, ``= yes``, ``≤ 2.5 cold starts = 6.08 s``: the SLA's comparison
+    and bound (``limit``: a relative bound in seconds on the run)."""
     from faultlab.judge import SLA_KINDS
     from faultlab.judge.slas import CAMPAIGN_SLAS
+    from faultlab.judge.timing import bound_text
 
     campaign = CAMPAIGN_SLAS.get(name)  # a campaign in a suite: ettr ≥ 0.3, not "= 0.3"
     kind = campaign.kind if campaign else SLA_KINDS.get(name, "bool")
     op = {"max": "≤", "min": "≥", "bool": "="}[kind]
+    if isinstance(bound, dict):
+        return f"{op} {bound_text(bound, limit)}"
     return f"{op} {measured(name, bound)}"
+
+
+def sla_measured(entry: dict[str, Any]) -> str:
+    """What an SLA row of a journal measured, with its ratio to the run's own units."""
+    text = measured(entry["name"], entry.get("measured"))
+    return f"{text} ({entry['ratio']})" if entry.get("ratio") and \
+        entry.get("measured") is not None else text
 
 
 def measured(name: str, value: Any) -> str:
@@ -84,3 +95,32 @@ def measured(name: str, value: Any) -> str:
 
 def verdict(value: str) -> str:
     return {"pass": "PASS", "fail": "FAIL"}.get(value, value.upper())
+
+
+RESULT_WORDS = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE",
+                "covered": "covered"}
+"""An SLA's ``result`` (``faultlab.judge.verdict``) as the reports write it."""
+
+RESULT_MARKS = {"pass": "✓", "fail": "✗", "inconclusive": "?", "covered": "~"}
+"""An SLA's ``result`` in a one-line summary."""
+
+
+def sla_result(row: Any) -> str:
+    """The ``result`` of a journal's SLA row (one written before ``inconclusive`` existed
+    too)."""
+    from faultlab.judge.verdict import row_result
+
+    return row_result(row)
+
+
+def result_word(row: Any, *, markdown: bool = False) -> str:
+    """``pass``, ``FAIL``, ``INCONCLUSIVE`` or ``covered``; in Markdown the two that need
+    attention bold."""
+    result = sla_result(row)
+    word = RESULT_WORDS.get(result, result)
+    return f"**{word}**" if markdown and result in ("fail", "inconclusive") else word
+
+
+def result_mark(row: Any) -> str:
+    return RESULT_MARKS.get(sla_result(row), "?")
+

@@ -48,7 +48,10 @@ def _environment() -> Environment:
     env.filters.update(seconds=fmt.seconds, number=fmt.number, percent=fmt.percent,
                        usd=fmt.usd, size=fmt.size, timestamp=fmt.timestamp,
                        verdict=fmt.verdict)
-    env.globals.update(sla_bound=fmt.sla_bound, measured=fmt.measured, sla_summary=sla_summary,
+    env.globals.update(sla_bound=fmt.sla_bound, sla_measured=fmt.sla_measured,
+                       measured=fmt.measured, sla_summary=sla_summary,
+                       sla_result=fmt.sla_result, result_word=fmt.result_word,
+                       result_mark=fmt.result_mark,
                        repeat_rows=spread_rows, repeat_headers=(SLA_HEADER, METRIC_HEADER),
                        campaign_summary_rows=summary_rows, campaign_type_rows=type_rows,
                        campaign_injection_rows=injection_rows,

@@ -4,8 +4,8 @@ The journal is the single record of a run; report.md (and later report.html) are
 it, so ``faultlab report RUN_DIR`` can re-render any past run. Top level::
 
     schema_version  1
-    verdict         "pass" | "fail"
-    slas            [{name, bound, measured, passed, note}]
+    verdict         "pass" | "fail" | "inconclusive" (faultlab.judge.verdict)
+    slas            [{name, bound, measured, passed, note, inconclusive, covered_by, result}]
     metrics         run-level and per-fault metrics (faultlab.observe)
     faults          [{id, type, target, injected_t, undone_t, details, error}]
     experiment      name, description, file, seed, the validated document
@@ -26,6 +26,9 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+from faultlab.judge.timing import bound_text
+from faultlab.report import _format as fmt
 
 __all__ = ["SCHEMA_VERSION", "environment", "read_journal", "render_markdown", "strict_json",
            "write_journal"]
@@ -122,6 +125,17 @@ def findings_markdown(findings: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def inconclusive_markdown(journal: dict[str, Any]) -> list[str]:
+    """An inconclusive run's line above its SLA table: which checks could not be measured
+    (each note says what to add); nothing for any other verdict."""
+    if journal.get("verdict") != "inconclusive":
+        return []
+    names = [s["name"] for s in journal.get("slas") or []
+             if fmt.sla_result(s) == "inconclusive"]
+    return [f"**Inconclusive:** nothing failed, but {', '.join(names)} could not be measured: "
+            f"not a pass. The note of each says why, and what to add.", ""]
+
+
 def render_markdown(journal: dict[str, Any]) -> str:
     exp, run = journal["experiment"], journal["run"]
     lines = [f"# {exp['name']}: {journal['verdict'].upper()}", ""]
@@ -134,11 +148,15 @@ def render_markdown(journal: dict[str, Any]) -> str:
               f"- job directory: `{run['job_dir']}`", ""]
     if run.get("error"):
         lines += [f"**Error:** {run['error']}", ""]
+    lines += inconclusive_markdown(journal)
     lines += ["## SLAs", "", "| SLA | bound | measured | result |", "| --- | --- | --- | --- |"]
     for s in journal["slas"]:
         note = f" ({s['note']})" if s.get("note") else ""
-        lines.append(f"| {s['name']} | {_fmt(s['bound'])} | {_fmt(s['measured'])}{note} | "
-                     f"{'pass' if s['passed'] else '**FAIL**'} |")
+        bound = bound_text(s["bound"], s.get("limit")) if isinstance(s["bound"], dict) \
+            else _fmt(s["bound"])
+        ratio = f" ({s['ratio']})" if s.get("ratio") and s["measured"] is not None else ""
+        lines.append(f"| {s['name']} | {bound} | {_fmt(s['measured'])}{ratio}{note} | "
+                     f"{fmt.result_word(s, markdown=True)} |")
     lines += findings_markdown(run.get("launch_findings") or [])
     lines += ["", "## Faults", "",
               "| id | type | target | injected | landed | undone | details |",

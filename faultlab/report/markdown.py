@@ -46,8 +46,9 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def sla_summary(slas: list[dict[str, Any]]) -> str:
     """One line per experiment: ``recovery_time_s 4.77 s (≤ 40.00 s) ✓; …``."""
-    return "; ".join(f"{s['name']} {fmt.measured(s['name'], s['measured'])} "
-                     f"({fmt.sla_bound(s['name'], s['bound'])}) {'✓' if s['passed'] else '✗'}"
+    return "; ".join(f"{s['name']} {fmt.sla_measured(s)} "
+                     f"({fmt.sla_bound(s['name'], s['bound'], s.get('limit'))}) "
+                     f"{fmt.result_mark(s)}"
                      for s in slas if not s["name"].startswith("fault_injected"))
 
 
@@ -75,7 +76,10 @@ def render_suite_markdown(report: dict[str, Any]) -> str:
     if suite.get("description"):
         lines += [suite["description"].strip(), ""]
     passed = sum(1 for e in report["scorecard"] if e["verdict"] == "pass")
+    inconclusive = sum(1 for e in report["scorecard"] if e["verdict"] == "inconclusive")
     lines += [f"- {passed} of {len(report['scorecard'])} experiments passed"
+              + (f", {inconclusive} inconclusive (nothing failed, but a correctness SLA "
+                 f"could not be measured)" if inconclusive else "")
               + (" (interrupted)" if report.get("interrupted") else ""),
               f"- suite file: `{suite.get('file')}`; run {fmt.timestamp(report.get('started_t'))}"
               f" to {fmt.timestamp(report.get('ended_t'))}",
@@ -183,10 +187,10 @@ def _experiment(exp: dict[str, Any]) -> list[str]:
         lines += _repeats(exp["repeats"])
     if exp.get("slas"):
         lines += _table(["SLA", "bound", "measured", "result"],
-                        [[s["name"], fmt.sla_bound(s["name"], s["bound"]),
-                          fmt.measured(s["name"], s["measured"])
+                        [[s["name"], fmt.sla_bound(s["name"], s["bound"], s.get("limit")),
+                          fmt.sla_measured(s)
                           + (f" ({s['note']})" if s.get("note") else ""),
-                          "pass" if s["passed"] else "**FAIL**"] for s in exp["slas"]])
+                          fmt.result_word(s, markdown=True)] for s in exp["slas"]])
     if exp.get("campaign"):
         from faultlab.report.campaign import campaign_markdown
 

@@ -10,6 +10,10 @@ A suite run's folder::
         report.md       renderings of report.json, and of nothing else
         report.html
 
+The suite's verdict, and each fault family's, combine its members' (``faultlab.judge.verdict``):
+``fail`` if one failed or did not run, else ``inconclusive`` if one is (nothing failed, but a
+correctness SLA could not be measured), else ``pass``.
+
 A member may be a campaign (``faultlab.spec.campaign``, run by ``run_campaign``): its verdict
 counts like an experiment's, its SLAs are the campaign's, and its entry (``kind:
 "campaign"``) carries the journal's ``campaign`` object whole (score, schedule, the step series
@@ -47,6 +51,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from faultlab.judge.verdict import FAIL, combine
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.observe.phases import PHASES, recovery_breakdown
 from faultlab.observe.stream import EventStream
@@ -203,9 +208,7 @@ def build_report(folder: Path) -> dict[str, Any]:
               "restart_overhead_from": (f"{worst[1]['experiment']} / {worst[1]['fault_id']}"
                                         if worst else None)}
 
-    all_ran = all(e["verdict"] != "not run" for e in experiments)
-    verdict = "pass" if all_ran and experiments and not record.get("interrupted") and all(
-        e["verdict"] == "pass" for e in experiments) else "fail"
+    verdict = FAIL if record.get("interrupted") else combine([e["verdict"] for e in experiments])
     return {
         "schema_version": SCHEMA_VERSION, "kind": "faultlab_prelaunch_report",
         "verdict": verdict, "generated_t": time.time(),
@@ -233,8 +236,7 @@ def _families(experiments: list[dict[str, Any]], families_of: dict[str, str]
     out = []
     for family in names:
         members = [e for e in experiments if family in e["families"]]
-        verdict = ("not covered" if not members else
-                   "pass" if all(e["verdict"] == "pass" for e in members) else "fail")
+        verdict = "not covered" if not members else combine([e["verdict"] for e in members])
         out.append({"family": family, "verdict": verdict,
                     "experiments": [e["name"] for e in members],
                     "fault_types": sorted(t for t, f in families_of.items() if f == family)})

@@ -64,8 +64,10 @@ def read_record(folder: Path) -> dict[str, Any]:
 def rerender_folder(folder: Path) -> dict[str, Any]:
     """Recompute the summary from the runs' journals and write repeats.json and report.md."""
     record = read_record(folder)
-    journals = [read_journal(folder / r["run_folder"]) for r in record["runs"]
-                if r.get("run_folder")]
+    ran = [r for r in record["runs"] if r.get("run_folder")]
+    journals = [read_journal(folder / r["run_folder"]) for r in ran]
+    for run, journal in zip(ran, journals, strict=True):  # each run's own, as judged now
+        run["verdict"] = journal["verdict"]
     old = record.get("summary") or {}
     rate = parse_pass_rate(old.get("min_pass_rate_exact", "1"))
     summary = summarize(journals, min_pass_rate=rate, interrupted=bool(old.get("interrupted")))
@@ -94,17 +96,17 @@ def spread_rows(summary: dict[str, Any]) -> tuple[list[list[str]], list[list[str
     slas = []
     for s in summary["slas"]:
         name = s["name"]
+        met = f"{s['num_passed']}/{s['num_runs']}" + (
+            f", {s['num_inconclusive']} inconclusive" if s.get("num_inconclusive") else "")
         if s["kind"] == "bool":
-            slas.append([name, fmt.sla_bound(name, s["bound"]),
-                         f"{s['num_passed']}/{s['num_runs']}", "—", "—", "—"])
+            slas.append([name, fmt.sla_bound(name, s["bound"]), met, "—", "—", "—"])
             continue
         frac = s.get("headroom_fraction")
         headroom = ("—" if s["headroom"] is None else
                     _value(name, s["headroom"])
                     # a percentage of a near-zero bound says nothing (-2289687%)
                     + ("" if frac is None or abs(frac) > 10 else f" ({100 * frac:.0f}%)"))
-        slas.append([name, fmt.sla_bound(name, s["bound"]),
-                     f"{s['num_passed']}/{s['num_runs']}", _value(name, s["median"]),
+        slas.append([name, fmt.sla_bound(name, s["bound"]), met, _value(name, s["median"]),
                      f"{_tail_label(s['kind'])} {_value(name, s['tail'])}", headroom])
     metrics = [[m["name"], f"{m['num_measured']}/{summary['num_runs']}",
                 *(_value(m["name"], m[k]) for k in ("median", "p95", "min", "max"))]

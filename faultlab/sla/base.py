@@ -15,10 +15,16 @@ implementation).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import Field, ValidationError
+
+from faultlab.sla.timing import RelativeSeconds, in_units
 
 __all__ = ["Evidence", "Kind", "Outcome", "Sla"]
 
@@ -62,6 +68,9 @@ class Evidence(Protocol):
     """Ids of the faults injected without error."""
     unfinished: str
     """How the run fell short of finishing ('' if it completed)."""
+    units: Any
+    """The run's fault-free timings, the units of a relative bound
+    (``faultlab.sla.timing.TimingUnits``), or None."""
 
     def value(self, metric: str) -> Any:
         """The run-level metric ``metric`` of ``metrics`` (None: not measured or unknown)."""
@@ -106,11 +115,26 @@ class Evidence(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """One SLA judged: what was measured (None: not measured), whether it held, and why."""
+    """One SLA judged: what was measured (None: not measured), whether it held, and why.
+
+    ``inconclusive``: not measured for want of evidence that the run did not lose (no
+    reference to compare with: two fault-free runs that differ, golden runs that went NaN, a
+    trainer that printed no loss): neither passed nor failed. It is never ``passed``; the
+    run's verdict is ``inconclusive`` when nothing failed. Its note says what to add."""
 
     measured: Any
     passed: bool
     note: str = ""
+    limit: float | None = None
+    """A relative bound in seconds on this run (None: the bound is as written)."""
+    ratio: str = ""
+    """The measured seconds in the run's own units (``2.10 cold starts``), for every bound in
+    seconds whose unit the run measured."""
+    inconclusive: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inconclusive and self.passed:
+            raise ValueError("an inconclusive outcome is never passed (it was not measured)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,23 +169,46 @@ class Sla:
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
+    correctness: bool = False
+    """A correctness SLA: it judges what the job computed (its final state, its losses), not
+    how fast or how often it recovered. Not measured on a run that completed (no reference,
+    a reference that cannot be used), it makes the verdict ``inconclusive``, not failed:
+    nothing showed the run wrong, and nothing showed it right. On a run that did not complete
+    it fails like any other. The built-in ones: ``bitwise_equal_to_golden``,
+    ``matches_golden_within_noise``, ``healed_state_matches_peer``."""
 
     # ------------------------------------------------------------------------- the YAML side
 
+    @property
+    def relative(self) -> bool:
+        """An upper bound in seconds: it may also be written in the run's own units
+        (``{cold_starts: 2.5}``, ``faultlab.sla.timing``)."""
+        return self.unit == "s" and self.kind == "max"
+
     def annotation(self) -> Any:
         """The value's type for the ``Expect`` model (``None`` is always allowed: not judged)."""
+        if self.relative:
+            return Annotated[self.value, Field(**self.bounds())] | RelativeSeconds | None
         return self.value | None
 
     def bounds(self) -> dict[str, float]:
         """The bounds that are set, as keywords of ``pydantic.Field``."""
         return {k: v for k in ("gt", "ge", "lt", "le") if (v := getattr(self, k)) is not None}
 
+    def field_bounds(self) -> dict[str, float]:
+        """The bounds the ``Expect`` field itself carries (a relative bound's are inside its
+        annotation, on the number)."""
+        return {} if self.relative else self.bounds()
+
     def field_doc(self) -> str:
         return inspect.cleandoc(self.doc)
 
     def parse(self, value: Any) -> Any:
-        """Turn the YAML value into the bound, before its type is checked (default: as is);
-        raise ``ValueError`` with a message to refuse it."""
+        """Turn the YAML value into the bound, before its type is checked (default: as is, a
+        mapping of a bound in seconds into ``RelativeSeconds``); raise ``ValueError`` with a
+        message to refuse it."""
+        if self.relative and isinstance(value, dict):
+            return relative_bound(value)
         return value
 
     # ------------------------------------------------------------------------ the judge side
@@ -171,6 +218,10 @@ class Sla:
         return ev.value(self.metric) if self.metric else None
 
     def holds(self, measured: Any, bound: Any) -> bool:
+        """``measured`` meets ``bound``; NaN never does (``bool(nan)`` is True, and NaN
+        compares False both ways: each comparison must fail it, not pass it)."""
+        if isinstance(measured, float) and math.isnan(measured):
+            return False
         if self.kind == "max":
             return bool(measured <= bound)
         if self.kind == "min":
@@ -190,9 +241,23 @@ class Sla:
 
     def judge(self, ev: Evidence, bound: Any) -> Outcome:
         """The verdict: measure, explain, then the notes every SLA shares (not measured, and
-        why; the launch findings that explain a failure)."""
-        measured, note = self.explain(ev, self.measure(ev), bound)
-        return self.conclude(ev, bound, measured, note)
+        why; the launch findings that explain a failure). A relative bound is first made
+        seconds with the run's own units; one whose unit the run did not measure is not
+        measured."""
+        units = getattr(ev, "units", None)  # an Evidence double of a team's may have none
+        limit = bound.seconds(units) if isinstance(bound, RelativeSeconds) else bound
+        measured = self.measure(ev)
+        if limit is None:
+            return Outcome(measured, False, f"not measured: the bound is {bound}, and this run "
+                           f"measured no such unit ({_describe(units)}) nor did its golden "
+                           f"run")
+        measured, note = self.explain(ev, measured, limit)
+        out = self.conclude(ev, limit, measured, note)
+        if not self.relative:
+            return out
+        ratio = in_units(measured, units) if isinstance(measured, int | float) else ""
+        return dataclasses.replace(out, limit=limit if isinstance(bound, RelativeSeconds)
+                                   else None, ratio=ratio)
 
     def conclude(self, ev: Evidence, bound: Any, measured: Any, note: str) -> Outcome:
         if measured is None and ev.unfinished and (why := self.unfinished_why(ev)):
@@ -200,6 +265,30 @@ class Sla:
         if measured is None:
             note = note or "not measured: the run ended without the events it needs"
         passed = measured is not None and self.holds(measured, bound)
-        if not passed:
+        inconclusive = measured is None and self.correctness and not ev.unfinished
+        if not passed and not inconclusive:
             note = "; ".join(filter(None, [note, *ev.findings_for(self.key)]))
-        return Outcome(measured, passed, note)
+        return Outcome(measured, passed, note, inconclusive=inconclusive)
+
+
+def relative_bound(value: dict[Any, Any]) -> RelativeSeconds:
+    """A mapping written for a bound in seconds, checked; ``ValueError`` says what is wrong."""
+    try:
+        return RelativeSeconds(**{str(k): v for k, v in value.items()})
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            why = f"unknown key {where!r}"
+        elif where:
+            why = f"{where}: {first['msg'].lower()}, not {first['input']!r}"
+        else:
+            why = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{why}; a bound in seconds is a number, or a mapping of s (fixed "
+                         f"seconds), cold_starts (times the run's launch-to-first-step) and "
+                         f"step_times (times its median step), e.g. {{cold_starts: 2.5}}") \
+            from None
+
+
+def _describe(units: Any) -> str:
+    return units.describe() if units is not None else "no timings recorded"

@@ -40,13 +40,30 @@ class Completes(Sla):
         return measured, ""
 
 
+def _so_far(ev: Evidence, sla: Sla, measured: Any, bound: Any) -> tuple[Any, str] | None:
+    """A restart count within its upper bound when faultlab stopped an unfinished job (at its
+    timeout, or interrupted): not measured, never a pass; the restarts it would still have
+    spent are unknown. A job that ended by itself has spent them: its count stands."""
+    if ev.timed_out and ev.unfinished and measured is not None and sla.holds(measured, bound):
+        return None, f"{measured} restart(s) before {ev.unfinished}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class MaxRestarts(Sla):
+    def measure(self, ev: Evidence) -> Any:
+        # no start record: no process of the job ran (or none left a record), and 0 restarts
+        # of nothing is no count at all
+        return super().measure(ev) if _started(ev) else None
+
     def explain(self, ev: Evidence, measured: Any, bound: Any) -> tuple[Any, str]:
-        if ev.timed_out and measured is not None and self.holds(measured, bound):
-            # faultlab stopped the job: the restarts it would still have spent are unknown
-            return None, f"{ev.metrics.restarts} restart(s) before {ev.unfinished}"
-        return measured, ""
+        if not _started(ev):
+            return None, "not measured: no process of the job wrote a start record"
+        return _so_far(ev, self, measured, bound) or (measured, "")
+
+
+def _started(ev: Evidence) -> bool:
+    return any(e.get("kind") == "start" for e in ev.events)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +82,9 @@ class DetectionLatency(Sla):
 
 @dataclass(frozen=True, kw_only=True)
 class BitwiseEqual(Sla):
-    """The final digest against the golden run's; not measured (and never failed) when two
-    fault-free runs differ."""
+    """The final digest against the golden run's; inconclusive (never passed, never failed)
+    when two fault-free runs differ: a measured ``matches_golden_within_noise`` then judges in
+    its place (``faultlab.judge.verdict.COVERS``)."""
 
     def measure(self, ev: Evidence) -> Any:
         golden, metrics = ev.golden, ev.metrics
@@ -78,8 +96,10 @@ class BitwiseEqual(Sla):
 
     def judge(self, ev: Evidence, bound: Any) -> Outcome:
         repro = ev.reproducibility()
-        if repro is not None and not repro.reproducible:
-            return Outcome(None, True, repro.note())  # nothing to do with recovery
+        if repro is not None and not repro.reproducible and not ev.unfinished:
+            # nothing to do with recovery, and no evidence of it either way
+            advise = ev.exp.expect.matches_golden_within_noise is None
+            return Outcome(None, False, repro.note(advise=advise), inconclusive=True)
         return super().judge(ev, bound)
 
     def explain(self, ev: Evidence, measured: Any, bound: Any) -> tuple[Any, str]:
@@ -115,10 +135,10 @@ class WithinNoise(Sla):
 
     def judge(self, ev: Evidence, bound: Any) -> Outcome:
         within = ev.within_noise(bound)
-        measured, note = within.measured, within.note
-        if not ev.metrics.completes:
-            measured, note = None, "not measured: the run did not complete; " + note
-        return Outcome(measured, measured is not None and within.passed, note)
+        if not ev.metrics.completes:  # a run that ended early is no final state to judge
+            return Outcome(None, False, "not measured: the run did not complete; " + within.note)
+        return Outcome(within.measured, within.passed, within.note,
+                       inconclusive=within.inconclusive)
 
 
 _NO_SAVE_FAILURE = ("not measured: no io_error, disk_full or io_hang fault hit an operation, "
@@ -195,7 +215,13 @@ class Exclusion(Sla):
 class Healing(Sla):
     """A stack that recovers per step: the note is ``faultlab.observe.healing``'s."""
 
+    counts_restarts: bool = False
+    """A count of restarts over the whole run (``_so_far``)."""
+
     def explain(self, ev: Evidence, measured: Any, bound: Any) -> tuple[Any, str]:
+        so_far = _so_far(ev, self, measured, bound) if self.counts_restarts else None
+        if so_far is not None:
+            return so_far[0], "; ".join(filter(None, [so_far[1], ev.metrics.healing_note]))
         return measured, ev.metrics.healing_note or ""
 
 
@@ -238,18 +264,22 @@ BUILTIN: tuple[Sla, ...] = (
         doc="Lower bound, a fraction in (0, 1]."),
     BitwiseEqual(
         key="bitwise_equal_to_golden", value=bool, kind="bool", unit="bool",
-        metric="bitwise_equal_to_golden",
+        metric="bitwise_equal_to_golden", correctness=True,
         description="final digest equals the fault-free golden run's",
         doc="""Final state bitwise equal (or not) to the fault-free golden run's. With ``golden:
-        {runs: 2}`` and two fault-free runs that differ, not measured (never failed)."""),
+        {runs: 2}`` and two fault-free runs that differ, not measured: the verdict is
+        inconclusive, unless ``matches_golden_within_noise`` is measured in the same
+        experiment, which then judges in its place."""),
     WithinNoise(
         key="matches_golden_within_noise", value=float, kind="max", unit="noise units",
-        metric="matches_golden_within_noise",
+        metric="matches_golden_within_noise", correctness=True,
         description="largest distance to the golden run (per-step loss, final weights) in "
                     "units of two fault-free runs' spread",
         doc="""``k``: the run's losses at every step, and its final weights, stay within ``k`` times
         the spread of two fault-free runs (``true``: 10). For trainers that are not bitwise
-        reproducible; runs the golden run twice."""),
+        reproducible; runs the golden run twice. A NaN or Inf in the run's losses or final
+        weights, or a tensor of the golden run's missing from its final checkpoint or of
+        another shape, fails it (named); a NaN in the golden runs makes it inconclusive."""),
     Sla(key="samples_exactly_once", value=bool, kind="bool", unit="bool",
         metric="samples_exactly_once",
         description="every sample was trained on exactly once",
@@ -329,7 +359,7 @@ BUILTIN: tuple[Sla, ...] = (
             "without its\nnode; a job that never excluded it fails it."),
     Healing(
         key="survivor_restarts", value=int, ge=0, kind="max", unit="restarts",
-        metric="survivor_restarts",
+        metric="survivor_restarts", counts_restarts=True,
         description="restarts of the ranks no fault struck, after the first fault "
                     "(faultlab.observe.healing)",
         doc="""Upper bound on the restarts of the ranks a fault did not strike (torchft: the other
@@ -350,7 +380,7 @@ BUILTIN: tuple[Sla, ...] = (
         doc="Upper bound, seconds from the fault to the struck ranks' first committed step."),
     Healing(
         key="healed_state_matches_peer", value=bool, kind="bool", unit="bool",
-        metric="healed_state_matches_peer",
+        metric="healed_state_matches_peer", correctness=True,
         description="the healed ranks' weights equal a survivor's at every step both "
                     "recorded (observe.step_digest)",
         doc="The healed ranks' weights equal (or not) a surviving peer's at every step both "

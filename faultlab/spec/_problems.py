@@ -41,13 +41,32 @@ _BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="),
 def problems_from(exc: ValidationError, doc: YamlDoc, root: type[BaseModel],
                   file: Path | None) -> list[Problem]:
     out: list[Problem] = []
-    for err in exc.errors(include_url=False):
-        key = _data_key(doc.data, err)
+    for key, err in _one_per_value(doc.data, exc.errors(include_url=False)):
         message = _message(err, key, doc.data, root)
-        path = render_path(key)
-        line = doc.line_of(key)
-        out.append(Problem(file, line, path, message))
+        out.append(Problem(file, doc.line_of(key), render_path(key), message))
     return out
+
+
+_MAPPING_ERRORS = {"model_type", "dict_type", "model_attributes_type", "dataclass_type"}
+
+
+def _one_per_value(data: Any, errors: list[ErrorDetails]) -> list[tuple[Key, ErrorDetails]]:
+    """Each error with its place in the document; where a value of a union type (a number or
+    a mapping: ``resume_time_s``) failed every member, the member's error that fits what was
+    written is kept (a mapping's for a mapping, else the scalar's), and the rest at the same
+    place drop out: one message per value, not one per member."""
+    keyed = [(_data_key(data, err), err) for err in errors]
+
+    def fits(item: tuple[Key, ErrorDetails]) -> bool:
+        err = item[1]
+        return (err["type"] in _MAPPING_ERRORS) == isinstance(err["input"], dict) or \
+            err["type"] not in _MAPPING_ERRORS and err["type"] != "literal_error"
+
+    best: dict[Key, tuple[Key, ErrorDetails]] = {}
+    for item in keyed:  # in document order; at one place, the first error that fits
+        if item[0] not in best or (fits(item) and not fits(best[item[0]])):
+            best[item[0]] = item
+    return list(best.values())
 
 
 def _data_key(data: Any, err: ErrorDetails) -> Key:

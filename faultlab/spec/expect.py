@@ -43,10 +43,11 @@ def _parser(sla: Sla) -> Any:
 
 def _expect_model(declared: dict[str, Sla]) -> type[ExpectBase]:
     fields: dict[str, Any] = {
-        key: (sla.annotation(), Field(default=None, description=sla.field_doc(), **sla.bounds()))
+        key: (sla.annotation(), Field(default=None, description=sla.field_doc(),
+                                      **sla.field_bounds()))
         for key, sla in declared.items()}
     parsers = {f"_parse_{key}": _parser(sla) for key, sla in declared.items()
-               if type(sla).parse is not Sla.parse}
+               if type(sla).parse is not Sla.parse or sla.relative}
     return create_model("Expect", __base__=ExpectBase, __module__=__name__,
                         __doc__="Service-level assertions judged after the run; unset keys are "
                                 "not judged.",

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the local target imports torch (through the launcher): only
     from faultlab.targets.slurm import SlurmTarget
 
 __all__ = ["CONFIG_KEY", "EXPERIMENT_FILE", "Launched", "attach_slurm", "build_experiment",
-           "detach_slurm", "job_context",
+           "cold_start_s", "detach_slurm", "job_context",
            "job_running", "launch", "launched", "resolve_run_dir", "stop", "stop_all",
            "wait_until"]
 
@@ -127,6 +127,19 @@ def job_context(run_dir: Path) -> JobContext:
         slurm.stream.poll()
         return slurm
     return AttachedTarget(run_dir)
+
+
+def cold_start_s(run_dir: Path) -> float | None:
+    """The launched job's launch to its first step (None: not launched here, or no step yet)."""
+    from faultlab.judge.timing import cold_start_s as measure
+    from faultlab.observe import EventStream
+
+    own = launched(run_dir)
+    if own is None:
+        return None
+    stream = EventStream(run_dir)
+    stream.poll()
+    return measure(stream.events, own.session.launched_t)
 
 
 def job_running(run_dir: Path) -> bool:

@@ -12,17 +12,20 @@ import yaml
 
 from faultlab.errors import InvalidExperimentError
 from pytest_faultlab._messages import (
+    INCONCLUSIVE,
     INVALID_EXPERIMENT,
     JOURNAL,
     REPEAT_FAILED,
+    REPEAT_INCONCLUSIVE,
     RUN_ERROR,
     SLA_FAILED,
     STOPPED_BEFORE_LAUNCH,
 )
 from pytest_faultlab._options import Settings
 
-__all__ = ["ExperimentFailed", "ExperimentFile", "ExperimentItem", "looks_like_experiment",
-           "record_properties", "repeat_table", "sla_table", "settings_key"]
+__all__ = ["ExperimentFailed", "ExperimentFile", "ExperimentItem", "hang_guard_s",
+           "looks_like_experiment", "record_properties", "repeat_table", "sla_table",
+           "settings_key"]
 
 settings_key = pytest.StashKey[Settings]()
 
@@ -39,8 +42,9 @@ def looks_like_experiment(path: Path) -> bool:
 
 
 class ExperimentFailed(Exception):
-    """An experiment ran and an SLA failed (or the run broke); carries the ``RunResult`` (a
-    ``RepeatResult`` under ``faultlab_repeat``)."""
+    """An experiment ran and an SLA failed, the run broke, or it was inconclusive (a
+    correctness SLA not measured: not a pass); carries the ``RunResult`` (a ``RepeatResult``
+    under ``faultlab_repeat``)."""
 
     def __init__(self, result: Any, notes: list[str]) -> None:
         self.result = result
@@ -72,7 +76,8 @@ class ExperimentFile(pytest.File):
 
 
 class ExperimentItem(pytest.Item):
-    """Runs one experiment; passes when every SLA holds."""
+    """Runs one experiment; passes when every SLA holds (an inconclusive verdict fails it,
+    saying which SLA could not be measured and what to add)."""
 
     def __init__(self, *, experiment: Any, source: Path,
                  problem: InvalidExperimentError | None, **kwargs: Any) -> None:
@@ -82,12 +87,10 @@ class ExperimentItem(pytest.Item):
         self.problem = problem
         if experiment is not None and self.config.pluginmanager.hasplugin("timeout"):
             # The repo-wide timeout (e.g. 120 s) is for unit tests; an experiment bounds
-            # itself with run.timeout_s (twice when a golden run may be needed first).
-            runs = self.config.stash[settings_key].repeat
-            golden = experiment.expect.bitwise_equal_to_golden is not None or \
-                _is_campaign(source)  # a campaign always needs its golden run
-            runs += 1 if golden else 0
-            self.add_marker(pytest.mark.timeout(runs * experiment.run.timeout_s + 120))
+            # itself with run.timeout_s, once per run and per golden run it may need first.
+            self.add_marker(pytest.mark.timeout(hang_guard_s(
+                experiment, runs=self.config.stash[settings_key].repeat,
+                campaign=_is_campaign(source))))
 
     def runtest(self) -> None:
         if self.problem is not None:
@@ -149,6 +152,19 @@ class ExperimentItem(pytest.Item):
         return self.path, None, f"faultlab experiment {self.name}"
 
 
+GUARD_REST_S = 120
+"""What a run costs besides its job, bounded: the engine's start, judging, clean-up."""
+
+
+def hang_guard_s(experiment: Any, *, runs: int = 1, campaign: bool = False) -> float:
+    """How long a test that runs ``experiment`` ``runs`` times may take before pytest-timeout
+    calls it hung: each run, and each golden run it may need first (a campaign always needs
+    one), is bounded by the experiment's own ``run.timeout_s``, a configured timer; the rest
+    is ``GUARD_REST_S``. Derived from the experiment, never from one machine's clock."""
+    golden = 1 if campaign else getattr(experiment, "golden_runs", 1)
+    return (runs + golden) * experiment.run.timeout_s + GUARD_REST_S
+
+
 def _is_campaign(source: Path) -> bool:
     from faultlab.spec import load_campaign
 
@@ -178,6 +194,10 @@ def invalid_text(error: InvalidExperimentError) -> str:
     return "\n".join(lines)
 
 
+_RESULT_WORDS = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE",
+                 "covered": "covered"}
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "not measured"
@@ -193,13 +213,16 @@ def sla_table(result: Any) -> str:
     failed = len(result.failures())
     head = SLA_FAILED.format(name=result.name, failed=failed, total=len(result.slas)) \
         if not result.passed else f"{result.name}: PASS"
+    if result.verdict == "inconclusive":
+        head = INCONCLUSIVE.format(name=result.name, names=", ".join(
+            s.name for s in result.slas if s.result == "inconclusive"))
     if not result.slas:  # the engine stopped before the launch; the error says why
         head = STOPPED_BEFORE_LAUNCH.format(name=result.name)
     rows = [("SLA", "bound", "measured", "result", "note")] if result.slas else []
     for s in result.slas:
         op = {"max": "<= ", "min": ">= "}.get(SLA_KINDS.get(s.name, "bool"), "")
         rows.append((s.name, op + str(s.bound), _fmt(s.measured),
-                     "pass" if s.passed else "FAIL", s.note))
+                     _RESULT_WORDS.get(s.result, s.result), s.note))
     widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
     lines = [head]
     for r in rows:
@@ -218,14 +241,18 @@ def repeat_table(outcome: Any) -> str:
     summary = outcome.summary.to_dict()
     rows = [SLA_HEADER, *spread_rows(summary)[0]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(SLA_HEADER))]
-    lines = [REPEAT_FAILED.format(name=outcome.name, num_runs=summary["num_runs"],
-                                  stability=summary["stability"])]
+    head = REPEAT_INCONCLUSIVE if summary["verdict"] == "inconclusive" else REPEAT_FAILED
+    lines = [head.format(name=outcome.name, num_runs=summary["num_runs"],
+                         stability=summary["stability"])]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
               for r in rows]
     for result in outcome.results:
         if not result.passed:
-            why = "; ".join(s.describe() for s in result.failures()) or result.error or ""
-            lines.append(f"failed run {result.run_folder.name}: {why}")
+            unmeasured = [s for s in result.slas if s.result == "inconclusive"]
+            why = "; ".join(s.describe() for s in result.failures() or unmeasured) \
+                or result.error or ""
+            lines.append(f"{'inconclusive' if result.verdict == 'inconclusive' else 'failed'}"
+                         f" run {result.run_folder.name}: {why}")
     lines.append(JOURNAL.format(path=outcome.record_path))
     return "\n".join(lines)
 
@@ -238,6 +265,7 @@ def record_repeat_properties(props: list[tuple[str, object]], outcome: Any) -> N
     props.append(("faultlab.journal", str(outcome.record_path)))
     props.append(("faultlab.repeat.num_runs", summary.num_runs))
     props.append(("faultlab.repeat.num_passed", summary.num_passed))
+    props.append(("faultlab.repeat.num_inconclusive", summary.num_inconclusive))
     props.append(("faultlab.repeat.min_pass_rate", float(summary.min_pass_rate)))
     for m in summary.metrics:
         props.append((f"faultlab.{m.name}.median", _prop(m.median)))
@@ -259,7 +287,7 @@ def record_properties(props: list[tuple[str, object]], result: Any) -> None:
     for s in result.slas:
         props.append((f"faultlab.sla.{s.name}.bound", _prop(s.bound)))
         props.append((f"faultlab.sla.{s.name}.measured", _prop(s.measured)))
-        props.append((f"faultlab.sla.{s.name}.result", "pass" if s.passed else "fail"))
+        props.append((f"faultlab.sla.{s.name}.result", s.result))
 
 
 def _prop(value: Any) -> object:

@@ -14,6 +14,9 @@ MISSING_PATH = ("{setting} from {source}: no such file or directory: {path}; lis
                 "files or folders that exist")
 INVALID_EXPERIMENT = "invalid experiment ({count} problem(s)); nothing was run or injected:"
 SLA_FAILED = "{name}: FAIL ({failed} of {total} SLA(s) failed)"
+INCONCLUSIVE = ("{name}: INCONCLUSIVE (nothing failed, but {names} could not be measured: not a "
+                "pass; the note says what to add)")
+REPEAT_INCONCLUSIVE = "{name}: INCONCLUSIVE over {num_runs} runs: {stability}"
 STOPPED_BEFORE_LAUNCH = "{name}: FAIL (stopped before the job was launched: nothing was measured)"
 RUN_ERROR = "the run broke: {error}"
 JOURNAL = "journal: {path}"

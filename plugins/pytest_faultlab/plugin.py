@@ -8,14 +8,18 @@ Experiments as test items::
 
 An item is named after its experiment and passes when every SLA holds. A failing item shows
 the SLA table (SLA, bound, measured, result, note), what the engine did and the journal path,
-without a traceback; an invalid document is one failing item listing its located problems
-(``x.yaml:14 faults[0].trigger.at_step: ...``), nothing is run. YAML is collected only when
-given on the command line, or when it lies under a ``faultlab_experiments`` path and looks like
-an experiment (a mapping with ``name`` and ``faults`` or ``suite``), so a plain ``pytest``
-never starts collecting other YAML. JUnit XML (``--junitxml``) carries ``faultlab.verdict``,
-``faultlab.journal``, every metric as ``faultlab.<metric>`` (``faultlab.resume_time_s``, ...),
-per fault ``faultlab.fault.<id>.<metric>``, and per SLA ``faultlab.sla.<name>.bound``,
-``.measured`` and ``.result``.
+without a traceback. An inconclusive run (nothing failed, but a correctness SLA could not be
+measured: two fault-free runs that differ, golden runs that went NaN) fails its item too: its
+head line says ``INCONCLUSIVE`` and names the SLA, whose note says what to add. An invalid
+document is one failing item listing its located problems (``x.yaml:14
+faults[0].trigger.at_step: ...``), nothing is run. YAML is collected only when given on the
+command line, or when it lies under a ``faultlab_experiments`` path and looks like an
+experiment (a mapping with ``name`` and ``faults`` or ``suite``), so a plain ``pytest`` never
+starts collecting other YAML. JUnit XML (``--junitxml``) carries ``faultlab.verdict`` (``pass``,
+``fail`` or ``inconclusive``), ``faultlab.journal``, every metric as ``faultlab.<metric>``
+(``faultlab.resume_time_s``, ...), per fault ``faultlab.fault.<id>.<metric>``, and per SLA
+``faultlab.sla.<name>.bound``, ``.measured`` and ``.result`` (``pass``, ``fail``,
+``inconclusive`` or ``covered``).
 
 Settings, each a flag and an ini key (the flag wins; ini paths are relative to the ini file,
 flag paths to the current folder; a bad value stops pytest and says where it came from):
@@ -35,8 +39,8 @@ With ``faultlab_repeat`` N > 1 an experiment item runs N independent times (as `
 when every run passed, or ``faultlab_min_pass_rate`` of them; a failing item shows the
 stability (``3/5 passed ...``), each SLA's median, tail and headroom against its bound, and why
 each failed run failed. JUnit XML then carries ``faultlab.repeat.num_runs``, ``.num_passed``,
-``.min_pass_rate`` and every metric's ``faultlab.<metric>.median`` and ``.p95``; the
-``faultlab`` fixture and the marker run once per call either way.
+``.num_inconclusive``, ``.min_pass_rate`` and every metric's ``faultlab.<metric>.median`` and
+``.p95``; the ``faultlab`` fixture and the marker run once per call either way.
 
 Paths of the flag are always collected; those of the ini key only when pytest was given no
 paths (a plain ``pytest`` runs ``testpaths`` and the experiments).
@@ -87,6 +91,7 @@ from pytest_faultlab._messages import (
     BAD_MARKER,
     BAD_PASS_RATE,
     BAD_REPEAT,
+    INCONCLUSIVE,
     INVALID_EXPERIMENT,
     JOURNAL,
     MARKER_HELP,
@@ -95,6 +100,7 @@ from pytest_faultlab._messages import (
     NO_MARKER,
     PASS_RATE_WITHOUT_REPEAT,
     REPEAT_FAILED,
+    REPEAT_INCONCLUSIVE,
     RUN_ERROR,
     SLA_FAILED,
     STOPPED_BEFORE_LAUNCH,
@@ -109,6 +115,7 @@ __all__ = [
     "BAD_MARKER",
     "BAD_PASS_RATE",
     "BAD_REPEAT",
+    "INCONCLUSIVE",
     "INVALID_EXPERIMENT",
     "JOURNAL",
     "MARKER_WITHOUT_FIXTURE",
@@ -117,6 +124,7 @@ __all__ = [
     "OPTIONS",
     "PASS_RATE_WITHOUT_REPEAT",
     "REPEAT_FAILED",
+    "REPEAT_INCONCLUSIVE",
     "RUN_ERROR",
     "SLA_FAILED",
     "STOPPED_BEFORE_LAUNCH",

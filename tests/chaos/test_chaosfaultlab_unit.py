@@ -16,12 +16,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import chaosfaultlab
 import psutil
 import pytest
-from chaosfaultlab import _undo, actions, control, probes
+from chaosfaultlab import _jobs, _undo, actions, control, probes
 from chaosfaultlab._state import ActionLog
 from chaoslib.exceptions import InvalidActivity
 
@@ -45,7 +46,7 @@ def test_discover_lists_exactly_the_exported_activities() -> None:
     args = {a["name"]: {x["name"]: x for x in a["arguments"]} for a in d["activities"]}
     assert list(args["inject_fault"])[:4] == ["fault_type", "target", "params", "run_dir"]
     assert args["recovered_within"]["seconds"]["type"] == "number"
-    assert "default" not in args["recovered_within"]["seconds"]  # required
+    assert args["recovered_within"]["cold_starts"]["type"] == "number"
     assert args["kill_rank"]["signal"]["default"] == "KILL"
     for activity in d["activities"]:
         assert activity["doc"], f"{activity['name']} has no docstring"
@@ -320,6 +321,26 @@ def test_recovered_within_uses_faultlabs_recovery_time(tmp_path: Path) -> None:
     assert probes.current_step(run_dir=str(tmp_path)) == 15
 
 
+def test_a_window_in_cold_starts_is_the_launched_jobs_own(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """recovered_within(cold_starts=k): k times the job's launch to its first step, which this
+    process knows of a job it launched; of any other job it is refused, never guessed."""
+    T = _killed_and_recovered(tmp_path, back_after_s=6.0)
+    with pytest.raises(TargetError, match="the cold start of the job in .* is not known"):
+        probes.recovered_within(run_dir=str(tmp_path), cold_starts=10)
+    first_step = min(e["t"] for e in probes._events(tmp_path) if e["kind"] == "step")
+    session = SimpleNamespace(launched_t=first_step - 2.0)  # a cold start of 2 s
+    monkeypatch.setattr(_jobs, "launched", lambda path: SimpleNamespace(session=session))
+    monkeypatch.setattr(_jobs, "job_running", lambda path: False)
+    assert _jobs.cold_start_s(tmp_path) == pytest.approx(2.0)
+    assert probes.recovered_within(run_dir=str(tmp_path), cold_starts=3)  # 6 s <= 6 s
+    assert not probes.recovered_within(run_dir=str(tmp_path), cold_starts=2.9)
+    assert not probes.recovered_within(30, run_dir=str(tmp_path), cold_starts=2.9)  # replaced
+    with pytest.raises(TargetError, match="recovered_within: give seconds, or cold_starts"):
+        probes.recovered_within(run_dir=str(tmp_path))
+    assert T > first_step
+
+
 def test_progress_and_completion_of_a_finished_job(tmp_path: Path) -> None:
     _write_run(tmp_path, [
         {"t": 1.0, "kind": "start", "rank": 0, "pid": 1, "resumed_from_step": 0},
@@ -331,6 +352,34 @@ def test_progress_and_completion_of_a_finished_job(tmp_path: Path) -> None:
     assert probes.final_digest_matches_golden(run_dir=str(tmp_path), golden_digest="abc")
     assert not probes.final_digest_matches_golden(run_dir=str(tmp_path), golden_digest="abd")
     assert not probes.latest_checkpoint_valid(run_dir=str(tmp_path))  # there is none
+
+
+def test_a_trainer_that_is_not_reproducible_answers_inconclusive(tmp_path: Path) -> None:
+    """Two fault-free runs of the golden experiment differ: no digest of the job can match
+    them, and the probe says so with a value a tolerance tells from true and false."""
+    from faultlab.engine.golden import golden_cache_dir, golden_key
+    from faultlab.spec import load_experiment
+
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text("name: g\ngolden: {runs: 2}\nexpect: {bitwise_equal_to_golden: true}\n")
+    exp = load_experiment(exp_file)
+    cache = golden_cache_dir(exp, tmp_path / "golden")
+    cache.mkdir(parents=True)
+    entry = {"digest": "abc", "losses": {"1": 2.0}, "wall_s": 1.0, "run_dir": str(tmp_path),
+             "checkpoints_outside": [], "second": {"digest": "abd", "losses": {"1": 2.1}}}
+    (cache / f"{golden_key(exp)}.json").write_text(json.dumps(entry))
+    run_dir = tmp_path / "run"
+    _write_run(run_dir, [
+        {"t": 1.0, "kind": "start", "rank": 0, "pid": 1, "resumed_from_step": 0},
+        {"t": 3.0, "kind": "final_digest", "rank": 0, "pid": 1, "digest": "abc"},
+        {"t": 3.1, "kind": "exit", "rank": 0, "pid": 1, "reason": "completed"}])
+    answer = probes.final_digest_matches_golden(run_dir=str(run_dir),
+                                                golden_experiment=str(exp_file),
+                                                golden_cache_dir=str(tmp_path / "golden"))
+    assert answer == probes.INCONCLUSIVE == "inconclusive"
+    assert answer is not True and answer is not False
+    # the same job against the given digest: judged bit for bit
+    assert probes.final_digest_matches_golden(run_dir=str(run_dir), golden_digest="abc") is True
 
 
 def test_a_stalled_job_is_not_progressing(tmp_path: Path) -> None:

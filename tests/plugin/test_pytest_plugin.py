@@ -16,6 +16,7 @@ from pytest_faultlab.plugin import (
     BAD_MARKER,
     BAD_PASS_RATE,
     BAD_REPEAT,
+    INCONCLUSIVE,
     INVALID_EXPERIMENT,
     JOURNAL,
     MARKER_WITHOUT_FIXTURE,
@@ -266,6 +267,33 @@ def test_sla_table_shows_bound_measured_result_and_note() -> None:
         JOURNAL.format(path="r/kill/journal.json")]
 
 
+def test_an_inconclusive_run_fails_with_what_could_not_be_measured() -> None:
+    """Nothing failed, but bitwise could not be measured: not a pass; the head line says so,
+    the row says INCONCLUSIVE, its note what to add."""
+    from pytest_faultlab._items import record_properties
+
+    from faultlab.engine import SLAResult
+
+    note = "not measured: two fault-free runs differ from step 2; add matches_golden_within_noise"
+    result = SimpleNamespace(
+        name="kill", verdict="inconclusive", passed=False, error=None,
+        journal_path="r/kill/journal.json",
+        slas=[SLAResult("completes", True, True, True),
+              SLAResult("bitwise_equal_to_golden", True, None, False, note, inconclusive=True)])
+    result.failures = lambda: [s for s in result.slas if s.result == "fail"]
+    lines = sla_table(result).splitlines()
+    assert lines[0] == INCONCLUSIVE.format(name="kill", names="bitwise_equal_to_golden")
+    assert lines[3].split()[:6] == ["bitwise_equal_to_golden", "True", "not", "measured",
+                                    "INCONCLUSIVE", "not"]
+    assert lines[3].endswith("add matches_golden_within_noise")
+    props: list[tuple[str, object]] = []
+    result.metrics = SimpleNamespace(to_dict=dict, faults=[])
+    record_properties(props, result)
+    assert ("faultlab.verdict", "inconclusive") in props
+    assert ("faultlab.sla.bitwise_equal_to_golden.result", "inconclusive") in props
+    assert ("faultlab.sla.bitwise_equal_to_golden.measured", "not measured") in props
+
+
 def test_repeat_table_shows_stability_each_sla_over_the_runs_and_why_runs_failed() -> None:
     from faultlab.engine import SLAResult
     from faultlab.judge.repeats import parse_pass_rate, summarize
@@ -274,6 +302,7 @@ def test_repeat_table_shows_stability_each_sla_over_the_runs_and_why_runs_failed
         slas = [SLAResult("completes", True, True, True),
                 SLAResult("resume_time_s", 30, resume_s, resume_s <= 30)]
         r = SimpleNamespace(slas=slas, passed=resume_s <= 30, error=None,
+                            verdict="pass" if resume_s <= 30 else "fail",
                             run_folder=Path(f"r/kill-{resume_s:g}"))
         r.failures = lambda: [s for s in slas if not s.passed]
         r.journal = {"verdict": "pass" if r.passed else "fail", "metrics": {},

@@ -152,9 +152,12 @@ def write_checkpoints(job_dir: Path, steps: list[int], size: int = 17_000_000) -
 
 
 def write_run(run_folder: Path, name: str, *, fault_type: str = "rank_kill",
-              golden_dir: Path | None = None, passed: bool = True,
+              golden_dir: Path | None = None, passed: bool | str = True,
               timing: Timing | None = None) -> dict[str, Any]:
-    """A run folder like ``run_experiment`` leaves: journal.json, report.md, job/."""
+    """A run folder like ``run_experiment`` leaves: journal.json, report.md, job/.
+    ``passed="inconclusive"``: every SLA held, and bitwise could not be measured."""
+    verdict = passed if isinstance(passed, str) else "pass" if passed else "fail"
+    passed = passed is not False
     events, injected_t = rank_kill_events(timing=timing)
     job_dir = run_folder / "job"
     write_events(job_dir, events)
@@ -173,6 +176,11 @@ def write_run(run_folder: Path, name: str, *, fault_type: str = "rank_kill",
         {"name": "lost_steps", "bound": 10, "measured": metrics.lost_steps, "passed": True,
          "note": ""},
     ]
+    if verdict == "inconclusive":
+        slas.append({"name": "bitwise_equal_to_golden", "bound": True, "measured": None,
+                     "passed": False, "inconclusive": True, "covered_by": None,
+                     "result": "inconclusive",
+                     "note": "not measured: two fault-free runs differ from step 2"})
     golden = None
     if golden_dir is not None:
         g_events = golden_events()
@@ -181,7 +189,7 @@ def write_run(run_folder: Path, name: str, *, fault_type: str = "rank_kill",
                   "run_dir": str(golden_dir),
                   "losses": {str(s): loss_at(s) for s in range(1, 41)}}
     journal = {
-        "verdict": "pass" if passed else "fail", "slas": slas, "metrics": metrics.to_dict(),
+        "verdict": verdict, "slas": slas, "metrics": metrics.to_dict(),
         "faults": [{**fault.to_dict(), "error": None}],
         "experiment": {"name": name, "description": f"{name}: a synthetic run.",
                        "file": f"experiments/{name}.yaml", "seed": 0,
@@ -197,9 +205,10 @@ def write_run(run_folder: Path, name: str, *, fault_type: str = "rank_kill",
     return journal
 
 
-def write_suite(folder: Path, members: list[tuple[str, str, bool]], *,
+def write_suite(folder: Path, members: list[tuple[str, str, bool | str]], *,
                 not_run: tuple[str, ...] = (), plan: dict[str, Any] | None = None) -> SuiteRun:
-    """A finished suite run in ``folder``: ``members`` are (name, fault type, passed);
+    """A finished suite run in ``folder``: ``members`` are (name, fault type, passed: a
+    bool, or ``"inconclusive"``);
     ``not_run`` names experiments listed but never run. The report is written."""
     listed = [(name, ftype) for name, ftype, _ in members] + [(n, "rank_kill") for n in not_run]
     run = SuiteRun(folder, suite_file=Path("experiments/prelaunch.yaml"),
@@ -210,9 +219,9 @@ def write_suite(folder: Path, members: list[tuple[str, str, bool]], *,
                    environment=ENVIRONMENT)
     for i, (name, ftype, passed) in enumerate(members):
         run_folder = run.runs_dir / f"{name}-20261121-120000"
-        write_run(run_folder, name, fault_type=ftype, passed=passed,
-                  golden_dir=folder / ".golden" / name if i % 2 == 0 else None)
-        run.ran(i, run_folder, "pass" if passed else "fail")
+        journal = write_run(run_folder, name, fault_type=ftype, passed=passed,
+                            golden_dir=folder / ".golden" / name if i % 2 == 0 else None)
+        run.ran(i, run_folder, journal["verdict"])
     run.finish(interrupted=bool(not_run))
     return run
 

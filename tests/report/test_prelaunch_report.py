@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from synthetic import PLAN, write_campaign_run, write_run, write_suite
 
-from faultlab.cli import EXIT_FAIL, EXIT_PASS, main
+from faultlab.cli import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, main
 from faultlab.faults import fault_types
 from faultlab.observe.phases import PHASES
 from faultlab.report import environment as env_module
@@ -64,6 +64,33 @@ def test_scorecard_per_family_and_experiment(report: dict[str, Any]) -> None:
     assert families["process"]["experiments"] == ["rank_kill", "rank_hang", "node_loss_elastic"]
     for family in set(cls.family for cls in fault_types().values()) - {"process", "storage"}:
         assert families[family]["verdict"] == "not covered"  # registered, in no experiment
+
+
+def test_an_inconclusive_member_makes_its_family_and_the_suite_inconclusive(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing failed, but one experiment's bitwise check could not be measured: neither its
+    family nor the suite passes (issue 53), in report.json, Markdown, HTML and the exit code."""
+    folder = tmp_path / "prelaunch-20261201-120000"
+    write_suite(folder, [("rank_kill", "rank_kill", True),
+                         ("ckpt_bitflip", "ckpt_bitflip", "inconclusive")])
+    report = json.loads((folder / "report.json").read_text())
+    assert report["verdict"] == "inconclusive"
+    families = {f["family"]: f["verdict"] for f in report["families"]}
+    assert (families["process"], families["storage"]) == ("pass", "inconclusive")
+    md = (folder / "report.md").read_text()
+    assert md.startswith("# Pre-launch report: prelaunch: INCONCLUSIVE")
+    assert "- 1 of 2 experiments passed, 1 inconclusive" in md
+    assert "| storage | INCONCLUSIVE | ckpt_bitflip |" in md
+    assert "bitwise_equal_to_golden not measured (= yes) ?" in md
+    assert "| bitwise_equal_to_golden | = yes | not measured (not measured: two fault-free " \
+           "runs differ from step 2) | **INCONCLUSIVE** |" in md
+    html = (folder / "report.html").read_text()
+    assert '<span class="badge inconclusive">INCONCLUSIVE</span>' in html
+    assert '<li class="inconclusive">bitwise_equal_to_golden' in html
+    assert '<td class="inconclusive">INCONCLUSIVE</td>' in html
+    assert "1 inconclusive (a correctness SLA not measured)" in html
+    assert main(["report", str(folder)]) == EXIT_INCONCLUSIVE
+    assert "(verdict: inconclusive)" in capsys.readouterr().out
 
 
 def test_each_experiment_has_its_timeline_loss_and_checkpoints(report: dict[str, Any]) -> None:

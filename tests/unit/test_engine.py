@@ -158,8 +158,10 @@ INJECTED = [FaultRecord(id="k", type="rank_kill", injected_t=2.5)]
 def test_judge_compares_each_sla_and_reports_unmeasured_as_failed() -> None:
     exp = exp_with(KILL, "  completes: true\n  goodput: 0.1\n  max_restarts: 0\n"
                          "  bitwise_equal_to_golden: true\n  resume_time_s: 5\n")
-    slas = {s.name: s for s in judge(exp, compute_metrics(_run_events(), INJECTED), GOLDEN,
-                                      timed_out=False, faults=INJECTED)}
+    # the records of the topology's world (2 ranks), which completes asks of them
+    events = [{**e, "world_size": 2} for e in _run_events()]
+    slas = {s.name: s for s in judge(exp, compute_metrics(events, INJECTED), GOLDEN,
+                                      timed_out=False, faults=INJECTED, events=events)}
     assert slas["fault_injected[k]"].passed
     assert slas["completes"].passed and slas["completes"].measured is True
     assert slas["max_restarts"].passed and slas["max_restarts"].measured == 0
@@ -266,6 +268,41 @@ def test_journal_round_trips_and_renders(tmp_path: Path) -> None:
     (tmp_path / "report.md").unlink()
     assert cli_main(["report", str(tmp_path)]) == 1  # re-rendered; verdict fail → exit 1
     assert (tmp_path / "report.md").read_text() == md
+
+
+def test_an_inconclusive_journal_renders_and_exits_3(tmp_path: Path, capsys: Any) -> None:
+    """Nothing failed, but bitwise could not be measured (issue 53): the report says so above
+    its table, the row reads INCONCLUSIVE, and ``faultlab report`` exits 3, not 0 nor 1."""
+    from faultlab.cli import EXIT_INCONCLUSIVE, exit_code
+    from faultlab.judge.verdict import SLAResult, combine, verdict_of
+
+    rows = [SLAResult("completes", True, True, True),
+            SLAResult("bitwise_equal_to_golden", True, None, False,
+                      "not measured: two fault-free runs differ; add X", inconclusive=True)]
+    assert verdict_of(rows) == "inconclusive"
+    journal = {"verdict": verdict_of(rows), "slas": [r.to_dict() for r in rows],
+               "metrics": {"completes": True}, "faults": [],
+               "experiment": {"name": "t", "description": "", "file": "x.yaml", "seed": 0},
+               "golden": None, "run": {"wall_s": 12.0, "job_dir": "/j", "timed_out": False},
+               "environment": {"faultlab": "0", "torch": "2", "python": "3", "platform": "p",
+                               "host": "h", "cpu_count": 2, "git_sha": None}}
+    write_journal(tmp_path, journal)
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# t: INCONCLUSIVE")
+    assert "**Inconclusive:** nothing failed, but bitwise_equal_to_golden could not be " \
+           "measured: not a pass." in md
+    assert "| bitwise_equal_to_golden | yes | not measured (not measured: two fault-free runs " \
+           "differ; add X) | **INCONCLUSIVE** |" in md
+    assert read_journal(tmp_path)["slas"][1]["result"] == "inconclusive"
+    assert cli_main(["report", str(tmp_path)]) == EXIT_INCONCLUSIVE
+    out = capsys.readouterr().out
+    assert "INCONCLUSIVE bitwise_equal_to_golden: not measured: two fault-free runs differ; " \
+           "add X" in out
+    # the exit codes: one verdict, and many combined
+    assert [exit_code(v) for v in ("pass", "fail", "inconclusive", "not run")] == [0, 1, 3, 1]
+    assert [combine(v) for v in (["pass", "inconclusive"], ["inconclusive", "fail"], [],
+                                 ["pass", "not run"], ["pass", "pass"])] == \
+        ["inconclusive", "fail", "fail", "fail", "pass"]
 
 
 def test_report_of_a_folder_without_journal_is_a_clear_error(tmp_path: Path,

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
 from faultlab.observe.final_state import (
     NO_FINAL_CHECKPOINT,
+    WeightsGap,
     final_checkpoint_state,
     first_difference,
+    weights_distance,
+    weights_gap,
 )
 
 
@@ -100,3 +105,41 @@ def test_paths_under_the_run_directory_compare_relative_to_it(tmp_path: Path) ->
     assert golden.tensors["callbacks.dirpath"] == faulted.tensors["callbacks.dirpath"]
     assert "callbacks.{run_dir}/ckpt/a.ckpt" in golden.tensors
     assert first_difference(faulted.tensors, golden.tensors) == "callbacks.elsewhere"
+
+
+def test_weights_gap_names_a_missing_tensor_another_shape_and_a_nan(tmp_path: Path) -> None:
+    """Issue 53: a tensor missing from the run's final checkpoint was skipped, and one of
+    another shape or holding NaN dropped the distance; each is a named problem now."""
+    ref = tmp_path / "ref.pt"
+    torch.save(_state(0), ref)
+
+    def gap(edit: Any) -> WeightsGap:
+        state = _state(0)
+        edit(state["model"])
+        torch.save(state, tmp_path / "ours.pt")
+        return weights_gap(str(tmp_path / "ours.pt"), str(ref), ref="the golden run's")
+
+    same = gap(lambda m: None)
+    assert (same.distance, same.problem, same.not_measured) == (0.0, "", "")
+    near = gap(lambda m: m.update(w=m["w"] * 1.01))
+    w = float(_state(0)["model"]["w"].norm())  # type: ignore[index]
+    # every floating-point tensor of the reference: w, b (zeros) and the optimizer's step 7.0
+    assert near.distance == pytest.approx(0.01 * w / (w ** 2 + 7.0 ** 2) ** 0.5, rel=1e-6)
+    assert gap(lambda m: m.pop("b")).problem == \
+        "lacks tensor model.b, which the golden run's holds"
+    assert gap(lambda m: m.update(b=torch.zeros(4))).problem == \
+        "holds tensor model.b in shape (4,), the golden run's in (3,)"
+    assert gap(lambda m: m["w"].__setitem__((0, 0), float("nan"))).problem == \
+        "holds NaN in tensor model.w"
+    assert gap(lambda m: m["b"].__setitem__(1, float("inf"))).problem == \
+        "holds Inf in tensor model.b"
+    # the reference's own NaN, or a checkpoint that cannot be read: no distance, no problem
+    torch.save({"model": {"w": torch.full((2,), float("nan"))}}, tmp_path / "nan.pt")
+    assert weights_gap(str(ref), str(tmp_path / "nan.pt")).not_measured == \
+        "the reference holds NaN or Inf in tensor model.w"
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    unreadable = weights_gap(str(tmp_path / "bad.pt"), str(ref))
+    assert unreadable.distance is None and unreadable.problem == ""
+    assert unreadable.not_measured.startswith("the final checkpoint (")
+    assert weights_gap(None, str(ref)).not_measured == "there is no final checkpoint"
+    assert weights_distance(str(tmp_path / "ours.pt"), str(ref)) is None  # the Inf above

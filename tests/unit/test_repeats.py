@@ -91,6 +91,51 @@ def test_a_vacuous_set_never_passes() -> None:
     assert interrupted.verdict == "fail" and interrupted.stability().endswith("interrupted")
 
 
+def inconclusive() -> dict[str, Any]:
+    """A run in which nothing failed but bitwise could not be measured (issue 53)."""
+    j = journal("inconclusive")
+    j["slas"][3] = {"name": "bitwise_equal_to_golden", "bound": True, "measured": None,
+                    "passed": False, "note": "not measured: two fault-free runs differ",
+                    "inconclusive": True, "covered_by": None, "result": "inconclusive"}
+    return j
+
+
+def test_an_inconclusive_run_is_not_a_pass_and_can_make_the_set_inconclusive() -> None:
+    # every run must pass: 2 passed and 1 inconclusive would pass only if it were a pass
+    summary = summarize([journal(), inconclusive(), journal()])
+    assert (summary.num_passed, summary.num_inconclusive, summary.verdict) == \
+        (2, 1, "inconclusive")
+    assert summary.stability() == "2/3 passed, 1 inconclusive (67%; required 3, every run)"
+    bitwise = next(s for s in summary.slas if s.name == "bitwise_equal_to_golden")
+    assert (bitwise.num_passed, bitwise.num_inconclusive) == (2, 1)
+    assert summary.to_dict()["num_inconclusive"] == 1
+    # a failed run beside it: it would fail even if the inconclusive one had passed
+    assert summarize([journal(), inconclusive(), journal("fail")]).verdict == "fail"
+    # the bar met by the runs that passed: the set passes
+    assert summarize([journal()] * 19 + [inconclusive()],
+                     min_pass_rate=parse_pass_rate("95%")).verdict == "pass"
+    assert summarize([inconclusive()] * 3, interrupted=True).verdict == "fail"
+    met = [r for r in spread_rows(summary.to_dict())[0] if r[0] == "bitwise_equal_to_golden"]
+    assert met[0][2] == "2/3, 1 inconclusive"
+
+
+def test_report_and_run_exit_3_for_an_inconclusive_set(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from faultlab.cli import EXIT_INCONCLUSIVE
+
+    folder = _set_folder(tmp_path, ["pass", "pass", "pass"])
+    path = folder / read_record(folder)["runs"][1]["run_folder"] / "journal.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **{
+        k: inconclusive()[k] for k in ("verdict", "slas")}}))
+    assert main(["report", str(folder)]) == EXIT_INCONCLUSIVE
+    assert "2/3 passed, 1 inconclusive" in capsys.readouterr().out
+    md = (folder / "report.md").read_text()
+    assert md.startswith("# rank_kill × 3: INCONCLUSIVE")
+    assert "| bitwise_equal_to_golden | = yes | 2/3, 1 inconclusive |" in md
+    assert "| 2 | INCONCLUSIVE |" in md
+
+
 # --- median and p95 ---------------------------------------------------------------------------
 
 
