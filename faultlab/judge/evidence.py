@@ -123,7 +123,8 @@ class RunEvidence:
 
     def within_noise(self, k: float) -> WithinNoise:
         if isinstance(self.golden, OtherHardware):
-            return WithinNoise(None, False, f"not measured: {self.golden.not_measured}")
+            return WithinNoise(None, False, f"not measured: {self.golden.not_measured}",
+                               inconclusive=True)  # for want of a reference of this hardware
         return within_noise(self.golden,
                             self.losses if self.losses is not None else run_losses(self.events),
                             self.final_state.path if self.final_state is not None else
