@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="validate and print the schedule; inject nothing")
     run.add_argument("--golden-cache", type=Path, default=None,
-                     help="golden-run cache (default: REPORT_DIR/.golden)")
+                     help="golden-run cache (default: REPORT_DIR/.golden; on Slurm .golden in the "
+                          "shared runs root)")
     run.add_argument("--repeat", type=_repeat, default=1, metavar="N",
                      help="run each experiment N times, each run independent (the golden run "
                           "is shared); report how many passed and every metric's median and "
@@ -113,10 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="validate experiment files")
     val.add_argument("experiments", nargs="+", type=Path, metavar="EXPERIMENT",
                      help="experiment, campaign or suite files (YAML); a suite's members too")
-    val.add_argument("--golden-cache", type=Path, default=Path("reports/.golden"),
+    val.add_argument("--golden-cache", type=Path, default=None,
                      metavar="DIR", help="where faultlab run caches golden runs: a campaign's "
                                          "mtbf_s is checked against the step time of one cached "
-                                         "there (default: reports/.golden)")
+                                         "there (default: where faultlab run looks, "
+                                         "reports/.golden or, on Slurm, the shared runs root's)")
     lst = sub.add_parser("list", help="list registered things")
     lst.add_argument("what", choices=["faults", "slas"],
                      help="faults: every fault and its params; slas: every expect key")
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
         experiments = load_experiments(args.experiments,
                                        seed=getattr(args, "seed", None))
+        _refuse_what_cannot_run(experiments)
         if args.command == "validate":
             from faultlab.spec import load_campaign
             from faultlab.spec.checkpoint_args import checkpoint_warnings
@@ -425,6 +428,31 @@ def _metadata_serve(args: argparse.Namespace, console: Console, err: Console) ->
     return EXIT_PASS
 
 
+def _refuse_what_cannot_run(experiments: list) -> None:  # type: ignore[type-arg]
+    """What the targets know would stop a job, its golden run's included, before anything is
+    launched (``Target.preflight``: Slurm's run directory the nodes do not share, a partition
+    too small ...), refused as invalid input, located at the field to change."""
+    from faultlab.errors import Problem
+    from faultlab.spec._base import render_path
+    from faultlab.spec._yaml import read_yaml
+    from faultlab.targets import target_class
+
+    problems = []
+    for path, exp in experiments:
+        check = getattr(target_class(exp), "preflight", None)
+        found = check(exp) if check is not None else []
+        if not found:
+            continue
+        try:
+            doc = read_yaml(Path(path).read_text(), path)
+        except OSError:
+            doc = None
+        problems += [Problem(Path(path), doc.line_of(key) if doc else None, render_path(key),
+                             message) for key, message in found]
+    if problems:
+        raise InvalidExperimentError(problems)
+
+
 def _refuse_repeated_campaigns(experiments: list) -> None:  # type: ignore[type-arg]
     """``--repeat`` runs each member through the repeat loop, which would run a campaign as a
     plain experiment: unscored, its campaign SLAs never judged. Refuse before anything runs."""
@@ -503,9 +531,12 @@ def _print_unmeasured(rows: list[Any], console: Console) -> None:
 
 
 def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # type: ignore[type-arg]
-         report_dir: Path | None = None, golden_cache: Path | None = None,
+         report_dir: Path | None = None, golden_root: Path | None = None,
          on_result: Callable[..., None] | None = None) -> int:
+    """Run each experiment; ``golden_root``: the report directory whose ``.golden`` is the
+    default golden cache (a suite's runs go to a folder of their own, its cache does not)."""
     from faultlab.engine import RunView, run_experiment
+    from faultlab.engine.golden import golden_cache_for
     from faultlab.judge.verdict import combine
     from faultlab.spec import load_campaign
 
@@ -516,11 +547,13 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
     if getattr(args, "with_fix", False):
         _refuse_with_fix(experiments, repeat=repeat)
     for index, (path, exp) in enumerate(experiments):
+        # where run_experiment would look on its own (on Slurm, the shared runs root's)
+        golden_cache = golden_cache_for(exp, args.golden_cache,
+                                        golden_root or report_dir or args.report_dir)
         if repeat > 1:
             code = _run_repeated(exp, path, args, console, index=index,
                                  report_dir=report_dir or args.report_dir,
-                                 golden_cache=golden_cache or args.golden_cache,
-                                 on_result=on_result)
+                                 golden_cache=golden_cache, on_result=on_result)
             if code == EXIT_INTERRUPTED:
                 return code
             verdicts.append(CODE_VERDICT.get(code, "fail"))
@@ -533,8 +566,7 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
                 try:
                     ran = run_campaign(campaign[0], source=path, line=campaign[1],
                                        report_dir=report_dir or args.report_dir,
-                                       golden_cache=golden_cache or args.golden_cache,
-                                       view=RunView(console))
+                                       golden_cache=golden_cache, view=RunView(console))
                 except InvalidExperimentError as e:
                     if on_result is None:  # alone: nothing ran but its golden run
                         raise
@@ -551,8 +583,7 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
             else:
                 result = run_experiment(exp, source=path,
                                         report_dir=report_dir or args.report_dir,
-                                        golden_cache=golden_cache or args.golden_cache,
-                                        view=RunView(console))
+                                        golden_cache=golden_cache, view=RunView(console))
         except KeyboardInterrupt as e:
             return _interrupted(e, "run_folder", "journal in", index, on_result, console)
         if on_result is not None:
@@ -638,7 +669,7 @@ def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no
     console.print(f"[bold]{escape(exp.name)}[/]: the same experiment under faultlab's tuned "
                   f"launcher (the bar)")
     bar = run_experiment(tuned, source=path, report_dir=report_dir or args.report_dir,
-                         golden_cache=golden_cache or args.golden_cache, view=RunView(console))
+                         golden_cache=golden_cache, view=RunView(console))
     title = f"{exp.name}: the team's launch line against faultlab's launcher"
     lines = [f"# {title}", "",
              *_side_by_side(console, title, "faultlab's launcher (the bar)", team, bar), "",
@@ -732,7 +763,7 @@ def _run_with_fix(exp, path: Path, team, args: argparse.Namespace,  # type: igno
     console.print(f"[bold]{escape(exp.name)}[/]: the same experiment with the fix of "
                   f"{', '.join(applied)} applied")
     fix = run_experiment(fixed_exp, source=path, report_dir=report_dir or args.report_dir,
-                         golden_cache=golden_cache or args.golden_cache, view=RunView(console))
+                         golden_cache=golden_cache, view=RunView(console))
     table = _side_by_side(console, f"{exp.name}: the team's launch line against it fixed "
                                    f"({', '.join(applied)})", "with the fix", team, fix)
     pasted = target_yaml(target.launch, target.services)
@@ -943,8 +974,7 @@ def _run_suite(suite: tuple[Path, PlannedSuite], experiments: list,  # type: ign
                    environment=suite_environment(),
                    campaigns=[p for p, _e in experiments if load_campaign(p) is not None])
     code = _run(experiments, args, console, report_dir=run.runs_dir,
-                golden_cache=args.golden_cache or args.report_dir / ".golden",
-                on_result=run.ran)
+                golden_root=args.report_dir, on_result=run.ran)
     report = run.finish(interrupted=code == EXIT_INTERRUPTED)
     console.print(f"[bold]pre-launch report: {report['verdict'].upper()}[/]  "
                   f"{folder / 'report.html'} (and report.md, report.json)")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from faultlab.engine.golden import GoldenRun, golden_key, golden_run
+from faultlab.engine.golden import GoldenRun, golden_cache_for, golden_key, golden_run
 from faultlab.engine.runner import RunResult, run_experiment
 from faultlab.engine.view import NullView
 from faultlab.errors import InvalidExperimentError, Problem
@@ -66,15 +66,17 @@ def check_rate(campaign: Campaign, step_time_s: float | None, source: Path | Non
         f"times the step time (e.g. {max(1.0, 20 * step_time_s):.0f})")])
 
 
-def check_rate_cached(campaign: Campaign, cache_dir: Path, source: Path | None,
+def check_rate_cached(campaign: Campaign, cache_dir: Path | None, source: Path | None,
                       line: int | None) -> str:
     """``faultlab validate``'s rate check, which runs nothing: against the golden run in
-    ``cache_dir`` when one is cached for this job (raises ``InvalidExperimentError`` like
-    ``check_rate``); returns what was checked, for the user."""
+    ``cache_dir`` (None: where ``faultlab run`` would look, ``golden_cache_for``) when one is
+    cached for this job (raises ``InvalidExperimentError`` like ``check_rate``); returns what
+    was checked, for the user."""
     spec = campaign.campaign
     if spec.mtbf_s is None:
         return f"mtbf_steps {spec.mtbf_steps:g}: at least one step between faults"
     exp = compile_campaign(campaign)
+    cache_dir = golden_cache_for(exp, cache_dir, Path("reports"))
     entry = cache_dir / f"{golden_key(exp)}.json"
     try:
         run_dir = Path(json.loads(entry.read_text())["run_dir"])
@@ -123,7 +125,7 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
     when its rate is too high for the golden run's step time."""
     view = view or NullView()
     exp = compile_campaign(campaign)
-    golden_cache = golden_cache or report_dir / ".golden"
+    golden_cache = golden_cache_for(exp, golden_cache, report_dir)  # where run_experiment looks
     view.note("golden run (same job, no faults; cached per code version)")
     golden: GoldenRun = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
     golden_events = read_events(Path(golden.run_dir) / "events")
@@ -156,6 +158,7 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
                       "type": p.type, "victim": str(p.victim), "entry": p.entry}
                      for p in schedule],
         "golden_key": golden.key, "golden_run_dir": golden.run_dir,
+        "golden_cached": golden.cached,
         "score": strict_json(score.to_dict()),
         **_plot_data(events, result.faults, score),
     }

@@ -8,13 +8,23 @@ the accelerators, world size and collectives that the experiment's run uses.
 
 The cache key covers everything that decides the final bits: the target's full config (trainer,
 preset, every override, the command for a user's trainer), the seed, the steps, the topology
-(where the nodes run included), where it computes (``reference_site``: the target kind, the
-accelerator, the torch, CUDA and NCCL versions, the Slurm cluster) and the code version (a hash
-of the registered trainer's source files, faultlab's version and torch's, or for a user's
-command the git commit and uncommitted diff of the working directory). Entries are written
-atomically under a per-key file lock, so parallel experiments (pytest-xdist) that need the same
-golden run it once. A Slurm experiment's cache is on the cluster's shared filesystem
-(``golden_cache_dir``).
+(where the nodes run included), where it computes (``reference_site``: the target kind and the
+nodes' site, ``faultlab.runtime.site``: accelerator and count, driver, torch, CUDA, NCCL, the
+CPU of a CPU job; the Slurm cluster) and the code version (a hash of the registered trainer's
+source files, faultlab's version and torch's, or for a user's command the git commit and
+uncommitted diff of the working directory). Entries are written atomically under a per-key file
+lock, so parallel experiments (pytest-xdist) that need the same golden run it once. A Slurm
+experiment's cache is on the cluster's shared filesystem (``golden_cache_dir``), and every way
+of running (``faultlab run``, campaigns, ``--repeat``, the pre-launch suite, the pytest plugin,
+the Chaos Toolkit probe) finds it there: ``golden_cache_for``.
+
+The nodes' site is read on this host for nodes on this host, and for Slurm learnt on the nodes
+(one ``srun`` probe per cluster and partition, then what runs report: the target's
+``probe_site`` and ``site_seen``). It is a key, not a proof: the golden run records the site its
+rank 0 reported (``GoldenRun.site``), so does the experiment's run, and the judge uses no
+reference from another site (``faultlab.judge.evidence``); the runner then drops that entry
+(``refuse_other_hardware``), so the next run computes the reference under the key of the nodes
+it met. Where a reference is looked for and keyed, and its refusal, are ``golden_site``'s.
 
 ``runs: 2`` (the experiment's ``golden.runs``) runs it a second time: two fault-free runs that
 differ say the trainer is not reproducible (``faultlab.judge.noise``), and measure its
@@ -48,6 +58,7 @@ import torch
 
 import faultlab
 from faultlab.engine.foreign import complete_events, log_losses
+from faultlab.engine.golden_site import golden_cache_dir, golden_cache_for, reference_site
 from faultlab.engine.shared_checkpoints import SharedCheckpoint
 from faultlab.engine.view import NullView
 from faultlab.errors import TargetError
@@ -57,13 +68,15 @@ from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
 from faultlab.observe.final_state import final_checkpoint_path
 from faultlab.observe.launch_findings import trainer_findings
 from faultlab.observe.logs import node_logs
+from faultlab.observe.site import run_site
 from faultlab.runtime.events import read_events
+from faultlab.runtime.site import COMPARED, difference
 from faultlab.spec import Experiment
 from faultlab.spec.trainers import get_trainer
 from faultlab.targets import target_class
 
-__all__ = ["GoldenRun", "GoldenRunFailed", "code_version", "golden_cache_dir", "golden_key",
-           "golden_run", "reference_site"]
+__all__ = ["GoldenRun", "GoldenRunFailed", "code_version", "golden_cache_dir", "golden_cache_for",
+           "golden_key", "golden_run", "reference_site"]
 
 
 class GoldenRunFailed(TargetError):
@@ -94,7 +107,10 @@ class GoldenRun:
     final_checkpoint: str | None = None
     """The checkpoint its final state was read from (weights for the noise verdict)."""
     where: dict[str, Any] = field(default_factory=dict)
-    """Where it ran (``reference_site``; a Slurm job's id as ``slurm_job_id``)."""
+    """Where it was keyed to run (``reference_site``; a Slurm job's id as ``slurm_job_id``)."""
+    site: dict[str, Any] | None = None
+    """Where it ran, as its rank 0 reported it (``faultlab.runtime.site``; None: no record
+    said). A run whose own differs is not judged against it."""
     second: dict[str, Any] | None = None
     """The second fault-free run (``runs: 2``): its digest, tensors, losses, checkpoint."""
     cold_start_s: float | None = None
@@ -151,35 +167,14 @@ def golden_key(exp: Experiment) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def reference_site(exp: Experiment) -> dict[str, Any]:
-    """Where a golden run of ``exp`` computes its bits, as far as it is known before the run:
-    the target kind, the accelerator this host sees and the torch, CUDA and NCCL versions,
-    and what the target adds (``Target.reference_site``; Slurm: the cluster, whose nodes'
-    accelerators are the partition's, which the topology's ``slurm`` section names). Part of
-    the cache key: a CPU reference is never used for a GPU run, and one cluster's reference
-    never for another's."""
-    site: dict[str, Any] = {"target": exp.topology.launcher, "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "accelerator": "cpu", "nccl": None}
-    if torch.cuda.is_available():
-        site["accelerator"] = torch.cuda.get_device_name(0)
-        with contextlib.suppress(Exception):  # a build without NCCL
-            site["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    site.update(target_class(exp).reference_site(exp))
-    return site
-
-
-def golden_cache_dir(exp: Experiment, default: Path) -> Path:
-    """Where ``exp``'s golden runs are cached when no cache was named (``--golden-cache``):
-    where its target says (``Target.golden_cache_dir``: ``default``, the report directory's
-    ``.golden``, where the nodes see this host's files; the shared runs root on Slurm)."""
-    return target_class(exp).golden_cache_dir(exp, default)
-
-
 def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int = 1,
                view: NullView | None = None) -> GoldenRun:
     """The cached golden result for ``exp``, running it (without faults, on its own target)
     ``runs`` times if needed: a second run measures whether the trainer is reproducible and
     its run-to-run noise (``GoldenRun.second``)."""
+    probe = getattr(target_class(exp), "probe_site", None)
+    if probe is not None:  # the nodes' site, before the key is made of it (Slurm: one srun)
+        probe(exp)
     key = golden_key(exp)
     cache_dir.mkdir(parents=True, exist_ok=True)
     entry = cache_dir / f"{key}.json"
@@ -203,6 +198,7 @@ def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int 
             if first.restarts:  # a run that restarted without a fault is no stable reference
                 return first
             _store(entry, first)
+            _learn(exp, first, cache_dir)
         if runs < 2:
             return first
         second = _measure(exp, cache_dir / f"{key}-2", key, timeout_s, view)
@@ -221,6 +217,20 @@ def _store(entry: Path, golden: GoldenRun) -> None:
     os.replace(tmp, entry)
 
 
+def _learn(exp: Experiment, golden: GoldenRun, cache_dir: Path) -> None:
+    """The golden run's rank 0 reported where it ran: a target that keeps its nodes' site
+    (Slurm) takes it, and where that changes the key, the entry is kept under the new key too,
+    where the next lookup will be made."""
+    seen = getattr(target_class(exp), "site_seen", None)
+    if golden.site is None or seen is None or not difference(
+            {k: golden.where.get(k) for k in COMPARED}, golden.site):
+        return
+    if seen(exp, golden.site, f"golden run {golden.run_dir}"):
+        key = golden_key(exp)
+        if key != golden.key:
+            _store(cache_dir / f"{key}.json", golden)
+
+
 def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:
     second = d.get("second")
     return GoldenRun(key=key, digest=d["digest"],
@@ -229,7 +239,8 @@ def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:
                      tensors=d.get("tensors") or {}, not_measured=d.get("not_measured"),
                      checkpoints_outside=tuple(d.get("checkpoints_outside") or ()),
                      final_checkpoint=d.get("final_checkpoint"), where=d.get("where") or {},
-                     cold_start_s=d.get("cold_start_s"), step_s=d.get("step_s"),
+                     site=d.get("site"), cold_start_s=d.get("cold_start_s"),
+                     step_s=d.get("step_s"),
                      second=None if second is None else {
                          **second, "losses": {int(k): v for k, v in second["losses"].items()}})
 
@@ -237,7 +248,7 @@ def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:
 def _second_of(run: GoldenRun) -> dict[str, Any]:
     return {"digest": run.digest, "losses": run.losses, "tensors": run.tensors,
             "run_dir": run.run_dir, "final_checkpoint": run.final_checkpoint,
-            "where": run.where, "wall_s": run.wall_s}
+            "where": run.where, "site": run.site, "wall_s": run.wall_s}
 
 
 def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
@@ -304,7 +315,8 @@ def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
                      restarts=metrics.restarts, failures=failures,
                      final_checkpoint=(foreign.path if foreign else
                                        final_checkpoint_path(events)),
-                     where=where, cold_start_s=cold_start_s(events, session.launched_t),
+                     where=where, site=run_site(events),
+                     cold_start_s=cold_start_s(events, session.launched_t),
                      step_s=step_time_s(events))
 
 

@@ -21,6 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from faultlab.engine.golden import golden_cache_for
 from faultlab.engine.runner import RunResult, new_run_folder, run_experiment
 from faultlab.engine.view import NullView
 from faultlab.judge.repeats import ALL_PASS, RepeatSummary, summarize
@@ -62,7 +63,7 @@ def run_repeated(exp: Experiment, repeat: int, *, min_pass_rate: Fraction = ALL_
         raise ValueError(f"repeat must be >= 1, got {repeat!r}")
     folder = new_run_folder(report_dir, f"{exp.name}-x{repeat}")
     runs_dir = folder / "runs"
-    golden_cache = golden_cache or report_dir / ".golden"
+    golden_cache = golden_cache_for(exp, golden_cache, report_dir)  # not runs/'s: the user's
     started_t = time.time()
     results: list[RunResult] = []
     runs: list[dict[str, Any]] = []

@@ -25,7 +25,8 @@ from typing import Any
 
 from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.foreign import complete_events, log_losses
-from faultlab.engine.golden import GoldenRun, GoldenRunFailed, golden_cache_dir, golden_run
+from faultlab.engine.golden import GoldenRun, GoldenRunFailed, golden_cache_for, golden_run
+from faultlab.engine.golden_site import refuse_other_hardware
 from faultlab.engine.hub import Hub, control_plane
 from faultlab.engine.runtime_plan import RuntimeSetup
 from faultlab.engine.session import LINGER_S, JobSession, training_done
@@ -39,7 +40,7 @@ from faultlab.engine.shared_checkpoints import (
 )
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView
-from faultlab.errors import FaultError, FaultlabError
+from faultlab.errors import FaultError, FaultlabError, TargetError
 from faultlab.faults import Fault, Victim
 from faultlab.judge import SLAResult, judge
 from faultlab.judge.timing import TimingUnits, timing_units
@@ -156,7 +157,7 @@ def run_experiment(exp: Experiment, *, source: Path | None = None,
     second Ctrl-C), judge, journal. Each is a method of ``_Run``, which holds what they share.
     """
     run = _Run(exp, source, view or NullView(), new_run_folder(report_dir, exp.name),
-               golden_cache or golden_cache_dir(exp, report_dir / ".golden"), poll_s)
+               golden_cache_for(exp, golden_cache, report_dir), poll_s)
     try:
         with _interruptible():
             run.prepare()
@@ -267,7 +268,7 @@ class _Run:
                                 runs=runs, view=view)
         except SharedCheckpoint as e:
             raise SharedCheckpointStop(golden_resumed_message(exp, self.source, e)) from None
-        except GoldenRunFailed as e:
+        except (GoldenRunFailed, TargetError) as e:  # failed, or could not start (the probe)
             self.golden_failed = True
             raise FaultlabError(f"{e}; the experiment was never launched: no SLA was "
                                 f"measured") from None
@@ -401,6 +402,10 @@ class _Run:
             lost_nodes=target.result().killed if target is not None else (),
             stopped_nodes=self.session.lingering, losses=losses or None, units=units)
         slas += on_time if slas else []
+        if self.golden is not None and (note := refuse_other_hardware(
+                exp, self.golden_cache, self.golden, events, f"run {self.run_folder}")):
+            view.note(f"{note}: the cached reference was dropped; the next run computes it "
+                      f"again, on these nodes")
         own = own_checkpoints_check(exp, self.source, events, job_dir) if events else None
         if own is not None:  # first: every other line of the verdict is vacuous beside it
             slas.insert(0, own)

@@ -3,6 +3,11 @@
 ``judge()`` builds one :class:`RunEvidence` per run from the records it receives; each
 declaration reads the records from it and asks it the questions that need ``faultlab.observe``
 or the noise verdict (``faultlab.judge.noise``), which the declarations cannot import.
+
+A golden run whose site (``GoldenRun.site``: where its rank 0 computed) differs from this run's
+is no reference for it: the declarations see it as a golden run without a final state
+(``OtherHardware``), so ``bitwise_equal_to_golden`` and ``matches_golden_within_noise`` are not
+measured, their note ``reference from other hardware (A vs B)`` (``faultlab.observe.site``).
 """
 
 from __future__ import annotations
@@ -25,10 +30,27 @@ from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.observe.metrics import UNFINISHED_RUN, completion
 from faultlab.observe.node_exits import final_world_shortfall, struck_nodes, unclean_node_exit
 from faultlab.observe.save_failures import sign_note, struck
+from faultlab.observe.site import other_hardware, run_site
 from faultlab.sla.timing import TimingUnits
 from faultlab.spec import Experiment
 
-__all__ = ["RunEvidence"]
+__all__ = ["OtherHardware", "RunEvidence"]
+
+
+@dataclass(frozen=True)
+class OtherHardware:
+    """A golden run computed on another site than the run's, as the judge shows it to the SLA
+    declarations: no digest, no tensors, no second run, and ``not_measured`` says why."""
+
+    refused: Any
+    """The golden run itself (its restarts and failures still count: ``judge``)."""
+    not_measured: str
+    """``reference from other hardware (A vs B)``."""
+    digest: None = None
+    tensors: dict[str, str] = field(default_factory=dict)
+    second: None = None
+    losses: dict[int, float] = field(default_factory=dict)
+    final_checkpoint: None = None
 
 
 @dataclass(eq=False)
@@ -56,6 +78,9 @@ class RunEvidence:
         self.fired = frozenset(f.id.split("#")[0] for f in self.faults
                                if not f.details.get("error"))
         self.unfinished = _unfinished(self.metrics, self.timed_out)
+        refused = other_hardware(getattr(self.golden, "site", None), run_site(self.events))
+        if refused:
+            self.golden = OtherHardware(self.golden, refused)
 
     @cached_property
     def _values(self) -> dict[str, Any]:
@@ -97,6 +122,9 @@ class RunEvidence:
         return reproducibility(self.golden) if self.golden is not None else None
 
     def within_noise(self, k: float) -> WithinNoise:
+        if isinstance(self.golden, OtherHardware):
+            return WithinNoise(None, False, f"not measured: {self.golden.not_measured}",
+                               inconclusive=True)  # for want of a reference of this hardware
         return within_noise(self.golden,
                             self.losses if self.losses is not None else run_losses(self.events),
                             self.final_state.path if self.final_state is not None else

@@ -34,13 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.runtime.identity import Identity
+from faultlab.runtime.site import site
 from faultlab.runtime.uplink import RelayDown, uplink_for
 
 __all__ = ["RECORD_KINDS", "EventLog", "read_events"]
 
 RECORD_KINDS: dict[str, str] = {
     "start": "a rank process began training: resumed_from_step (0 from scratch); optional "
-             "t_main, t_pg_ready, t_ready for the start-up breakdown",
+             "t_main, t_pg_ready, t_ready for the start-up breakdown; rank 0's carries site "
+             "(faultlab.runtime.site: accelerator and count, driver, torch, CUDA, NCCL, world "
+             "size), added by EventLog",
     "step": "a step completed: step, loss, grad_norm, samples ([start, stop) of the global "
             "batch), local_samples, step_time_s, skipped",
     "checkpoint_saved": "a checkpoint is committed: step, path, seconds, stall_s, bytes, async, "
@@ -67,6 +70,7 @@ class EventLog:
                  restart: int, suffix: str = "") -> None:
         self.base = {"rank": rank, "world_size": world_size, "pid": os.getpid(),
                      "restart": restart, "node": node}
+        self._world_size = world_size
         self.path = Path(events_dir) / (
             f"{node}-rank{rank}-restart{restart}-pid{os.getpid()}{suffix}.jsonl")
         self._file: Any = None
@@ -85,6 +89,10 @@ class EventLog:
                    node=ident.node, restart=ident.restart, suffix=suffix)
 
     def emit(self, kind: str, **fields: Any) -> None:
+        if kind == "start" and self.base["rank"] == 0 and "site" not in fields:
+            # where rank 0 computes, once per process: what the golden run's reference is
+            # keyed and checked by (faultlab.runtime.site; /proc, no device is touched)
+            fields["site"] = site(self._world_size)
         record = {"t": time.time(), "kind": kind, **self.base, **fields}
         line = json.dumps(record, separators=(",", ":"), allow_nan=True, default=str) + "\n"
         if self._uplink is not None and not self._uplink.down:

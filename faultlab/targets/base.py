@@ -82,9 +82,25 @@ class Target(Protocol):
 
     @classmethod
     def reference_site(cls, exp: Experiment) -> dict[str, Any]:
-        """What, beyond this host's accelerator and torch, CUDA and NCCL versions, decides the
-        bits a job of ``exp`` computes on this target (Slurm: the cluster); part of the golden
-        run's cache key, so one site's reference is never used for another's."""
+        """Where a job of ``exp`` computes its bits, as known before it runs, over what the
+        engine reads on this host (``faultlab.runtime.site``: accelerator and count, driver,
+        torch, CUDA, NCCL): ``{}`` where the nodes are this host's, else the nodes' own site
+        and what else decides the bits (Slurm: the cluster, and the site its nodes last
+        reported). Part of the golden run's cache key; it runs nothing (``faultlab validate``
+        reads it).
+
+        Optional, for a target whose nodes are elsewhere (the engine asks with ``getattr``):
+        ``probe_site(cls, exp) -> None``, called before a golden run is looked up, learns the
+        nodes' site by running something small there (Slurm: one ``srun``), and raises
+        ``TargetError`` naming the setting at fault where a job cannot run; ``site_seen(cls,
+        exp, site, source) -> bool`` is told the site a run's rank 0 reported (a golden run's,
+        or a run that met other hardware than its reference) and returns whether that changed
+        what ``reference_site`` answers.
+
+        Optional too: ``preflight(cls, exp) -> list[(yaml path, message)]``, what stops a job
+        of ``exp`` before it runs, known without launching anything (``faultlab validate`` and
+        ``faultlab run`` refuse it, located: Slurm's run directory the nodes do not share, a
+        partition too small ...)."""
 
     @classmethod
     def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:

@@ -109,7 +109,7 @@ class LocalTarget(JobContext):
 
     @classmethod
     def reference_site(cls, exp: Experiment) -> dict[str, Any]:
-        return {}  # this host's (or its containers'): the accelerator and versions say it all
+        return {}  # this host's (or its containers'): what the engine reads here is exact
 
     @classmethod
     def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:

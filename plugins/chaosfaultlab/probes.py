@@ -218,7 +218,7 @@ a tolerance tells apart from both ``true`` and ``false``."""
 
 def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str | None = None,
                                 golden_experiment: str | None = None,
-                                golden_cache_dir: str = "reports/.golden",
+                                golden_cache_dir: str | None = None,
                                 timeout_s: float = 600.0,
                                 configuration: dict | None = None) -> bool | str:
     """True if the job's final state is bitwise equal to a fault-free golden run's.
@@ -226,7 +226,8 @@ def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str |
     The golden digest is ``golden_digest`` if given; else the (cached) golden run of
     ``golden_experiment`` (a faultlab experiment file); else, for a job launched by
     ``start_training`` or the run context, the golden run of the experiment it was launched
-    from. Golden runs are cached in ``golden_cache_dir``, like ``faultlab run``'s. False if the
+    from. Golden runs are cached in ``golden_cache_dir``; by default where ``faultlab run``
+    caches them (``reports/.golden``; on Slurm the shared runs root's). False if the
     job has no final digest (it did not complete).
 
     ``"inconclusive"`` (neither true nor false) when that experiment asks for two fault-free
@@ -237,7 +238,8 @@ def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str |
     path = _jobs.resolve_run_dir(run_dir, configuration)
     not_reproducible = None
     if golden_digest is None:
-        golden = _golden(path, golden_experiment, Path(golden_cache_dir),
+        golden = _golden(path, golden_experiment,
+                         Path(golden_cache_dir) if golden_cache_dir else None,
                          _seconds("timeout_s", timeout_s))
         repro = reproducibility(golden)
         not_reproducible = repro.note() if repro is not None and not repro.reproducible \
@@ -259,13 +261,14 @@ def final_digest_matches_golden(run_dir: str | None = None, golden_digest: str |
     return digest == golden_digest
 
 
-def _golden(run_dir: Path, golden_experiment: str | None, cache_dir: Path,
+def _golden(run_dir: Path, golden_experiment: str | None, cache_dir: Path | None,
             timeout_s: float) -> Any:
     """The golden run (``faultlab.engine.golden.GoldenRun``) of the experiment named, or of
-    the one the job was launched from: as many fault-free runs as it asks for."""
+    the one the job was launched from: as many fault-free runs as it asks for, cached in
+    ``cache_dir`` (None: where ``faultlab run`` caches it)."""
     import json
 
-    from faultlab.engine.golden import GoldenRunFailed, golden_cache_dir, golden_run
+    from faultlab.engine.golden import GoldenRunFailed, golden_cache_for, golden_run
     from faultlab.errors import InvalidExperimentError
     from faultlab.spec import experiment_from_dict, load_experiment
 
@@ -282,7 +285,7 @@ def _golden(run_dir: Path, golden_experiment: str | None, cache_dir: Path,
     except InvalidExperimentError as e:
         raise TargetError(f"golden_experiment: {e}") from None
     try:  # on the job's own target, like the engine's
-        return golden_run(exp, golden_cache_dir(exp, cache_dir), timeout_s=timeout_s,
-                          runs=exp.golden.runs)
+        return golden_run(exp, golden_cache_for(exp, cache_dir, Path("reports")),
+                          timeout_s=timeout_s, runs=exp.golden.runs)
     except GoldenRunFailed as e:
         raise TargetError(str(e)) from None

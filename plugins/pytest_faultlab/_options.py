@@ -30,7 +30,7 @@ OPTIONS = {
                             "where run folders go (default: <rootdir>/reports)"),
     "faultlab_golden_cache": ("--faultlab-golden-cache",
                               "golden-run cache, shared by xdist workers (default: "
-                              "REPORT_DIR/.golden)"),
+                              "REPORT_DIR/.golden; on Slurm the shared runs root's)"),
     "faultlab_seed": ("--faultlab-seed", "override every experiment's seed"),
     "faultlab_repeat": ("--faultlab-repeat",
                         "run each experiment item N times, each run independent (the golden "

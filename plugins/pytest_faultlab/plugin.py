@@ -25,7 +25,8 @@ Settings, each a flag and an ini key (the flag wins; ini paths are relative to t
 flag paths to the current folder; a bad value stops pytest and says where it came from):
 
     --faultlab-report-dir DIR     faultlab_report_dir     run folders (default <rootdir>/reports)
-    --faultlab-golden-cache DIR   faultlab_golden_cache   golden runs (default REPORT_DIR/.golden)
+    --faultlab-golden-cache DIR   faultlab_golden_cache   golden runs (default REPORT_DIR/.golden;
+                                                          on Slurm the shared runs root's)
     --faultlab-seed N             faultlab_seed           overrides every experiment's seed
     --faultlab-experiments PATH.. faultlab_experiments    files/folders collected as items
     --faultlab-repeat N           faultlab_repeat         runs per experiment item (default 1)

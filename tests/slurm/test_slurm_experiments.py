@@ -1,6 +1,8 @@
 """The slurm target against a real Slurm 22.05 (the local test cluster, scripts/slurm-cluster.sh):
 the shipped Slurm experiments pass, a job submitted by hand is attached to by job id and broken,
-and killing ``faultlab run`` midway leaves nothing behind. After every test: no job of the test
+and killing ``faultlab run`` midway leaves nothing behind. The golden reference is found on the
+cluster by every way of running and keyed by what its nodes report, ``faultlab validate``
+refuses what the cluster says cannot run, and ``completes`` sees each node's exit code. After every test: no job of the test
 queued or running, no node down or drained, no process of a job on any node.
 
 Needs root and a Docker engine: without them it skips with the reason, and under
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -255,4 +258,166 @@ expect: {completes: true}
         mounts = subprocess.run(["docker", "exec", node, "cat", "/proc/mounts"],
                                 capture_output=True, text=True, timeout=30, check=True).stdout
         assert "fuse.faultlab" not in mounts, f"{node}:\n{mounts}"
+    _assert_nothing_left([journal["run"]["slurm"]["job_id"]])
+
+
+# -- one golden cache for every way of running, keyed by what the nodes report (issue 53) ------
+
+SHARED_JOB = """\
+name: slurm_shared_golden
+seed: 3
+target: {trainer: reference, preset: tiny}
+topology: {nodes: 1, launcher: slurm, slurm: {run_dir: RUN_DIR, time_limit: "10:00"}}
+run: {steps: 12, checkpoint_every: 4, timeout_s: 240}
+"""
+"""One node, 12 steps: what is shared is the reference; each job costs little."""
+
+
+def test_a_campaign_and_a_repeat_reuse_the_reference_a_plain_run_computed_on_the_cluster(
+        cluster: Path, tmp_path: Path) -> None:
+    """No golden cache is named, as a user running ``faultlab run``, a campaign, ``--repeat``
+    would: each finds the reference where the plain run left it, on the cluster's shared
+    filesystem. Its key carries the site the nodes reported (one ``srun`` probe on a node, then
+    the golden run's rank 0), and each node's exit code is its own."""
+    from faultlab.engine.campaign import run_campaign
+    from faultlab.engine.repeat import run_repeated
+    from faultlab.runtime.site import COMPARED
+    from faultlab.spec import load_campaign
+    from faultlab.targets.slurm import site as slurm_site
+
+    runs = cluster / "runs" / f"golden-{os.getpid()}-{time.time_ns()}"  # a fresh cache
+    job = SHARED_JOB.replace("RUN_DIR", str(runs))
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(job + "expect: {completes: true, bitwise_equal_to_golden: true}\n")
+    exp = load_experiment(plain)
+    first = run_experiment(exp, source=plain, report_dir=tmp_path / "plain")
+    assert first.passed, [str(s) for s in first.failures()] + [first.error or ""]
+    assert first.golden is not None and not first.golden.cached
+    assert (runs / ".golden" / f"{first.golden.key}.json").is_file()  # on the cluster's disk
+    # the key carries what the nodes reported: the probe ran on a node of the cluster, and the
+    # golden run's rank 0 reported the same site from its node
+    probed = slurm_site.known(exp, slurm_site.cluster_name())
+    assert probed is not None and probed["shared"] is True, probed
+    assert re.fullmatch(r"probe on node\d \(srun\)", probed["source"]), probed
+    where = first.golden.where
+    assert {k: where[k] for k in COMPARED} == probed["site"] == \
+        {k: first.golden.site[k] for k in COMPARED}, (where, probed, first.golden.site)
+    assert where["cluster"] == "faultlab" and first.golden.site["world_size"] == 1
+    # each node's own exit code (srun's report in the batch output), not the job's one code
+    journal = json.loads(first.journal_path.read_text())
+    codes = journal["run"]["exit_codes"]
+    assert sorted(codes) == hostnames_of(journal) and set(codes.values()) == {0}, codes
+
+    campaign = tmp_path / "campaign.yaml"
+    # seed 3: one arrival, a rank_kill of rank 0 after step 5 (faultlab run --dry-run shows it)
+    campaign.write_text(job.replace("slurm_shared_golden", "slurm_shared_golden_campaign") +
+                        "campaign:\n  mtbf_steps: 4\n  start_after_step: 4\n  until_step: 8\n"
+                        "  mix:\n    - {type: rank_kill, weight: 1, params: {signal: KILL}}\n"
+                        "expect: {completes: true}\n")
+    entry = (runs / ".golden" / f"{first.golden.key}.json").read_text()
+    doc, line = load_campaign(campaign)  # type: ignore[misc]
+    ran = run_campaign(doc, source=campaign, line=line, report_dir=tmp_path / "campaign")
+    scored = json.loads(ran.result.journal_path.read_text())["campaign"]
+    assert scored["golden_key"] == first.golden.key and scored["golden_cached"] is True, scored
+    assert ran.result.error is None, ran.result.error
+
+    repeated = run_repeated(exp, 1, source=plain, report_dir=tmp_path / "repeat")
+    [again] = repeated.results
+    assert again.golden is not None and again.golden.cached and \
+        again.golden.key == first.golden.key, again.golden
+    assert again.passed, [str(s) for s in again.failures()]
+    # the plain run's golden job is the reference of all three: no other was computed
+    assert (runs / ".golden" / f"{first.golden.key}.json").read_text() == entry
+    _assert_nothing_left([json.loads(r.journal_path.read_text())["run"]["slurm"]["job_id"]
+                          for r in (first, ran.result, again)])
+
+
+def hostnames_of(journal: dict) -> list[str]:
+    return _slurm("scontrol", "show", "hostnames",
+                  journal["run"]["slurm"]["states"][-1]["nodes"]).split()
+
+
+def test_validate_refuses_what_the_cluster_says_cannot_run(cluster: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    """Located at the field to change: a partition the cluster does not have, more nodes than
+    its partition holds, and a run directory its nodes do not see (one ``srun`` probe, whose
+    answer ``faultlab validate`` then reads)."""
+    from faultlab.cli import main as cli_main
+    from faultlab.targets.slurm import site as slurm_site
+
+    def refused(text: str) -> str:
+        path = tmp_path / f"e{time.time_ns()}.yaml"
+        path.write_text(text)
+        assert cli_main(["validate", str(path)]) == 2
+        return f"{path}:" + " ".join(capsys.readouterr().err.split())
+
+    job = SHARED_JOB.replace("RUN_DIR", str(cluster / "runs"))
+    err = refused(job.replace("time_limit", "partition: gpu, time_limit"))
+    assert "topology.slurm.partition: 'gpu' is not a partition of cluster 'faultlab'; its " \
+           "partitions: debug" in err, err
+    err = refused(job.replace("nodes: 1", "nodes: 4"))
+    assert ":4 topology.nodes: 4 nodes, but partition 'debug' of cluster 'faultlab' has 3" \
+        in err, err
+    unshared = Path(f"/var/lib/faultlab-unshared-{os.getpid()}")  # the host's own, no node's
+    try:
+        text = job.replace(str(cluster / "runs"), str(unshared)) + \
+            "expect: {bitwise_equal_to_golden: true}\n"
+        path = tmp_path / "unshared.yaml"
+        path.write_text(text)
+        with pytest.raises(slurm_site.NotShared, match=r"probe on node\d \(srun\)"):
+            slurm_site.probe(load_experiment(path), slurm_site.cluster_name())
+        err = refused(text)
+        assert f":4 topology.slurm.run_dir: the nodes do not see '{unshared}'" in err, err
+    finally:
+        subprocess.run(["rm", "-rf", str(unshared)], check=False)
+
+
+NODE_SCRIPT = """\
+#!/bin/bash
+# One node of a team's job: plain torchrun, then the team's epilogue, which fails on the job's
+# first node (an upload, a clean-up): that node exits 3 after training completed everywhere.
+"$FAULTLAB_PYTHON" -m torch.distributed.run --nnodes=2 --nproc-per-node=1 --max-restarts=0 \\
+  --rdzv-backend=c10d --rdzv-endpoint="$HEAD:29614" --rdzv-id="epilogue-$SLURM_JOB_ID" \\
+  -m reference_trainer.train --preset tiny --steps 12 --checkpoint-every 4 \\
+  --run-dir "$FAULTLAB_RUN_DIR"
+rc=$?
+[ "$SLURMD_NODENAME" = "$HEAD" ] && exit 3
+exit $rc
+"""
+
+
+def test_an_unfaulted_nodes_non_zero_exit_fails_completes_naming_the_node(
+        cluster: Path, tmp_path: Path) -> None:
+    """A node hang strikes the job's second node; its first node, struck by nothing, exits 3
+    after training completed. The job's one exit code (3) would be excused by the fault;
+    each node's own code, from srun's report, fails ``completes`` and names the node."""
+    node_script = cluster / f"node-{os.getpid()}-{time.time_ns()}.sh"
+    node_script.write_text(NODE_SCRIPT)
+    script = tmp_path / "epilogue.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --ntasks-per-node=1\n"
+                      "export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 "
+                      "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n"
+                      "export HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)\n"
+                      f"srun --kill-on-bad-exit=0 bash {node_script}\n")
+    exp = tmp_path / "epilogue.yaml"
+    exp.write_text(f"""\
+name: slurm_epilogue
+target: {{trainer: reference, preset: tiny}}
+topology: {{nodes: 2, launcher: slurm, slurm: {{script: {script}, time_limit: "10:00"}}}}
+run: {{steps: 12, checkpoint_every: 4, timeout_s: 240}}
+faults:
+  - {{id: hang, type: node_hang, target: {{node: 1}}, trigger: {{at_step: 4}}, duration_s: 2}}
+expect: {{completes: true}}
+""")
+    result = run_experiment(load_experiment(exp), source=exp, report_dir=tmp_path)
+    journal = json.loads(result.journal_path.read_text())
+    first, last = hostnames_of(journal)
+    [hang] = journal["faults"]
+    assert hang["details"]["node"] == last and not hang.get("error"), hang
+    assert journal["run"]["exit_codes"] == {first: 3, last: 0}, journal["run"]
+    completes = next(s for s in result.slas if s.name == "completes")
+    assert not completes.passed and completes.note == \
+        f"{first}, struck by no fault, exited with code 3", completes
+    assert journal["run"]["slurm"]["final_state"] == "FAILED"
     _assert_nothing_left([journal["run"]["slurm"]["job_id"]])

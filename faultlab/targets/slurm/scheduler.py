@@ -2,7 +2,10 @@
 
 The job is followed through Slurm itself (``scontrol -o show job``: state, reason, restarts,
 node list, exit code); every change is recorded with its time (``scheduler_view``, and
-``slurm/view.jsonl`` of a job faultlab submitted), next to the trainer's own events.
+``slurm/view.jsonl`` of a job faultlab submitted), next to the trainer's own events. Each
+node's exit code comes from what ``srun`` said of its tasks in the batch output
+(``faultlab.targets.slurm.exits``); where the nodes cannot be told apart, the result holds the
+job's one code.
 Scheduler-level faults on the job itself go through ``scancel`` (a preemption notice) and
 ``scontrol requeue``. ``SchedulerView`` is that part of ``SlurmTarget``.
 """
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.errors import FaultError, TargetError
+from faultlab.spec.target import SlurmSpec
+from faultlab.targets.slurm.exits import node_exits
 from faultlab.targets.slurm.slurmcli import (
     TERMINAL,
     SlurmError,
@@ -31,11 +36,12 @@ VIEW_EVERY_S = 0.25
 
 
 class SlurmJobResult:
-    """``Target.result`` of a Slurm job: the job's exit code under its id."""
+    """``Target.result`` of a Slurm job: each node's exit code, or where the nodes cannot be
+    told apart the job's exit code under its id (``job J``)."""
 
-    def __init__(self, job_id: int | None, code: int | None, killed: set[str],
+    def __init__(self, returncodes: dict[str, int | None], killed: set[str],
                  wall_s: float) -> None:
-        self.returncodes: dict[str, int | None] = {f"job {job_id}": code}
+        self.returncodes = returncodes
         self.killed = killed
         self.wall_s = wall_s
 
@@ -50,6 +56,7 @@ class SchedulerView:
 
     job_id: int | None
     attached: bool
+    spec: SlurmSpec | None
     run_dir: Path
     view: list[dict[str, Any]]
     _last: dict[str, str] | None
@@ -109,8 +116,25 @@ class SchedulerView:
 
     def result(self) -> SlurmJobResult:
         job = self._last or {}
-        return SlurmJobResult(self.job_id, exit_code(job.get("ExitCode", "")),
-                              set(self._lost), time.monotonic() - self._t0)
+        codes = self._node_exits(job) or {f"job {self.job_id}": exit_code(
+            job.get("ExitCode", ""))}
+        return SlurmJobResult(codes, set(self._lost), time.monotonic() - self._t0)
+
+    def _node_exits(self, job: dict[str, str]) -> dict[str, int | None] | None:
+        """Each node's code from ``srun``'s report in the batch output (``exits``)."""
+        try:
+            output = (self.run_dir / "logs" / f"slurm-{self.job_id}.out").read_text(
+                errors="replace")
+        except OSError:
+            return None
+        alone = job.get("JobState") in ("COMPLETED", "FAILED") and \
+            int(job.get("Restarts", 0) or 0) == 0
+        try:
+            return node_exits(output, nodes=list(self._nodes), ended_alone=alone,
+                              own_script=self.spec is not None and self.spec.script is None
+                              and not self.attached, expand=hostnames)
+        except SlurmError:  # a host list the controller cannot expand now
+            return None
 
     def scheduler_view(self) -> dict[str, Any]:
         """Slurm's view of the job for the journal: every change of state, and what follows

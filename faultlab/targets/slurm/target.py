@@ -25,6 +25,7 @@ from faultlab.observe import EventStream
 from faultlab.runtime.relay import CHANNEL_ENV, HUB_ENV
 from faultlab.spec import Experiment
 from faultlab.targets.base import JobContext
+from faultlab.targets.slurm import site
 from faultlab.targets.slurm.guard import ClusterChanges
 from faultlab.targets.slurm.job import JobSubmission, prepare_job_dir
 from faultlab.targets.slurm.scheduler import SchedulerView
@@ -135,16 +136,33 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
 
     @classmethod
     def reference_site(cls, exp: Experiment) -> dict[str, Any]:
-        """The cluster (``ClusterName``): its partitions' nodes compute the job."""
-        try:
-            out = run(["scontrol", "show", "config"]).stdout
-        except SlurmError:
-            return {"cluster": None}
-        for line in out.splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "ClusterName":
-                return {"cluster": value.strip()}
-        return {"cluster": None}
+        """The cluster (``ClusterName``), and the site its nodes of ``exp``'s selection were
+        last known to compute on (``faultlab.targets.slurm.site``; nothing known yet: the
+        engine's reading of this host stands until the probe or a run says)."""
+        cluster = site.cluster_name()
+        entry = site.known(exp, cluster) or {}
+        return {"cluster": cluster, **(entry.get("site") or {})}
+
+    @classmethod
+    def preflight(cls, exp: Experiment) -> list[tuple[tuple[str | int, ...], str]]:
+        """What stops a job of ``exp`` before it runs, known without submitting anything
+        (``faultlab.targets.slurm.preflight``): each the YAML path to change and why."""
+        from faultlab.targets.slurm.preflight import preflight
+
+        return preflight(exp)
+
+    @classmethod
+    def probe_site(cls, exp: Experiment) -> None:
+        """Before a golden run is looked up: one ``srun`` on a node of the selection, unless
+        its site is known (``site.probe``); raises ``TargetError`` where the nodes do not see
+        the runs root."""
+        site.probe(exp, site.cluster_name())
+
+    @classmethod
+    def site_seen(cls, exp: Experiment, reported: dict[str, Any], source: str) -> bool:
+        """A run's rank 0 reported ``reported``: the nodes' site of the selection from now on
+        (``site.learn``); whether that changed it."""
+        return site.learn(exp, site.cluster_name(), reported, source)
 
     @classmethod
     def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:
