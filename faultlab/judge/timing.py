@@ -8,8 +8,8 @@
 Both are read from the run's own records before its first fault struck, so they carry the load
 the run itself met; where a fault struck before the run had shown one (a fault at step 1 or at
 a time before the first step), the golden run's (``GoldenRun.cold_start_s``, ``step_s``,
-measured the same way on the same target) stands in. The golden run keeps its own, measured by
-the same functions.
+measured the same way on the same target) stands in, unless it ran on other hardware. The
+golden run keeps its own, measured by the same functions.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from faultlab.observe.site import other_hardware, run_site
 from faultlab.sla.timing import TimingUnits, bound_text
 
 __all__ = ["TimingUnits", "bound_text", "cold_start_s", "step_time_s", "timing_units"]
@@ -61,6 +62,8 @@ def timing_units(events: Sequence[Mapping[str, Any]], launched_t: float | None,
     injected, each with ``injected_t``), else from ``golden``'s."""
     before = min((float(f.injected_t) for f in faults), default=math.inf)
     cold, step = cold_start_s(events, launched_t, before), step_time_s(events, before)
+    if golden is not None and other_hardware(getattr(golden, "site", None), run_site(events)):
+        golden = None  # a reference from other hardware times other hardware
     cold_from = step_from = THIS_RUN
     if cold is None and getattr(golden, "cold_start_s", None) is not None:
         cold, cold_from = golden.cold_start_s, GOLDEN_RUN

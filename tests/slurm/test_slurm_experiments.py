@@ -2,8 +2,9 @@
 the shipped Slurm experiments pass, a job submitted by hand is attached to by job id and broken,
 and killing ``faultlab run`` midway leaves nothing behind. The golden reference is found on the
 cluster by every way of running and keyed by what its nodes report, ``faultlab validate``
-refuses what the cluster says cannot run, and ``completes`` sees each node's exit code. After every test: no job of the test
-queued or running, no node down or drained, no process of a job on any node.
+refuses what the cluster says cannot run, and ``completes`` sees each node's exit code. After
+every test: no job of the test queued or running, no node down or drained, no process of a job
+on any node.
 
 Needs root and a Docker engine: without them it skips with the reason, and under
 ``FAULTLAB_REQUIRE_DOCKER=1`` (``make test`` in CI) it fails. Its tests share one cluster, so

@@ -109,6 +109,12 @@ def test_a_fault_before_the_first_step_takes_the_golden_runs_units() -> None:
     assert units.cold_start_from == units.step_from == "the golden run"
     none = timing_units(run_events(), None, early)
     assert (none.cold_start_s, none.step_s) == (None, None)
+    # a reference from other hardware times other hardware: its units are not this run's
+    Golden.site = {"accelerator": "NVIDIA A100-SXM4-80GB", "torch": "2.13.0"}  # type: ignore[attr-defined]
+    here = [dict(e, site={"accelerator": "cpu", "torch": "2.13.0"}) if e["kind"] == "start"
+            and e["rank"] == 0 else e for e in run_events()]
+    other = timing_units(here, LAUNCHED, early, Golden())
+    assert (other.cold_start_s, other.step_s) == (None, None)
 
 
 def test_only_one_incarnations_consecutive_steps_make_a_step_time() -> None:
