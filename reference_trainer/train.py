@@ -76,6 +76,7 @@ from reference_trainer.health import (
     attribute_slow_links,
     enable_determinism,
     probe_links,
+    runnable_wait_s,
 )
 from reference_trainer.model import GPT
 from reference_trainer.preemption import (
@@ -351,9 +352,10 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         ids = sampler.local_ids(s)
         x, y = (t.to(device, non_blocking=True) for t in data.batch(ids))
         try:
-            t_forward = time.monotonic()
+            t_forward, waited = time.monotonic(), runnable_wait_s()
             out = model(x, y)
-            forward_s = time.monotonic() - t_forward
+            # its compute, not the time it waited for a CPU (health.runnable_wait_s)
+            forward_s = time.monotonic() - t_forward - (runnable_wait_s() - waited)
             loss_sum = rt.loss(out)
             for key in ((s, rank), (s, None)):
                 if key in cfg.inject_nonfinite and key not in fired:

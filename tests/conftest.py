@@ -38,11 +38,24 @@ ONE_WORKER = "tests/slurm/"
 run one at a time, on one xdist worker."""
 
 
+REAL_JOB_GUARD_S = 2 * 300 + 120
+"""pytest-timeout for a real-job test that names none of its own: the jobs it starts are each
+bounded by their experiment's ``run.timeout_s``, at most 300 s in this suite, and such a test
+runs a golden run and a run (``hang_guard_s`` of the pytest plugin, for one of 300 s). The
+suite's 120 s is for unit tests: a real job with its golden run meets it on a machine half as
+fast (docs/development.md)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest chains first, so that no worker starts one while the others have run out of
     work: the Slurm tests (one worker, about 12 minutes under CI load), then every test that
     launches real jobs (``integration`` and the shipped experiments), then the quick rest, which
-    fills the gaps at the end. A stable sort: the same order on every xdist worker."""
+    fills the gaps at the end. A stable sort: the same order on every xdist worker. A real-job
+    test without a timeout of its own gets ``REAL_JOB_GUARD_S``."""
+    for item in items:
+        if item.get_closest_marker("integration") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(REAL_JOB_GUARD_S))
+
     def rank(item: pytest.Item) -> int:
         if item.nodeid.startswith(ONE_WORKER):
             return 0

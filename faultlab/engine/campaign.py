@@ -27,6 +27,7 @@ from faultlab.engine.view import NullView
 from faultlab.errors import InvalidExperimentError, Problem
 from faultlab.judge import SLAResult
 from faultlab.judge.slas import CAMPAIGN_SLAS
+from faultlab.judge.timing import RelativeSeconds, TimingUnits, in_units
 from faultlab.judge.verdict import FAIL, verdict_of
 from faultlab.observe.campaign import CampaignScore, golden_step_time_s, score_campaign
 from faultlab.observe.records import FaultRecord
@@ -92,19 +93,31 @@ def check_rate_cached(campaign: Campaign, cache_dir: Path | None, source: Path |
             f"{step_s:.3f} s")
 
 
-def judge_campaign(campaign: Campaign, score: CampaignScore) -> list[SLAResult]:
+def judge_campaign(campaign: Campaign, score: CampaignScore,
+                   units: TimingUnits | None = None) -> list[SLAResult]:
+    """The campaign's own SLAs against its score; a relative bound in seconds is made seconds
+    with the run's own units (``units``), and is not measured without them."""
     out = []
-    for key, bound in campaign.expect.campaign_items():
+    for key, written in campaign.expect.campaign_items():
         measured = score.metric(key)
         sla = CAMPAIGN_SLAS[key]
-        note = ""
-        if measured is None:
+        note, limit = "", None
+        bound: Any = written
+        if isinstance(written, RelativeSeconds):
+            bound = limit = written.seconds(units)
+            written = written.terms()  # the journal keeps it as written
+        if bound is None:
+            passed, note = False, (f"not measured: the bound is {RelativeSeconds(**written)}, "
+                                   f"and this run measured no such unit")
+        elif measured is None:
             passed, note = False, _why_not_measured(key, score)
         elif isinstance(measured, float) and math.isinf(measured):
             passed, note = False, "an injection that took the job down never recovered"
         else:
             passed = sla.holds(measured, bound)
-        out.append(SLAResult(key, bound, measured, passed, note))
+        ratio = in_units(measured, units) if key.endswith("_s") and isinstance(
+            measured, int | float) else ""
+        out.append(SLAResult(key, written, measured, passed, note, limit, ratio))
     return out
 
 
@@ -147,7 +160,9 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
     # An arrival that found no victim (its rank was restarting) or came after the job finished
     # is a fact of the campaign, shown as "not injected" in its table, not a failed check.
     kept = [s for s in result.slas if not s.name.startswith("fault_injected[")]
-    slas = [*kept, *judge_campaign(campaign, score)]
+    units = journal["run"].get("timing_units")
+    slas = [*kept, *judge_campaign(campaign, score,
+                                   TimingUnits(**units) if units else None)]
     verdict = verdict_of(slas) if result.error is None else FAIL
     journal["verdict"] = verdict
     journal["slas"] = strict_json([s.to_dict() for s in slas])

@@ -20,9 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from faultlab.observe.site import other_hardware, run_site
-from faultlab.sla.timing import TimingUnits, bound_text
+from faultlab.sla.timing import RelativeSeconds, TimingUnits, bound_text, in_units
 
-__all__ = ["TimingUnits", "bound_text", "cold_start_s", "step_time_s", "timing_units"]
+__all__ = ["RelativeSeconds", "TimingUnits", "bound_text", "cold_start_s", "in_units",
+           "step_time_s", "timing_units"]
 
 THIS_RUN, GOLDEN_RUN = "this run", "the golden run"
 

@@ -62,6 +62,8 @@ import numpy as np
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
+from faultlab.sla.base import relative_bound
+from faultlab.sla.timing import RelativeSeconds
 from faultlab.spec._base import SpecModel, as_tuple, located, relocate, spec_error
 from faultlab.spec.expect import Expect
 from faultlab.spec.faults import Selector
@@ -200,8 +202,14 @@ class CampaignExpect(Expect):
     named."""
     false_positives_per_hour: float | None = Field(default=None, ge=0)
     """Upper bound on the golden run's detections, restarts and anomalies per hour."""
-    recovery_time_p95_s: float | None = Field(default=None, gt=0)
-    """Upper bound on the 95th percentile of the injections' recovery time, seconds."""
+    recovery_time_p95_s: Annotated[float, Field(gt=0)] | RelativeSeconds | None = None
+    """Upper bound on the 95th percentile of the injections' recovery time, seconds, or in the
+    job's own units (``{cold_starts: 3}``: ``faultlab.sla.timing``)."""
+
+    @field_validator("recovery_time_p95_s", mode="before")
+    @classmethod
+    def _relative_p95(cls, value: Any) -> Any:
+        return relative_bound(value) if isinstance(value, dict) else value
 
     def experiment_part(self) -> Expect:
         return Expect(**{k: getattr(self, k) for k in Expect.model_fields

@@ -284,6 +284,35 @@ def test_compute_straggler_is_named_from_forward_times() -> None:
     assert slight.update([0.01, 0.03]) is None  # 3x but only 20 ms: noise
 
 
+def test_the_time_a_rank_waited_for_a_cpu_is_not_its_compute() -> None:
+    """``runnable_wait_s``: a thread that shares one CPU with a busy process waits about half
+    of the time, by the scheduler's own count, and that wait is what a forward pass timed by the
+    wall clock must not take for slow compute (a fault-free rank on a CPU-capped machine was
+    named a straggler for it)."""
+    from reference_trainer.health import runnable_wait_s
+
+    code = """\
+        import os, time
+        from reference_trainer.health import runnable_wait_s
+        os.sched_setaffinity(0, {0})
+        t0, w0 = time.monotonic(), runnable_wait_s()
+        while time.monotonic() - t0 < 1.0:
+            pass
+        print(time.monotonic() - t0, runnable_wait_s() - w0)
+        """
+    hog = subprocess.Popen([sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\n"
+                            "while True: pass"])
+    try:
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                             text=True, check=True, timeout=60).stdout
+    finally:
+        hog.kill()
+        hog.wait()
+    wall, waited = map(float, out.split())
+    assert waited >= 0.25 * wall, (wall, waited)  # a fair share of one CPU is half
+    assert runnable_wait_s() >= 0.0
+
+
 def test_health_check_of_the_reference_trainer_through_the_overlay(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     write_state(state, [gpu_entry("e", "gpu_error", xid=79, sticky=True, devices=[1]),

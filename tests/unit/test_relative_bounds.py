@@ -162,3 +162,24 @@ def test_a_relative_bound_without_its_unit_is_not_measured_never_passed() -> Non
 def test_nan_units_never_make_a_bound() -> None:
     assert RelativeSeconds(cold_starts=2).seconds(TimingUnits(float("nan"), None)) is None
     assert in_units(float("nan"), TimingUnits(4.0, 1.0)) == ""
+
+
+def test_a_campaigns_recovery_p95_takes_a_relative_bound_too() -> None:
+    from types import SimpleNamespace
+
+    from faultlab.engine.campaign import judge_campaign
+    from faultlab.spec.campaign import Campaign
+
+    campaign = Campaign.model_validate({
+        "name": "c", "target": {"trainer": "reference", "preset": "tiny"},
+        "topology": {"nodes": 2}, "run": {"steps": 100, "checkpoint_every": 10},
+        "campaign": {"mtbf_steps": 20, "mix": [{"type": "rank_kill", "weight": 1}]},
+        "expect": {"recovery_time_p95_s": {"s": 1, "cold_starts": 2}}})
+    score = SimpleNamespace(metric=lambda key: 9.0)  # the p95 of the injections' recovery
+    [ok] = judge_campaign(campaign, score, TimingUnits(4.0, 0.1))  # type: ignore[arg-type]
+    assert ok.passed and ok.limit == 9.0 and ok.bound == {"s": 1.0, "cold_starts": 2.0}
+    assert ok.ratio == "2.25 cold starts"
+    [tight] = judge_campaign(campaign, score, TimingUnits(3.9, 0.1))  # type: ignore[arg-type]
+    assert not tight.passed
+    [unknown] = judge_campaign(campaign, score, None)  # type: ignore[arg-type]
+    assert not unknown.passed and unknown.note.startswith("not measured: the bound is 1 s + 2")
