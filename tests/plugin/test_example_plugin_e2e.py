@@ -79,10 +79,13 @@ def test_the_plugins_fault_and_sla_in_a_real_run(name: str, tmp_path: Path,
 
     peers = slas[SLA]
     # measured alone on 2 cores: 0.03 s (reference: gloo fails rank 0 on the closed
-    # connection at once), 1.02 s (level 0); the bound, 30 s, leaves room for a loaded machine
+    # connection at once), 1.02 s (level 0); the bound, one cold start of the run (relative:
+    # the team's SLA takes one like a built-in), holds on a machine of any speed
     assert peers.passed and isinstance(peers.measured, float), table
-    assert 0 <= peers.measured <= 30, table
-    assert "after rank 1 raised at step 6 (bound 30 s): rank 0 " in peers.note, table
+    assert peers.bound == {"cold_starts": 1.0} and peers.limit is not None, table
+    assert 0 <= peers.measured <= peers.limit, table
+    assert f"after rank 1 raised at step 6 (bound {peers.limit:g} s): rank 0 " in peers.note, \
+        table
     journal = json.loads(result.journal_path.read_text())
     [judged] = [s for s in journal["slas"] if s["name"] == SLA]
     assert judged["measured"] == peers.measured and judged["passed"]
