@@ -107,6 +107,7 @@ bench: $(STAMP) docker-engine fuse etcd
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_scale.py
+	$(PY) benchmarks/bench_metadata.py
 	$(PY) benchmarks/bench_large.py --slurm 16
 	$(PY) benchmarks/bench_level0.py
 	$(PY) benchmarks/bench_storage.py

@@ -1,6 +1,6 @@
 """The engine's control-plane cost as the job grows to thousands of ranks (issue 37).
 
-Two tables, in one run, for 8, 128, 1,024 and 4,096 ranks (``--ranks``).
+Three tables, in one run, for 8, 128, 1,024 and 4,096 ranks (``--ranks``; ``--tables``).
 
 **The engine's per-loop cost** (the first table). Simulated ranks, without torch: one events
 file per rank in a run directory on this machine's disk, each line a record as
@@ -35,6 +35,12 @@ node. The main process holds only the engine's side. Per rank count, both contro
   per node); a rank at a gate waits in ``Uplink.wait_gate`` (what ``StepGates.wait`` runs
   when the channel is set); the engine is a ``Hub`` with ``EventStream.attach(hub)``, polled
   every 50 ms, and opens gates with ``Hub.open_gate``.
+- **file** (the node relay, file channel: ``run.control_channel: file``, or a cluster whose
+  nodes cannot reach the submit host): the same ranks and relays, without a hub; each relay's
+  file is the channel, which the engine's ``EventStream`` reads every 50 ms, and the engine
+  opens gates with ``open_gate`` (``runtime/gates.txt``, which a relay reads every 0.1 s while
+  a rank waits). ``--planes`` picks the planes (before and after for this table by default,
+  all three for the metadata table).
 
 Measured, each rank stepping once a second, its steps spread over the second (rank r at
 ``r x 0.618`` mod 1 s: a node's ranks do not step together):
@@ -50,28 +56,30 @@ Measured, each rank stepping once a second, its steps spread over the second (ra
 - **one poll, one new step from every rank**: every rank emits one step at once; once the
   files are written (before) or the hub has had every relay's batch (after), one timed
   ``EventStream.poll``; median of 5;
-- **metadata operations on the run directory** in steady training, counted: a fresh job of
-  the same control plane (engine, workers, relays) started under
-  ``strace -f --seccomp-bpf -y`` (only the counted calls stop a process; the ranks' other
-  calls run at full speed), ``--meta-seconds`` of stepping with the ranks spread over the
-  second, then as many with the ranks in lockstep (data-parallel training: a node's ranks step
-  within a few milliseconds of each other). Counted: every ``openat``, ``stat``-family call
-  (``fstat`` on an open file included), ``access``, ``getdents64``, ``mkdir``... whose path or
-  file descriptor is under the run directory. On NFS or Lustre each may be a request to the
-  metadata server (an attribute cache absorbs some, an ``fstat`` right after its ``open``
-  nearly always: an upper bound); ``close`` and ``write`` are not counted. Each counted call
-  stops its process until strace has printed it, which slows whoever makes many: so the
-  ranks' and relays' calls are counted until the engine has every record of the window's
-  steps (none is lost to the slowdown), per second of job; the engine's during the window.
-  "Before"'s engine, one ``stat`` per rank per poll, then polls less often than its 20 times
-  a second: its count is a lower bound, and the notes say how much slower it polled. (strace
-  6.1's ``--seccomp-bpf`` also stops a new thread at every call until it makes a traced one:
-  the traced job's threads each ``stat`` ``/`` first.) Per node per second; by default up to
-  1,024 ranks (``--meta-max-ranks``): at 4,096 the traced jobs alone take minutes here.
+
+**Metadata operations on the run directory** (the third table, ``--tables meta``; issue 53):
+before, after (socket channel) and file (``--planes``), in steady training, counted. A fresh
+job of the control plane (engine, workers, relays) is started under ``strace -f
+--seccomp-bpf -y`` (only the counted calls stop a process; the ranks' other calls run at full
+speed): ``--meta-seconds`` of stepping with the ranks spread over the second, then as many
+with the ranks in lockstep (data-parallel training: a node's ranks step within a few
+milliseconds of each other). Counted: every ``openat``, ``stat``-family call (``fstat`` on an
+open file included), ``access``, ``getdents64``, ``mkdir``... whose path or file descriptor is
+under the run directory. On NFS or Lustre each may be a request to the metadata server (an
+attribute cache absorbs some, an ``fstat`` right after its ``open`` nearly always: an upper
+bound); ``close``, ``write`` and ``fdatasync`` are not counted. Each counted call stops its
+process until strace has printed it, which slows whoever makes many: so the ranks' and
+relays' calls are counted until the engine has every record of the window's steps (none is
+lost to the slowdown), per second of job; the engine's during the window. "Before"'s engine,
+one ``stat`` per rank per poll, then polls less often than its 20 times a second: its count
+is a lower bound, and the notes say how much slower it polled. (strace 6.1's
+``--seccomp-bpf`` also stops a new thread at every call until it makes a traced one: the
+traced job's threads each ``stat`` ``/`` first.) Per node per second; by default up to 1,024
+ranks (``--meta-max-ranks``): at 4,096 the traced jobs alone take minutes here.
 
 Measured on one machine, so what it does not show: a shared filesystem's own delays (NFS
 attribute caching makes a new gate file or new appended bytes invisible for up to a minute;
-a relay's close of its events file, a second after it opened it, is a round trip to the file
+a relay's ``fdatasync`` of its events file, a second after a batch, is a round trip to the file
 server there), the network between the nodes and the submit host, and
 ranks and relays on cores of their own. Here thousands of threads and hundreds of relay
 processes share 2 cores: from 1,024 ranks on, "before"'s ranks poll the gate files half a
@@ -85,7 +93,8 @@ not in the default sizes: ``--ranks 10240 --ranks-per-node 32`` asks for it on a
 
     python benchmarks/bench_scale.py [--ranks 8,128,1024,4096] [--steps 500]
         [--ranks-per-node 8] [--ranks-per-worker 64] [--seconds 6] [--meta-seconds 3]
-        [--gates 5] [--meta-max-ranks 1024] [--tables loop,control]
+        [--gates 5] [--meta-max-ranks 1024] [--tables loop,control,meta]
+        [--planes before,after,file]
 """
 
 from __future__ import annotations
@@ -222,10 +231,19 @@ GATE_SPREAD_S = 0.2
 BURSTS = 5
 GOLDEN = 0.6180339887498949
 CHANNEL_VARS = ("FAULTLAB_CHANNEL", "FAULTLAB_HUB")
+PLANES = {"before": "before", "after": "after, socket channel",
+          "file": "after, file channel"}
+"""The control planes, as the table names them; "after" and "file" run node relays."""
 META_TRACE = "trace=%file,%%stat,getdents64"
 # the first step number of each phase: the engine tells the phases' records apart by them
 STEADY, META_SPREAD, META_LOCKSTEP, GATE, BURST = 1, 100_001, 200_001, 300_001, 400_001
 GOAL_POLL_MS, GOAL_GATE_P99_MS, GOAL_LATENCY_P99_MS, GOAL_META_PER_NODE_S = 10.0, 50.0, 100.0, 1.0
+DEFAULT_SIZES = [8, 128, 1024, 4096]
+META_MAX_RANKS = 1024
+"""By default metadata calls are counted up to 1,024 ranks: at 4,096 the traced jobs alone
+take minutes here."""
+CONTROL_PLANES = ("before", "after")
+META_PLANES = ("before", "after", "file")
 
 
 def _log(msg: str) -> None:
@@ -324,7 +342,7 @@ def _sim_ranks(cfg_json: str) -> int:
     if cfg["traced"]:
         _prime_threads()
     _orphan_guard()
-    run_dir, after = Path(cfg["run_dir"]), cfg["mode"] == "after"
+    run_dir, after = Path(cfg["run_dir"]), cfg["mode"] in ("after", "file")
     # unset here, so that EventLog and StepGates find no per-process uplink (uplink_for):
     # before, they write and poll files; after, each rank gets an Uplink of its own
     assert not any(os.environ.get(k) for k in CHANNEL_VARS)
@@ -332,7 +350,8 @@ def _sim_ranks(cfg_json: str) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     threading.stack_size(256 << 10)
     env = {**os.environ, "FAULTLAB_RUN_DIR": str(run_dir), "FAULTLAB_RUNTIME_SECRET": SECRET,
-           "FAULTLAB_CHANNEL": "socket", "FAULTLAB_HUB": cfg.get("hub") or ""}
+           "FAULTLAB_CHANNEL": "file" if cfg["mode"] == "file" else "socket",
+           "FAULTLAB_HUB": cfg.get("hub") or ""}
     sims: list[_Sim] = []
     for rank in range(cfg["first"], cfg["first"] + cfg["count"]):
         node = f"node{rank // cfg['rpn']}"
@@ -505,21 +524,23 @@ def _tasks(pid: int) -> list[int]:
         return []
 
 
-def _stop_relays(pids: set[int]) -> list[int]:
-    """Wait for the relays the run started to leave (the hub said bye); the ones that did not
-    within 5 s are ended here, by pid. Returns those."""
-    deadline = time.monotonic() + 5.0
+def _stop_relays(pids: set[int], bye: bool = True) -> list[int]:
+    """Wait for the relays the run started to leave (the hub said ``bye``); the ones that did
+    not within 5 s are ended here, by pid. Returns those. Without a hub (``bye`` False: the
+    file channel, whose relays stay ``IDLE_S`` after their last rank) they are ended at once,
+    and none is returned."""
+    deadline = time.monotonic() + (5.0 if bye else 0.0)
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     stuck = [p for p in pids if _alive(p)]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig in (signal.SIGTERM, signal.SIGKILL) if bye else (signal.SIGKILL,):
         for p in stuck:
             with contextlib.suppress(OSError):
                 os.kill(p, sig)
         deadline = time.monotonic() + 3.0
         while any(_alive(p) for p in stuck) and time.monotonic() < deadline:
             time.sleep(0.05)
-    return stuck
+    return stuck if bye else []
 
 
 def _count_meta(trace: Path, root: str, windows: list[tuple[float, float, float]],
@@ -666,9 +687,24 @@ def _hub_quiet(hub: Any, quiet_s: float, timeout_s: float) -> None:
         time.sleep(0.02)
 
 
-def _burst(stream: EventStream, workers: _Workers, ranks: int, hub: Any) -> dict[str, Any]:
-    """One timed poll with one new step from every rank waiting (files written, or every
-    relay's batch queued in the hub); the median of ``BURSTS``."""
+def _files_quiet(events: Path, quiet_s: float, timeout_s: float) -> None:
+    """Until no events file under ``events`` has grown for ``quiet_s`` (the relays wrote)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        total = sum(e.stat().st_size for e in os.scandir(events) if e.name.endswith(".jsonl"))
+        if total != last:
+            last, since = total, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.02)
+
+
+def _burst(stream: EventStream, workers: _Workers, ranks: int, hub: Any,
+           relays_write: bool) -> dict[str, Any]:
+    """One timed poll with one new step from every rank waiting (files written by the ranks
+    or, ``relays_write``, by their relays, or every relay's batch queued in the hub); the
+    median of ``BURSTS``."""
     samples: list[float] = []
     for i in range(BURSTS * 2):
         if len(samples) >= BURSTS:
@@ -678,6 +714,8 @@ def _burst(stream: EventStream, workers: _Workers, ranks: int, hub: Any) -> dict
         workers.replies(60)
         if hub is not None:
             _hub_quiet(hub, 0.3, 30)
+        elif relays_write:
+            _files_quiet(stream.events_dir, 0.3, 30)
         t0 = time.perf_counter()
         new = stream.poll()
         ms = (time.perf_counter() - t0) * 1000
@@ -746,7 +784,7 @@ class _Plane:
             self.relays |= {i.pid for i in self.hub.relays.values()}
         if self.workers is not None:
             self.workers.close()
-        self.relays_killed = _stop_relays(self.relays)
+        self.relays_killed = _stop_relays(self.relays, bye=self.mode != "file")
 
     @property
     def workers_(self) -> _Workers:
@@ -774,15 +812,13 @@ def control_plane(mode: str, ranks: int, args: argparse.Namespace, tmp: Path) ->
         res.update(_steady(plane.eng, plane.workers_, ranks, args.seconds))
         _log(f"{mode}, {ranks} ranks: {args.gates} gates, then {BURSTS} one-step bursts")
         res.update(_gates(plane.eng, plane.workers_, ranks, args.gates, plane.open_gate))
-        res.update(_burst(plane.stream, plane.workers_, ranks, plane.hub))
-        if plane.hub is not None:  # a rank whose relay was down wrote a file of its own
+        res.update(_burst(plane.stream, plane.workers_, ranks, plane.hub, mode == "file"))
+        if mode != "before":  # a rank whose relay was down wrote a file of its own
             res["rank_files"] = sum(1 for p in (plane.run_dir / "events").iterdir()
                                     if "-rank" in p.name)
+        if plane.hub is not None:
             res["lost"] = sum(len(i.lost_t) for i in plane.hub.relays.values())
     res["relays_killed"] = plane.relays_killed
-    if ranks <= args.meta_max_ranks:
-        _log(f"{mode}, {ranks} ranks: metadata calls, under strace, with a fresh job")
-        res.update(_metadata(mode, ranks, args, tmp))
     res["total_s"] = time.monotonic() - t0
     _log(f"{mode}, {ranks} ranks: done in {res['total_s']:.0f} s")
     return res
@@ -897,14 +933,17 @@ def _verdict(value: float | None, goal: float, unit: str) -> str:
 
 
 def _row(r: dict[str, Any]) -> list[str]:
-    def meta(key: str) -> str:
-        value = r.get(f"meta_{key}")
-        return "—" if value is None else _f(value / r["nodes"])
-
-    nodes = f"{r['nodes']:,}" + (f" ({r['relays']:,} relays)" if r["mode"] == "after" else "")
-    return [f"{r['ranks']:,}", nodes, r["mode"], _f(r["cpu"] * 100), _f(r["lat_p50"]),
+    nodes = f"{r['nodes']:,}" + (f" ({r['relays']:,} relays)" if r["mode"] != "before" else "")
+    return [f"{r['ranks']:,}", nodes, PLANES[r["mode"]], _f(r["cpu"] * 100), _f(r["lat_p50"]),
             _f(r["lat_p99"]), _f(r["gate_p50"]), _f(r["gate_p99"]), _f(r["pass_p99"]),
-            _f(r["poll_ms"], ".2f"), meta("spread"), meta("lockstep")]
+            _f(r["poll_ms"], ".2f")]
+
+
+def _meta_goal(r: dict[str, Any]) -> str:
+    lockstep, spread = r["meta_lockstep"] / r["nodes"], r["meta_spread"] / r["nodes"]
+    return (f"{r['ranks']:,} ranks {_f(lockstep, '.2f')} in lockstep, "
+            f"{_verdict(lockstep, GOAL_META_PER_NODE_S, '/s')}, {_f(spread, '.2f')} spread, "
+            f"{_verdict(spread, GOAL_META_PER_NODE_S, '/s')}")
 
 
 def _goals(results: list[dict[str, Any]]) -> list[str]:
@@ -927,35 +966,8 @@ def _goals(results: list[dict[str, Any]]) -> list[str]:
     notes.append(f"goal: event latency p99 <= {GOAL_LATENCY_P99_MS:g} ms: after " + "; ".join(
         f"{r['ranks']:,} ranks {_f(r['lat_p99'])} ms, "
         f"{_verdict(r['lat_p99'], GOAL_LATENCY_P99_MS, 'ms')}" for r in after))
-    metas = [r for r in after if r.get("meta_spread") is not None]
-    if metas:
-        notes.append(f"goal: metadata ops on the shared filesystem in steady training <= "
-                     f"{GOAL_META_PER_NODE_S:g} per node per second: after " + "; ".join(
-                         f"{r['ranks']:,} ranks {_f(r['meta_lockstep'] / r['nodes'])} in "
-                         f"lockstep, {_verdict(r['meta_lockstep'] / r['nodes'], 1.0, '/s')}, "
-                         f"{_f(r['meta_spread'] / r['nodes'])} spread, "
-                         f"{_verdict(r['meta_spread'] / r['nodes'], 1.0, '/s')}" for r in metas))
-    for r in results:
-        for key in ("spread", "lockstep"):
-            names = r.get(f"meta_{key}_names")
-            if names is None:
-                continue
-            calls = ", ".join(f"{n} {v / r['nodes']:.1f}" for n, v in names.items()) or "none"
-            engine = ", ".join(f"{n} {v / r['nodes']:,.1f}" for n, v in
-                               r[f"meta_{key}_engine_names"].items()) or "none"
-            slowed = r[f"meta_{key}_polls"] < 0.9 * r["polls_per_s"]
-            notes.append(
-                f"metadata, {r['ranks']:,} ranks {r['mode']}, {key}, per node per second: ranks "
-                f"and relays {calls}; the engine {engine} ({_f(r[f'meta_{key}_per_poll'])} a "
-                f"poll; it polled {_f(r[f'meta_{key}_polls'])} times a second under strace, "
-                f"{_f(r['polls_per_s'])} untraced" + (": a lower bound" if slowed else "")
-                + f"); the {r['meta_seconds']} s of steps had all reached the engine "
-                f"{_f(r[f'meta_{key}_over_s'])} s after the first")
     for r in results:
         trouble = []
-        if r.get("meta_relays_killed"):
-            trouble.append(f"{len(r['meta_relays_killed'])} relays of the traced job still up "
-                           f"5 s after the hub's bye (ended here)")
         if r.get("relays_killed"):
             trouble.append(f"{len(r['relays_killed'])} relays still up 5 s after the hub's bye "
                            f"(ended here)")
@@ -967,48 +979,130 @@ def _goals(results: list[dict[str, Any]]) -> list[str]:
             trouble.append(f"only {r['poll_samples']} of {BURSTS} poll samples had every "
                            f"record queued")
         if trouble:
-            notes.append(f"{r['ranks']:,} ranks {r['mode']}: " + "; ".join(trouble))
+            notes.append(f"{r['ranks']:,} ranks {PLANES[r['mode']]}: " + "; ".join(trouble))
     return notes
 
 
-def control_table(sizes: list[int], args: argparse.Namespace) -> None:
+def _meta_notes(results: list[dict[str, Any]]) -> list[str]:
+    """The goal beside each relay plane's figures, then what each figure is made of."""
+    notes = []
+    for mode in ("after", "file"):
+        metas = [r for r in results if r["mode"] == mode]
+        if metas:
+            notes.append(f"goal: metadata ops on the shared filesystem in steady training <= "
+                         f"{GOAL_META_PER_NODE_S:g} per node per second: {PLANES[mode]} "
+                         + "; ".join(_meta_goal(r) for r in metas))
+    for r in results:
+        for key in ("spread", "lockstep"):
+            calls = ", ".join(f"{n} {v / r['nodes']:.2f}" for n, v in
+                              r[f"meta_{key}_names"].items()) or "none"
+            engine = ", ".join(f"{n} {v / r['nodes']:,.2f}" for n, v in
+                               r[f"meta_{key}_engine_names"].items()) or "none"
+            slowed = r[f"meta_{key}_polls"] < 0.9 / ENGINE_POLL_S
+            notes.append(
+                f"{r['ranks']:,} ranks, {PLANES[r['mode']]}, {key}, per node per second: ranks "
+                f"and relays {calls}; the engine {engine} ({_f(r[f'meta_{key}_per_poll'])} a "
+                f"poll; it polled {_f(r[f'meta_{key}_polls'])} times a second under strace, "
+                f"against {1 / ENGINE_POLL_S:g} untraced at most"
+                + (": a lower bound" if slowed else "")
+                + f"); the {r['meta_seconds']} s of steps had all reached the engine "
+                f"{_f(r[f'meta_{key}_over_s'])} s after the first")
+        if r.get("meta_relays_killed"):
+            notes.append(f"{r['ranks']:,} ranks {PLANES[r['mode']]}: "
+                         f"{len(r['meta_relays_killed'])} relays of the traced job still up 5 s "
+                         f"after the hub's bye (ended here)")
+    return notes
+
+
+def control_table(sizes: list[int], planes: list[str], args: argparse.Namespace) -> None:
     results = []
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-scale-cp-") as tmp:
         for n in sizes:
-            for mode in ("before", "after"):
+            for mode in planes:
                 results.append(control_plane(mode, n, args, Path(tmp)))
-    meta_sizes = [n for n in sizes if n <= args.meta_max_ranks]
     print_table(
-        "the control plane before and after the node relay",
+        "the control plane before and after the node relay"
+        + _subset(sizes, planes, DEFAULT_SIZES, CONTROL_PLANES),
         [f"simulated ranks running faultlab's runtime code (EventLog, StepGates, Uplink), "
          f"{args.ranks_per_node} a node, one thread each, {args.ranks_per_worker} to a worker "
          f"process; "
          f"the engine's side alone in the main process (EventStream polled every 50 ms; after: "
          f"with the Hub); before: a file per rank and gate files; after: one relay process "
-         f"per node; run dirs on this machine's local disk ({os.cpu_count()} cores, load "
-         f"average {load:.1f} at the start); {time.monotonic() - t0:.0f} s in all",
+         f"per node (file channel: no hub, the engine reads each node's file, the relays "
+         f"runtime/gates.txt); run dirs on this machine's local disk ({os.cpu_count()} cores, "
+         f"load average {load:.1f} at the start); {time.monotonic() - t0:.0f} s in all",
          f"each rank steps once a second, the ranks spread over the second; engine CPU: per "
          f"cent of one core over {args.seconds} s of job; latency: the rank's emit (record t) "
          f"to EventStream.poll returning it, every step of the {args.seconds} s",
          f"gate release: the engine opens (once it saw every rank's step) to the last rank's "
          f"pass, over {args.gates} gates; rank pass p99: every rank's own delay",
          f"poll, 1 step each: one EventStream.poll with one new step from every rank waiting "
-         f"(before: in the files; after: queued in the hub), median of {BURSTS}",
-         f"meta ops: calls on the run directory (openat, stat family, getdents64, ...) per node "
-         f"per second, counted in a fresh job of each plane started under strace -f "
-         f"--seccomp-bpf -y (engine, workers, relays), {args.meta_seconds} s with the ranks "
-         f"spread over the second, {args.meta_seconds} s in lockstep: the ranks' and relays' "
-         f"calls until the engine had every record of those seconds, the engine's during "
-         f"them"
-         + (f"; at {', '.join(f'{n:,}' for n in meta_sizes)} ranks only (--meta-max-ranks)"
-            if meta_sizes != sizes else "")],
+         f"(before: in the ranks' files; after: queued in the hub; file channel: in the "
+         f"relays' files), median of {BURSTS}",
+         "metadata operations: the table 'metadata operations on the run directory' "
+         "(--tables meta)"],
         ["ranks", "nodes", "control plane", "engine CPU (%)", "latency p50 (ms)",
          "latency p99 (ms)", "gate release p50 (ms)", "gate release p99 (ms)",
-         "rank pass p99 (ms)", "poll, 1 step each (ms)", "meta ops/node/s spread",
-         "meta ops/node/s lockstep"],
+         "rank pass p99 (ms)", "poll, 1 step each (ms)"],
         [_row(r) for r in results], notes=_goals(results))
+
+
+def _subset(sizes: list[int], planes: list[str], default_sizes: list[int],
+            default_planes: tuple[str, ...]) -> str:
+    """A title's suffix when the run measured other sizes or planes than ``make bench``'s, so
+    that its block in the results page does not replace the whole table's."""
+    if sizes == default_sizes and tuple(planes) == default_planes:
+        return ""
+    return (f" ({', '.join(f'{n:,}' for n in sizes)} ranks; "
+            f"{'; '.join(PLANES[m] for m in planes)})")
+
+
+def meta_table(sizes: list[int], planes: list[str], args: argparse.Namespace) -> None:
+    """Metadata calls on the run directory, per node per second, of each plane at each size
+    up to ``--meta-max-ranks``: a fresh job of the plane under strace (``_metadata``)."""
+    sizes = [n for n in sizes if n <= args.meta_max_ranks]
+    results = []
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-scale-meta-") as tmp:
+        for n in sizes:
+            for mode in planes:
+                _log(f"{mode}, {n} ranks: metadata calls, under strace, with a fresh job")
+                r = {"ranks": n, "mode": mode, "nodes": math.ceil(n / args.ranks_per_node)}
+                r.update(_metadata(mode, n, args, Path(tmp)))
+                results.append(r)
+
+    def per_node(r: dict[str, Any], key: str) -> str:
+        return _f(r[key] / r["nodes"], ".2f")
+
+    print_table(
+        "metadata operations on the run directory"
+        + _subset(sizes, planes, [n for n in DEFAULT_SIZES if n <= META_MAX_RANKS], META_PLANES),
+        [f"simulated ranks running faultlab's runtime code, {args.ranks_per_node} a node, as in "
+         f"the control-plane table (before: a file per rank; after, socket channel: node relays "
+         f"and the engine's hub; after, file channel: node relays, no hub, the engine reads "
+         f"each node's file every 50 ms); run dirs on this machine's local disk "
+         f"({os.cpu_count()} cores, load average {load:.1f} at the start); "
+         f"{time.monotonic() - t0:.0f} s in all",
+         f"calls on the run directory (openat, stat family, getdents64, access, mkdir, rename, "
+         f"unlink, ...; not close, write or fdatasync) per node per second, counted in a fresh "
+         f"job of each plane started under strace -f --seccomp-bpf -y (engine, workers, "
+         f"relays), {args.meta_seconds} s with the ranks spread over each second, then "
+         f"{args.meta_seconds} s in lockstep, each rank stepping once a second: the ranks' and "
+         f"relays' calls until the engine had every record of those seconds, the engine's "
+         f"during them; 'ranks and relays' is what the nodes make, 'engine' what faultlab "
+         f"makes, both divided by the nodes"],
+        ["ranks", "nodes", "control plane", "spread", "lockstep", "spread: ranks and relays",
+         "spread: engine", "lockstep: ranks and relays", "lockstep: engine"],
+        [[f"{r['ranks']:,}", f"{r['nodes']:,}", PLANES[r["mode"]], per_node(r, "meta_spread"),
+          per_node(r, "meta_lockstep"),
+          _f((r["meta_spread"] - r["meta_spread_engine"]) / r["nodes"], ".2f"),
+          per_node(r, "meta_spread_engine"),
+          _f((r["meta_lockstep"] - r["meta_lockstep_engine"]) / r["nodes"], ".2f"),
+          per_node(r, "meta_lockstep_engine")] for r in results],
+        notes=_meta_notes(results))
 
 
 def loop_table(sizes: list[int], steps_arg: int) -> None:
@@ -1045,7 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
         return _meta_run(argv[1])
     signal.signal(signal.SIGTERM, _on_sigterm)  # as Ctrl-C: workers and relays are ended
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", default="8,128,1024,4096")
+    p.add_argument("--ranks", default=",".join(map(str, DEFAULT_SIZES)))
     p.add_argument("--steps", type=int, default=500,
                    help="the per-loop table: steps already read")
     p.add_argument("--ranks-per-node", type=int, default=8,
@@ -1055,17 +1149,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=int, default=6, help="job time for CPU and latency")
     p.add_argument("--meta-seconds", type=int, default=3,
                    help="job time under strace, each of spread and lockstep")
-    p.add_argument("--meta-max-ranks", type=int, default=1024,
+    p.add_argument("--meta-max-ranks", type=int, default=META_MAX_RANKS,
                    help="count metadata calls up to this many ranks")
     p.add_argument("--gates", type=int, default=5)
-    p.add_argument("--tables", default="loop,control", help="which tables: loop, control")
+    p.add_argument("--tables", default="loop,control,meta",
+                   help="which tables: loop, control, meta")
+    p.add_argument("--planes", default=None,
+                   help=f"which control planes, of {', '.join(META_PLANES)} (default: "
+                        f"{','.join(CONTROL_PLANES)} for the control table, all three for the "
+                        f"metadata table)")
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.ranks.split(",")]
     tables = set(args.tables.split(","))
+    planes = args.planes.split(",") if args.planes else None
+    for flag, given, valid in (("--tables", tables, ("loop", "control", "meta")),
+                               ("--planes", planes or (), META_PLANES)):
+        wrong = sorted(set(given) - set(valid))
+        if wrong:
+            p.error(f"{flag}: {', '.join(map(repr, wrong))} is not one of {', '.join(valid)}")
     if "loop" in tables:
         loop_table(sizes, args.steps)
     if "control" in tables:
-        control_table(sizes, args)
+        control_table(sizes, planes or list(CONTROL_PLANES), args)
+    if "meta" in tables:
+        meta_table(sizes, planes or list(META_PLANES), args)
     return 0
 
 

@@ -2,8 +2,9 @@
 
 The engine polls an :class:`EventStream` every few tens of milliseconds while faults are in
 flight, so a poll costs an open and a ``stat`` of the directory (listed again only when its
-mtime says a file may have been added) plus one ``stat`` per file, and reads only the bytes
-appended since the previous poll (offsets are kept per file; nothing is ever read twice).
+mtime says a file may have been added) plus one call per file (a ``stat``; for a node relay's
+file, whose writer is on another host, an open, see below), and reads only the bytes appended
+since the previous poll (offsets are kept per file; nothing is ever read twice).
 
 What a reader can see, and what it does about it:
 
@@ -16,6 +17,12 @@ What a reader can see, and what it does about it:
   newline are kept and retried next poll; they are never parsed early.
 - **A corrupt complete line** (not JSON, not an object, no finite numeric ``t``) is counted in
   :attr:`EventStream.malformed` and skipped: one bad line must not stop the experiment.
+- **A node relay's file without a hub** (the file channel: ``<node>-relay.jsonl``, synced
+  by its relay after every batch) is opened at every look, never ``stat``-ed: on NFS an open
+  asks the server for the file's size (close-to-open), where a ``stat`` is answered from the
+  attribute cache for ``acregmin`` (3 s) and would hold a node's batches back that long.
+  Either is one metadata call per node per poll: at a poll every 50 ms, 20 per node per
+  second, which is why the file channel cannot keep to the socket channel's budget.
 - **A hub** (``attach``: the engine's end of the node relays, ``faultlab.engine.hub``). The
   relays push each batch of their node's file (``<node>-relay.jsonl``) as they write it, with
   its offset; ``poll`` then takes those bytes through the same parser and advances that file's
@@ -221,12 +228,35 @@ class EventStream:
                 tail = self._tails[name] = _Tail(fed=skip_fed and name.endswith(_RELAY))
             if skip_fed and tail.fed:
                 continue  # the hub delivers it
+            read = self._read_opened if name.endswith(_RELAY) else self._read_appended
             if name in self._was_fed:
                 before = len(new)
-                self._read_appended(path, tail, new)
+                read(path, tail, new)
                 self.late.setdefault(name, []).extend(r["t"] for r in new[before:])
                 continue
-            self._read_appended(path, tail, new)
+            read(path, tail, new)
+
+    def _read_opened(self, path: str, tail: _Tail, out: list[Record]) -> None:
+        """A relay's file, which its relay on another host syncs after each batch: opened at
+        each look and read from the offset to its end. On NFS the open is what asks the
+        server for the file's size (close-to-open), where a ``stat`` is answered from the
+        attribute cache for ``acregmin`` (3 s); one call, the ``openat`` (``os.open``:
+        Python's ``open`` adds an ``fstat``), where ``stat`` and then an open were two."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return  # vanished or unreadable right now: try again next poll
+        chunks, offset = [], tail.offset
+        try:
+            while chunk := os.pread(fd, 1 << 20, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+        except OSError:
+            pass  # what was read is kept; the rest next poll
+        finally:
+            os.close(fd)
+        if chunks:
+            self._take(tail, b"".join(chunks), out)
 
     def _read_appended(self, path: str, tail: _Tail, out: list[Record]) -> None:
         try:

@@ -9,16 +9,17 @@ only link to the engine:
 - **events** (``E <record>``): the relay gathers them for ``BATCH_S``, appends the batch to
   ``events/<node>-relay.jsonl`` (one ``write`` of whole lines), *then* pushes the same bytes
   to the engine's hub with the offset they end at. The file is the durable record (journal,
-  report, Chaos Toolkit probes, post-mortem); the push is how the engine sees it at once. On
-  the socket channel the file stays open between batches and is closed ``FILE_CLOSE_S`` after
-  it was opened, and when the relay leaves (before it hangs up on the hub): at most one
-  metadata operation a second (the open), however many batches the node's ranks make, in
-  lockstep or not. Each batch is in the node's kernel before its push (no user-space
-  buffer), so a killed relay loses nothing and this host reads the file whole; other hosts
-  of an NFS mount see a batch once the file is closed (close-to-open), within about a
-  second, and a node whose kernel dies (power, a VM gone) can lose that last second from the
-  file, not from the engine. On the file channel the file *is* the channel: each batch is
-  closed at once, as the engine's tail needs.
+  report, Chaos Toolkit probes, post-mortem); the push is how the engine sees it at once. The
+  relay opens the file once and keeps it open until it leaves (closed before it hangs up on
+  the hub): no metadata operation on the shared filesystem in steady training, however many
+  batches the node's ranks make, in lockstep or not. Each batch is in the node's kernel
+  before its push (no user-space buffer), so a killed relay loses nothing and this host reads
+  the file whole. Other hosts of an NFS mount see bytes once they reach the file server:
+  ``fdatasync`` sends them, the write-back and commit Linux's NFS client does at ``close``
+  (close-to-open), without the reopen's lookup. On the socket channel that is at most
+  ``FILE_SYNC_S`` after a batch was written, so other hosts see it within about a second and
+  a node whose kernel dies (power, a VM gone) can lose that last second from the file, not
+  from the engine; on the file channel, where the file *is* the channel, after every batch.
 - **live faults** (``C`` registers a rank's control server, ``runtime/control.py``): the
   engine sends one message per node with what each of its ranks is to get; the relay asks
   each rank's server on the node and answers with every reply at once.
@@ -73,11 +74,12 @@ GATES_FILE = "gates.txt"
 
 BATCH_S = 0.01
 """How long the relay gathers records before it writes and pushes them."""
-FILE_CLOSE_S = 1.0
-"""Socket channel: how long the events file stays open after the relay opened it (the batches
-of that second go to the open file); then it is closed, and the next batch opens it again.
-At most one open a second, where one a batch was 8 a second for a node of 8 ranks that each
-step once a second at a moment of their own."""
+FILE_SYNC_S = 1.0
+"""Socket channel: how long a written batch may stay in the node's kernel before
+``fdatasync`` sends it to the file server (the file channel syncs every batch at once). The
+file stays open: reopening it for each batch was a metadata operation each, 8 a second for a
+node of 8 ranks that each step once a second at a moment of their own, and closing it once a
+second cost the open of the next second."""
 FILE_GATE_POLL_S = 0.1
 ORPHAN_S = 5.0
 WATCH_S = 0.5
@@ -125,10 +127,13 @@ class Relay:
         self.first_pending_t = 0.0
         self.open_gates: set[int] = set()
         self.waiters: dict[int, list[socket.socket]] = {}
-        self.size = self._prepare_file()
         self.fd: int | None = None
-        """The events file, open for appending since ``fd_opened`` (None: closed)."""
-        self.fd_opened = 0.0
+        """The events file, open for appending from here until the relay leaves (None:
+        closed)."""
+        self.fd, self.size = self._open_file()
+        self.unsynced_t: float | None = None
+        """When the oldest batch not yet sent to the file server by ``fdatasync`` was written
+        (None: every byte is synced)."""
         self.hub: socket.socket | None = None
         self.hub_in = b""
         self.hub_out = bytearray()
@@ -144,16 +149,20 @@ class Relay:
         self._wake_r.setblocking(False)
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
 
-    def _prepare_file(self) -> int:
+    def _open_file(self) -> tuple[int, int]:
+        """The events file, opened for appending for the relay's life, and its size. A relay
+        before this one may have died mid-line: its torn line is ended. ``os.open``, not
+        ``open``: Python's ``open`` adds an ``fstat``."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "ab+") as f:  # a relay before this one may have died mid-line
-            size = f.seek(0, os.SEEK_END)
-            if size:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-                    size += 1
-        return size
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                size += os.write(fd, b"\n")
+        except OSError:
+            os.close(fd)
+            raise
+        return fd, size
 
     # the loop
 
@@ -172,8 +181,8 @@ class Relay:
                 self._hub_connect()
             timeout = BATCH_S if self.pending else \
                 FILE_GATE_POLL_S if self.waiters and not self.hub_addr else 0.2
-            if self.fd is not None:
-                timeout = min(timeout, max(0.0, self.fd_opened + FILE_CLOSE_S - now))
+            if self.unsynced_t is not None:
+                timeout = min(timeout, max(0.0, self.unsynced_t + FILE_SYNC_S - now))
             for key, mask in self.sel.select(timeout):
                 if key.data == "listen":
                     self._accept()
@@ -186,7 +195,7 @@ class Relay:
             now = time.monotonic()
             if self.pending and now - self.first_pending_t >= BATCH_S:
                 self._flush()
-            self._close_file_if_due(now)
+            self._sync_if_due(now)
             if not self.hub_addr and self.waiters and now >= self.next_gate_read:
                 self._read_gates_file()
                 self.next_gate_read = now + FILE_GATE_POLL_S
@@ -199,7 +208,7 @@ class Relay:
                 print(f"faultlab relay {self.node}: the node's agent {self.watch_pid} is gone: "
                       f"exiting", flush=True)
                 self._flush()
-                self._close_file()
+                self._sync()
                 if self.hub is not None and self.hub_ready:
                     self._hub_send(b"X agent-gone\n")
                 self.stop = True
@@ -332,31 +341,36 @@ class Relay:
             return
         data = b"".join(self.pending)
         self.pending = []
-        # One write of whole lines to the open file (no user-space buffer: the bytes are in the
-        # kernel when the push goes out, and outlive this process). The file is opened at most
-        # once per FILE_CLOSE_S on the socket channel (the open is the metadata operation);
-        # on the file channel it is closed after every batch (NFS close-to-open: the engine,
-        # on another host, tails it).
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            self.fd_opened = time.monotonic()
-        try:
-            os.write(self.fd, data)
-        except OSError:
-            self._close_file()
-            raise
-        if not self.hub_addr:
-            self._close_file()
+        # One write of whole lines to the file, open since the relay started (no user-space
+        # buffer: the bytes are in the kernel when the push goes out, and outlive this
+        # process); fdatasync sends them to the file server: at once on the file channel,
+        # whose reader is on another host, within FILE_SYNC_S on the socket channel.
+        if self.fd is None:  # closed: the relay is leaving
+            raise OSError(f"the events file {self.path} is closed")
+        os.write(self.fd, data)
         self.size += len(data)
+        if not self.hub_addr:
+            self._sync()
+        elif self.unsynced_t is None:
+            self.unsynced_t = time.monotonic()
         if self.hub is not None and self.hub_ready:
             self._hub_send(f"B {self.size} {len(data)}\n".encode() + data)
 
-    def _close_file_if_due(self, now: float) -> None:
-        if self.fd is not None and now - self.fd_opened >= FILE_CLOSE_S:
-            self._close_file()
+    def _sync_if_due(self, now: float) -> None:
+        if self.unsynced_t is not None and now - self.unsynced_t >= FILE_SYNC_S:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Send the written bytes to the file server (on NFS: the write-back and commit a
+        ``close`` does), so other hosts see them at their next open."""
+        self.unsynced_t = None
+        if self.fd is not None:
+            with contextlib.suppress(OSError):  # the next batch's sync tries again
+                os.fdatasync(self.fd)
 
     def _close_file(self) -> None:
-        """Close the events file (NFS writes its bytes back and other hosts see them)."""
+        """Close the events file when the relay leaves (NFS writes its bytes back on close)."""
+        self.unsynced_t = None
         if self.fd is not None:
             fd, self.fd = self.fd, None
             with contextlib.suppress(OSError):

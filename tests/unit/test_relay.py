@@ -286,17 +286,23 @@ def test_a_live_fault_reaches_every_rank_with_one_message_per_node(
         server.close()
 
 
-class _Opens:
-    """Counts ``os.open`` of one path (the relay's events file)."""
+class _FileCalls:
+    """Counts the ``os.open`` of one path (the relay's events file) and every ``fdatasync``."""
 
     def __init__(self, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.path, self.count, real = os.fspath(path), 0, os.open
+        self.path, self.opens, self.syncs = os.fspath(path), 0, 0
+        real_open, real_sync = os.open, os.fdatasync
 
-        def counted(path: object, *args: object, **kwargs: object) -> int:
+        def counted_open(path: object, *args: object, **kwargs: object) -> int:
             if os.fspath(path) == self.path:  # type: ignore[arg-type]
-                self.count += 1
-            return real(path, *args, **kwargs)  # type: ignore[arg-type]
-        monkeypatch.setattr(relay_mod.os, "open", counted)
+                self.opens += 1
+            return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        def counted_sync(fd: int) -> None:
+            self.syncs += 1
+            real_sync(fd)
+        monkeypatch.setattr(relay_mod.os, "open", counted_open)
+        monkeypatch.setattr(relay_mod.os, "fdatasync", counted_sync)
 
 
 def _batch(relay: relay_mod.Relay, step: int) -> None:
@@ -304,43 +310,54 @@ def _batch(relay: relay_mod.Relay, step: int) -> None:
     relay._flush()
 
 
-def test_the_relay_opens_its_file_once_a_second_whatever_the_batches_on_the_socket_channel(
+def _steps(path: Path, skip: int = 0) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()[skip:]]
+
+
+def test_the_relay_opens_its_file_once_and_syncs_it_once_a_second_on_the_socket_channel(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No metadata operation in steady training: the file stays open, and ``fdatasync`` (what
+    an NFS client's close does) sends each second's batches to the file server."""
+    path = relay_mod.relay_file(tmp_path, "node0")
+    path.parent.mkdir()
+    path.write_bytes(_record(0, "step", step=0).encode() + b'{"t": 1, "kind": "st')  # torn
+    calls = _FileCalls(path, monkeypatch)
     relay = relay_mod.Relay(tmp_path, "node0", SECRET, hub="127.0.0.1:9")  # never connected
-    opens = _Opens(relay.path, monkeypatch)
     try:
-        for step in range(1, 21):  # 20 batches within FILE_CLOSE_S: one open
+        assert calls.opens == 1 and relay.fd is not None
+        for step in range(1, 21):  # 20 batches within FILE_SYNC_S: none synced yet
             _batch(relay, step)
-            relay._close_file_if_due(relay.fd_opened + relay_mod.FILE_CLOSE_S / 2)
-        assert opens.count == 1 and relay.fd is not None
-        # every batch is in the file already (this host reads it whole while it is open)
-        assert len(relay.path.read_text().splitlines()) == 20
-        assert relay.path.stat().st_size == relay.size
-        relay._close_file_if_due(relay.fd_opened + relay_mod.FILE_CLOSE_S)
-        assert relay.fd is None  # closed a second after it was opened
+            assert relay.unsynced_t is not None
+            relay._sync_if_due(relay.unsynced_t + relay_mod.FILE_SYNC_S / 2)
+        assert calls.syncs == 0
+        # every batch is in the file already (this host reads it whole); the torn line ended
+        assert path.read_text().splitlines()[1] == '{"t": 1, "kind": "st'
+        assert _steps(path, skip=2) == list(range(1, 21))
+        assert path.stat().st_size == relay.size
+        relay._sync_if_due(relay.unsynced_t + relay_mod.FILE_SYNC_S)
+        assert calls.syncs == 1 and relay.unsynced_t is None  # a second after the first batch
         _batch(relay, 21)
-        assert opens.count == 2
         relay.stop = True
         relay.pending.append(_record(0, "step", step=22).encode())
         relay.run()  # leaving: the last batch written, the file closed
-        assert relay.fd is None and opens.count == 2
-        assert [json.loads(line)["step"] for line in relay.path.read_text().splitlines()] == \
-            list(range(1, 23))
+        assert relay.fd is None and calls.opens == 1
+        assert _steps(path, skip=2) == list(range(1, 23))
     finally:
         relay._close_file()
         relay.listener.close()
 
 
-def test_on_the_file_channel_the_relay_closes_its_file_after_every_batch(
+def test_on_the_file_channel_the_relay_syncs_every_batch_and_opens_its_file_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _FileCalls(relay_mod.relay_file(tmp_path, "node0"), monkeypatch)
     relay = relay_mod.Relay(tmp_path, "node0", SECRET, hub=None)
-    opens = _Opens(relay.path, monkeypatch)
     try:
-        for step in (1, 2, 3):  # the engine tails the file: each batch closed (NFS close-to-open)
+        for step in (1, 2, 3):  # the engine, on another host, tails the file: each batch synced
             _batch(relay, step)
-            assert relay.fd is None
-        assert opens.count == 3 and len(relay.path.read_text().splitlines()) == 3
+            assert calls.syncs == step and relay.unsynced_t is None
+        assert calls.opens == 1 and _steps(relay.path) == [1, 2, 3]
     finally:
+        relay._close_file()
         relay.listener.close()
 
 
