@@ -61,10 +61,12 @@ class CpuCap:
     """The cap for one run: ``enter(pid)`` in the child before it runs the suite, ``close()``
     after it (``throttled_s`` then holds how long the cap held the run back)."""
 
-    def __init__(self, cpus: float, run_group: Path, docker_cpuacct_group: Path) -> None:
+    def __init__(self, cpus: float, run_group: Path, docker_cpuacct_group: Path,
+                 move_containers: bool = True) -> None:
         if not cpus > 0:
             raise SystemExit(f"bench_suite: --cpus must be > 0, not {cpus!r}")
         self.cpus = cpus
+        self.move_containers = move_containers
         self.throttled_s = 0.0
         self._stop = threading.Event()
         self._mover: threading.Thread | None = None
@@ -77,15 +79,16 @@ class CpuCap:
             (self.group / "suite").mkdir()
             (self.group / "docker").mkdir()
             self.docker_src = root / docker_cpuacct_group.name  # the engine's parent group
-            self._mover = threading.Thread(target=self._move_containers, daemon=True,
-                                           name="cpu-cap-mover")
-            self._mover.start()
+            if move_containers:
+                self._mover = threading.Thread(target=self._move_containers, daemon=True,
+                                               name="cpu-cap-mover")
+                self._mover.start()
         else:
             self.shared = False
             self.group = run_group
             self.docker_src = docker_cpuacct_group
             _write_quota(self.group, cpus)
-            if self.docker_src.exists():
+            if move_containers and self.docker_src.exists():
                 _write_quota(self.docker_src, cpus)
 
     def describe(self) -> str:
@@ -124,7 +127,7 @@ class CpuCap:
             self._mover.join()
         self.throttled_s = _throttled_s(self.group)
         if not self.shared:
-            for g in (self.group, self.docker_src):
+            for g in (self.group, self.docker_src) if self.move_containers else (self.group,):
                 if g.exists():
                     _lift(g)
             return
