@@ -49,6 +49,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._strace import calls_on  # noqa: E402
 from benchmarks._table import print_table  # noqa: E402
 
 TRACED = "_traced-run"
@@ -102,18 +103,13 @@ def _traced_run(cfg_json: str) -> int:
 def _calls(trace: Path, root: str) -> list[tuple[int, float, str, str]]:
     """Every traced call on ``root``: (tid, time, call, the part of ``root`` it is in)."""
     out = []
-    with open(trace, errors="replace") as f:
-        for line in f:
-            parts = line.split(None, 2)
-            if len(parts) < 3 or parts[2].startswith(("<...", "+++", "---")) or \
-                    root not in parts[2]:
-                continue
-            under = re.match(r"/([^/\"'>,)\s]+)(/?)", parts[2].split(root, 1)[1])
-            area = under.group(1) if under else "."  # "." : the run directory itself
-            area = area if area in AREAS or area == "." else "other"
-            if under and not under.group(2) and area != "other":
-                area += "/"  # the directory itself (events/: the engine's look for new files)
-            out.append((int(parts[0]), float(parts[1]), parts[2].split("(", 1)[0], area))
+    for tid, t, call, text in calls_on(trace, root):
+        under = re.match(r"/([^/\"'>,)\s]+)(/?)", text.split(root, 1)[1])
+        area = under.group(1) if under else "."  # "." : the run directory itself
+        area = area if area in AREAS or area == "." else "other"
+        if under and not under.group(2) and area != "other":
+            area += "/"  # the directory itself (events/: the engine's look for new files)
+        out.append((tid, t, call, area))
     return out
 
 

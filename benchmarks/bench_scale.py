@@ -119,6 +119,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from _strace import calls_on
 from _table import print_table
 
 from faultlab.observe.stream import EventStream
@@ -548,16 +549,11 @@ def _count_meta(trace: Path, root: str, windows: list[tuple[float, float, float]
     """Per window ``(t0, end, done)``: the calls on ``root`` by name, of the ranks and relays
     from ``t0`` until ``done``, and of the engine (the threads ``engine``) until ``end``."""
     out: list[tuple[Counter[str], Counter[str]]] = [(Counter(), Counter()) for _ in windows]
-    with open(trace, errors="replace") as f:
-        for line in f:
-            parts = line.split(None, 2)
-            if len(parts) < 3 or parts[2].startswith(("<...", "+++", "---")) or \
-                    root not in parts[2]:
-                continue
-            t, by_engine = float(parts[1]), int(parts[0]) in engine
-            for (t0, end, done), (nodes, eng) in zip(windows, out, strict=True):
-                if t0 <= t < (end if by_engine else done):
-                    (eng if by_engine else nodes)[parts[2].split("(", 1)[0]] += 1
+    for tid, t, call, _ in calls_on(trace, root):
+        by_engine = tid in engine
+        for (t0, end, done), (nodes, eng) in zip(windows, out, strict=True):
+            if t0 <= t < (end if by_engine else done):
+                (eng if by_engine else nodes)[call] += 1
     return out
 
 
