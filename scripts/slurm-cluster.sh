@@ -22,8 +22,8 @@
 # "shared filesystem", mounted at the same path on every node. Debian's slurmctld, slurmd,
 # slurm-client and munge are installed when missing (root and apt). `up` is idempotent and judges
 # each part by whether it answers (`scontrol ping`, `sinfo`), not by pid files: what a dead
-# daemon or container left is removed and started again. The recipe and its measurements are in
-# shared/slurm-on-one-host.md.
+# daemon or container left is removed and started again. How to use it, and what it costs:
+# docs/guides/slurm.md, "The local test cluster".
 set -uo pipefail
 
 LAB=${FAULTLAB_SLURM_LAB:-/var/lib/faultlab-slurm}
