@@ -94,6 +94,11 @@ class Fault(ABC):
     """It makes a rank a straggler without stopping it (a delayed collective, a throttled
     link, a slowed GPU): the timeline measures ``straggler_detected_s`` (the job named the
     victim a straggler) and ``slowdown`` (step time during ÷ before) for it."""
+    corrupts_silently: ClassVar[bool] = False
+    """It makes a rank compute wrong but finite numbers and raises no error (silent data
+    corruption): only a monitor notices. The detection SLAs (``detected_within_steps``,
+    ``detection_attributed`` ...) may ask for its detection, with ``slows_job`` faults; every
+    strike is a ground-truth record (``fault_struck``)."""
     fails_saves: ClassVar[bool] = False
     """It can make a checkpoint save fail or hang while the job writes: the save-failure
     observers (``save_failure_detected``, ``training_continued_through_save_failure``,
@@ -190,6 +195,6 @@ class Fault(ABC):
         return tuple(name for name in CAPABILITIES if getattr(cls, name))
 
 
-CAPABILITIES = ("slows_job", "fails_saves", "hangs_saves", "mounts_storage",
+CAPABILITIES = ("slows_job", "corrupts_silently", "fails_saves", "hangs_saves", "mounts_storage",
                 "needs_exact_mount", "loses_node", "kills_service")
 """Every capability a fault may declare (the ``Fault`` attributes of that name)."""
