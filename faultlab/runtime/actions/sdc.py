@@ -67,7 +67,7 @@ def input_hash(t: Any) -> int:
     if not isinstance(t, torch.Tensor):
         return 0
     local = local_shard(t).detach().contiguous().view(-1)
-    return zlib.crc32(local.view(torch.uint8).cpu().numpy())
+    return zlib.crc32(local.view(torch.uint8).cpu().numpy().tobytes())
 
 
 def pick(numel: int, p: dict[str, Any], g: torch.Generator) -> torch.Tensor:
@@ -82,7 +82,7 @@ def pick(numel: int, p: dict[str, Any], g: torch.Generator) -> torch.Tensor:
 
 def corrupt(values: torch.Tensor, p: dict[str, Any], g: torch.Generator) -> torch.Tensor:
     """``values`` (1-D) made wrong as ``op`` says: a new tensor of the same dtype."""
-    op, m = p["op"], p.get("magnitude")
+    op, m = p["op"], float(p.get("magnitude") or 0.0)
     if op == "sign_flip":
         return -values
     if op == "scale":
