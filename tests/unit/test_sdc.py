@@ -360,4 +360,6 @@ def test_level_0_finds_the_modules_and_corrupts_the_update_before_the_step_recor
     assert steps[1]["param_digest"] == before and steps[2]["param_digest"] == after
     (failed,) = _records(tmp_path, "fault_failed")
     assert failed["fault_id"] == "act" and "'0', '1', '2'" in failed["error"]
-    assert [r["fault_id"] for r in _records(tmp_path, "fault_struck")] == ["upd"]
+    (struck,) = _records(tmp_path, "fault_struck")
+    assert struck["fault_id"] == "upd" and struck["step"] == 2
+    assert struck["t"] <= steps[2]["t"]  # written in the step, before its record

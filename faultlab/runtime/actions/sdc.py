@@ -38,8 +38,9 @@ to activate it (``rank.claim``); ``node`` marks the node of each victim rank's f
 (``rank.mark_node``) and strikes in whatever process runs on a marked node.
 
 Every strike is counted into one ``fault_struck`` record per step (elements hit, how many
-changed value, where), written at the next step start or when the action ends; the first strike
-also emits ``fault_injected``.
+changed value, where), written right after the step's optimizer step (at level 0 before the
+step's own record), else at the next step start or when the action ends; the first strike also
+emits ``fault_injected``.
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class Sdc(RankAction):
     def after_optimizer_step(self, optimizer: Any) -> None:
         if self.surface == "update":
             self._guard(self._params_strike)
+        self._flush()  # the step's compute is over: its record is complete
 
     def modules_to_watch(self) -> list[tuple[str, Any]]:
         if self.surface != "activation":
@@ -294,7 +296,7 @@ class Sdc(RankAction):
             if where not in rec["where"]:
                 rec["where"].append(where)
         self.rank.struck(surface=self.surface, op=p["op"], persistence=p["persistence"],
-                         lifetime=p["lifetime"], where=where)  # the first: fault_injected
+                         lifetime=p["lifetime"], where=[where])  # the first: fault_injected
 
     def _flush(self) -> None:
         """One ``fault_struck`` record per step struck since the last flush."""
