@@ -381,3 +381,23 @@ def test_level_0_finds_the_modules_and_corrupts_the_update_before_the_step_recor
     (struck,) = _records(tmp_path, "fault_struck")
     assert struck["fault_id"] == "upd" and struck["step"] == 2
     assert struck["t"] <= steps[2]["t"]  # written in the step, before its record
+
+
+def test_gradient_is_in_ddps_bucket_before_its_all_reduce(mesh: Any, agents: Any,
+                                                          tmp_path: Path) -> None:
+    """Through DDP the corruption is in ``.grad`` after backward. DDP's reducer hooks run on
+    accumulation, and the test above shows a post-accumulate hook already sees the wrong
+    value; a one-rank group cannot show the averaging into other replicas itself (checked:
+    even a post-accumulate corruption survives a world of one)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = _model()
+    clean = copy.deepcopy(model)
+    ddp = DistributedDataParallel(model)
+    agent, _ = agents(tmp_path, {"surface": "gradient", "param_glob": "module.2.bias",
+                                 "op": "scale", "magnitude": 100.0, "num_elements": 4},
+                      model=ddp)
+    agent.step(1)
+    ddp(X).square().sum().backward()
+    clean(X).square().sum().backward()
+    assert int((model[2].bias.grad != clean[2].bias.grad).sum()) == 4
