@@ -60,6 +60,7 @@ from faultlab.runtime.hooks import ActionError, RankAction
 __all__ = ["Sdc", "corrupt", "input_hash", "pick"]
 
 _MASK63 = (1 << 63) - 1
+_GRAD_REDUCE_OPS = ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
 _PROCESS_OWNED: set[str] = set()  # fault ids whose process lifetime this process holds
 
 
@@ -198,7 +199,8 @@ class Sdc(RankAction):
                 else None
 
     def matches(self, op: str) -> bool:
-        return self._sharded and "reduce_scatter" in op
+        """FSDP2's gradient reduce-scatter (not DTensor's functional ones: activations)."""
+        return self._sharded and op in _GRAD_REDUCE_OPS
 
     def before_collective(self, call: Any) -> None:
         t = call.argument("input")
