@@ -172,7 +172,6 @@ class _NodeRank:
     the node's GPU state file is the channel."""
 
     live = True
-    step = 0
     model = None
     optimizer = None
 
@@ -180,12 +179,21 @@ class _NodeRank:
         self._state, self.entry = state, entry
         self.rank = state.rank  # type: ignore[assignment]
         self.device = state.device
+        self.state_path = state.state_path
+
+    @property
+    def step(self) -> int:
+        return self._state.step()
 
     def claim(self, key: str) -> bool:
         return self._state.claim(f"{self.entry.id}.{key}")
 
     def struck(self, **details: Any) -> None:
         return None  # the action says so on stderr; faultlab journals the injection
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """A ground-truth record of this fault (``fault_struck``, ``fault_eased``)."""
+        self._state.record(kind, fault_id=self.entry.id, type=self.entry.type, **fields)
 
     def failed(self, error: str) -> None:
         _say(f"{self.entry.type}: {error}", self._state.rank)
@@ -207,6 +215,27 @@ class GpuState:
         self._top: Any = None
         self._t_forward = 0.0
         self._struck_here: set[str] = set()
+        self.forwards = 0
+        """Outermost forwards so far: the step count where no runtime agent keeps one."""
+        self._events: Any = None
+
+    def step(self) -> int:
+        """The rank's step: its runtime agent's (the reference trainer's, level 0's), else
+        the number of outermost forwards this process has begun."""
+        from faultlab import runtime
+
+        agent = runtime._current
+        return agent.current_step if agent is not None else self.forwards
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """One event record of this process's own (``-gpu`` file, or the node's relay);
+        nothing outside faultlab (no ``FAULTLAB_RUN_DIR``)."""
+        if self._events is None:
+            from faultlab.runtime.events import EventLog
+
+            self._events = EventLog.from_env(suffix="-gpu") or False
+        if self._events:
+            self._events.emit(kind, **fields)
 
     def refresh(self, now: float) -> list[RankAction]:
         if now - self._checked < POLL_S:
@@ -262,6 +291,7 @@ class GpuState:
         if self._top is not None and self._top is not module:
             return  # an inner module of a forward already under way
         self._top = module
+        self.forwards += 1
         for action in self.refresh(time.monotonic()):
             if uses(type(action), "before_forward"):
                 try:
