@@ -55,6 +55,11 @@ RECORD_KINDS: dict[str, str] = {
     "anomaly": "the trainer noticed something: what (nonfinite, straggler, ...), step, action",
     "preemption_notice": "a spot/preemption notice: provider, deadline, step",
     "fault_injected": "the runtime agent struck (written by faultlab's agent): fault, step",
+    "fault_struck": "ground truth of one strike of a silent or slow fault (written by "
+                    "faultlab's in-rank code): fault_id, type, step; gpu_slow's, one per slow "
+                    "episode: factor, speed, episode, until_t or until_step",
+    "fault_eased": "a slow episode ended (gpu_slow): fault_id, type, step, factor, episode, why "
+                   "(episode over, undone)",
     "final_digest": "rank 0, at the end: digest (SHA-256 over every tensor's hash of the full "
                     "model and optimizer state) and tensors",
     "exit": "the process is leaving: reason (completed, stopped, error, ...), code, step",

@@ -18,6 +18,10 @@ import torch
 import torch.distributed as dist
 from fsdp_helpers import Recorder
 from runtime_entries import entry, gpu_entry
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 
 from faultlab.errors import InvalidExperimentError
 from faultlab.faults.collective import CollectiveDelayFault
@@ -185,12 +189,12 @@ def test_a_seconds_episode_is_recorded_at_its_scheduled_start_and_end(
     slept: list[float] = []
     monkeypatch.setattr("faultlab.runtime.actions.gpu.time.time", lambda: now[0])
     monkeypatch.setattr("faultlab.runtime.actions.gpu.time.sleep", slept.append)
-    action.after_forward(None, 0.1)  # in episode 0: 2 x 3 x 0.1 s
+    action.after_forward(None, 0.1)  # in episode 0: (3 - 1) x 0.1 s
     now[0] = 1001.9
     action.after_forward(None, 0.1)  # 0.1 s of the episode left: held only that long
     now[0] = 1003.0
     action.after_forward(None, 0.1)  # between episodes: full speed
-    assert slept == [pytest.approx(0.6), pytest.approx(0.1)]
+    assert slept == [pytest.approx(0.2), pytest.approx(0.1)]
     records = read_events(tmp_path / "events")
     assert [(r["kind"], r["t"], r["episode"]) for r in records] == [
         ("fault_struck", 1000.0, 0), ("fault_eased", 1002.0, 0)]
@@ -234,3 +238,29 @@ def test_a_slow_link_holds_the_victims_big_all_reduce_longer_than_a_small_one(
         interposer.uninstall()
     assert held[0] == pytest.approx(64 * 8 / 1e9, abs=1e-4)
     assert held[1] == pytest.approx((4 << 20) * 8 / 1e9, abs=1e-3)  # 33.6 ms at 1 Gbit/s
+
+
+def test_forward_and_backward_are_each_stretched_by_their_own_compute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real global module hooks and a real backward: the backward's share is held in the
+    autograd engine's final callback, once per backward, only while the episode is on."""
+    state = tmp_path / "state.json"
+    write_state(state, [gpu_entry("slow", "gpu_slow", devices=[0], factor=2.0,
+                                  episodes={"on_steps": 1, "off_steps": 1})])
+    gpu = GpuState(state, 0, 0)
+    held: list[tuple[str, float]] = []
+    monkeypatch.setattr("faultlab.runtime.actions.gpu.time.sleep", lambda s: held.append(
+        ("backward" if torch._C._current_graph_task_id() >= 0 else "forward", s)))
+    handles = [register_module_forward_pre_hook(gpu.pre_forward),
+               register_module_forward_hook(gpu.post_forward)]
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
+        for _ in range(4):  # slow, full speed, slow, full speed
+            model(torch.ones(32, 64)).sum().backward()
+        with torch.no_grad():
+            model(torch.ones(32, 64))  # slow, and no backward to wait for
+    finally:
+        for h in handles:
+            h.remove()
+    assert [w for w, _ in held] == ["forward", "backward", "forward", "backward", "forward"]
+    assert all(s > 0 for _, s in held)

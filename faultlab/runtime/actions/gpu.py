@@ -1,5 +1,5 @@
 """GPU faults inside a rank: the rank-side actions (``faultlab.runtime.hooks``, hooks
-``before_forward`` / ``after_forward``) of ``faultlab.faults.gpu``.
+``before_forward`` / ``after_forward`` / ``after_backward``) of ``faultlab.faults.gpu``.
 
 A node's GPU state file names them (``faultlab.runtime.gpu`` says why a file and not a plan):
 every process of that node loads the actions of the entries that strike its device, and calls
@@ -16,9 +16,12 @@ them around its outermost module forward.
     caching allocator writes. With a memory hog on a real device (``hog_pid``) it does nothing:
     the allocation fails by itself.
 ``gpu_slow`` (:class:`GpuSlow`)
-    ``after_forward`` sleeps ``(factor - 1) × 3 ×`` the forward's time: the step's compute
-    (forward + backward, backward taken as twice the forward) takes ``factor`` times as long.
-    On CUDA a spin kernel keeps the device really busy for the same time. With ``episodes``
+    ``after_forward`` sleeps ``factor - 1`` times the forward's compute time, and
+    ``after_backward`` ``factor - 1`` times the backward's, each measured on this rank as it
+    ran (wall time less the time the thread waited for a CPU): forward and backward take
+    ``factor`` times as long as they would have (measured with the tiny GPT on a loaded 2-core
+    host: factor 1.1 gave 1.1x its compute, 3 gave 3x). On CUDA a spin kernel keeps the device
+    really busy for the same time. With ``episodes``
     only while the schedule is on (``faultlab.runtime.throttle``; a seconds episode's hold
     ends with the episode). Each slow episode the rank meets is ground truth in its events
     (``-gpu`` file, or the node's relay): ``fault_struck`` at its start (``t`` the scheduled
@@ -106,9 +109,19 @@ class GpuSlow(_GpuAction):
         now, step = time.time(), int(self.rank.step)
         ph = self._phase(now, step)
         self._follow(ph, now, step)
+        self._hold(ph, forward_s, now)
+
+    def after_backward(self, module: Any, backward_s: float) -> None:
+        now = time.time()
+        ph = self._phase(now, int(self.rank.step))
+        if self._on is not None and ph.on and ph.episode == self._on.episode:
+            self._hold(ph, backward_s, now)
+
+    def _hold(self, ph: Phase, compute_s: float, now: float) -> None:
+        """Stretch ``compute_s`` of compute ``factor`` times while the phase is on."""
         if not ph.on:
             return
-        delay_s = (self.factor - 1.0) * 3.0 * forward_s
+        delay_s = (self.factor - 1.0) * compute_s
         if self.unit == "s" and ph.end is not None:
             delay_s = min(delay_s, self._t0 + ph.end - now)  # full speed after the episode
         if delay_s <= 0:
