@@ -219,6 +219,8 @@ def test_nvml_view_read_by_a_plain_pynvml_health_check(tmp_path: Path) -> None:
     write_state(state, [])
     healthy = _health(state)
     assert healthy["count"] == 3 and all(d["healthy"] for d in healthy["devices"])
+    assert {(d["sm_clock_mhz"], d["sm_max_mhz"], d["temperature_c"])
+            for d in healthy["devices"]} == {(1980, 1980, 41)}
     write_state(state, [
         gpu_entry("s", "gpu_slow", factor=2.0, devices=[0]),
         gpu_entry("m", "gpu_oom", leave_mib=512, devices=[0]),
@@ -226,6 +228,7 @@ def test_nvml_view_read_by_a_plain_pynvml_health_check(tmp_path: Path) -> None:
         gpu_entry("l", "gpu_error", xid=79, sticky=True, devices=[2])])
     slow, ecc, lost = _health(state)["devices"]
     assert slow["temperature_c"] == 92 and slow["throttle_reasons"] == "0x68"
+    assert slow["sm_clock_mhz"] == 990 and slow["sm_max_mhz"] == 1980  # max / factor 2
     assert slow["free_mib"] == 512 and slow["recovery_action"] == 0
     assert ecc["ecc_uncorrected"] == 1 and ecc["xid_event"] == 48
     assert ecc["recovery_action"] == 1 and not ecc["healthy"]  # GPU_RESET
