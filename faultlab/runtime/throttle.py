@@ -18,7 +18,9 @@ A steady fault (no ``episodes``) is on from its injection until undone. Episodes
 - ``{on_steps, off_steps}``: in the rank's training steps from the step at which it first met
   the fault, the same on every machine whatever its speed; the rank publishes its phase in
   ``RUN_DIR/gpu/<node>/throttle/<fault id>.dev<device>.json`` for the overlay, which shows the
-  device throttled until the rank has said otherwise.
+  device throttled until the rank has said otherwise. The rank's step is its runtime agent's
+  (the reference trainer's, level 0's), else the count of its outermost forwards; a restarted
+  process begins the schedule again at the first step it runs.
 
 This module imports only the standard library.
 """
