@@ -20,13 +20,14 @@ them around its outermost module forward.
     ``after_backward`` ``factor - 1`` times the backward's, each measured on this rank as it
     ran (wall time less the time the thread waited for a CPU): forward and backward take
     ``factor`` times as long as they would have (measured with the tiny GPT on a loaded 2-core
-    host: factor 1.1 gave 1.1x its compute, 3 gave 3x). On CUDA a spin kernel keeps the device
-    really busy for the same time. With ``episodes`` only while the schedule is on (``faultlab.runtime.throttle``; a seconds episode's hold
-    ends with the episode). Each slow episode the rank meets is ground truth in its events
-    (``-gpu`` file, or the node's relay): ``fault_struck`` at its start (``t`` the scheduled
-    start for seconds episodes, ``step``, ``factor``, ``speed``, ``episode``, ``until_t`` or
-    ``until_step``, when the episode is due to end: the first step at full speed) and
-    ``fault_eased`` at its end (``why``: ``episode over`` or ``undone``).
+    host: factor 1.1 gave 1.12x its compute, 3 gave 2.9-3.1x). On CUDA a spin kernel keeps
+    the device really busy for the same time. With ``episodes`` only while the schedule is on
+    (``faultlab.runtime.throttle``; a seconds episode's hold ends with the episode). Each slow
+    episode the rank meets is ground truth in its events (``-gpu`` file, or the node's relay):
+    ``fault_struck`` at its start (``t`` the scheduled start for seconds episodes, ``step``,
+    ``factor``, ``speed``, ``episode``, ``until_t`` or ``until_step``, when the episode is due
+    to end: the first step at full speed) and ``fault_eased`` at its end (``why``: ``episode
+    over`` or ``undone``).
 """
 
 from __future__ import annotations
