@@ -87,11 +87,20 @@ def _fault_section(name: str, cls: Any, base: Any) -> str:
     if fields:
         lines.append("\n| param | type | default | what |\n| --- | --- | --- | --- |\n")
         for field, info in fields.items():
-            lines.append(f"| `{field}` | {_type_cell(info)} | {_default_cell(info)} | "
-                         f"{_cell(info.description or '')}{_bounds(info)} |\n")
+            lines.extend(_param_rows(field, info))
     else:
         lines.append("\nNo parameters.\n")
     return "".join(lines)
+
+
+def _param_rows(field: str, info: Any) -> list[str]:
+    """A parameter's row, then a row for each key of a model it nests (``episodes.on_s``)."""
+    rows = [f"| `{field}` | {_type_cell(info)} | {_default_cell(info)} | "
+            f"{_cell(info.description or '')}{_bounds(info)} |\n"]
+    for model in _models_in(info.annotation):
+        for sub, sub_info in model.model_fields.items():
+            rows.extend(_param_rows(f"{field}.{sub}", sub_info))
+    return rows
 
 
 def _needs_line(cls: Any) -> str:

@@ -48,15 +48,26 @@ class _Collective(RuntimeFault):
 
 
 class CollectiveDelayFault(_Collective):
-    """Delay every matching collective on the victim ranks (a slow link, a straggler)."""
+    """Delay every matching collective on the victim ranks (a slow link, a straggler).
+
+    Only the victim's calls are held, in its own thread before each is issued; its peers run
+    on and then wait inside the collective for it, as on a real slow link. With
+    ``bandwidth_gbps`` the hold grows with the call's bytes."""
 
     type = "collective_delay"
     rank_action = "faultlab.runtime.actions.collective:Delay"
     slows_job: ClassVar[bool] = True
 
     class Params(_CollectiveParams):
-        delay_ms: float = Field(100.0, ge=0, le=3_600_000, description="delay before each "
-                                                                       "matching call, ms")
+        delay_ms: float | None = Field(None, ge=0, le=3_600_000, description="delay before "
+                                       "each matching call, ms (default: 100, or 0 with "
+                                       "bandwidth_gbps)")
+        bandwidth_gbps: float | None = Field(None, gt=0, le=10_000, allow_inf_nan=False,
+                                             description="a degraded link: each matching call "
+                                             "is held besides for its payload (its largest "
+                                             "tensor argument; a list counts whole) sent at "
+                                             "this many Gbit/s, so big collectives slow more "
+                                             "than small ones")
         jitter_ms: float = Field(0.0, ge=0, le=3_600_000, description="seeded uniform jitter "
                                                                       "around delay_ms (never "
                                                                       "below 0), ms")
@@ -70,7 +81,10 @@ class CollectiveDelayFault(_Collective):
 
         def runtime_params(self) -> dict[str, Any]:
             # The step window is the plan entry's, not a parameter the agent knows.
-            return {k: v for k, v in super().runtime_params().items() if k != "num_steps"}
+            params = {k: v for k, v in super().runtime_params().items() if k != "num_steps"}
+            if params["delay_ms"] is None:
+                params["delay_ms"] = 0.0 if self.bandwidth_gbps else 100.0
+            return params
 
 
 class CollectiveHangFault(_Collective):

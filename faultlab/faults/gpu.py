@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from faultlab.errors import FaultError
 from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim, require
@@ -47,8 +47,8 @@ from faultlab.runtime.gpu import (
     xid_line,
 )
 
-__all__ = ["GpuErrorFault", "GpuFault", "GpuOomFault", "GpuSlowFault", "device_memory_mib",
-           "gpu_node_env"]
+__all__ = ["GpuErrorFault", "GpuFault", "GpuOomFault", "GpuSlowFault", "SlowEpisodes",
+           "device_memory_mib", "gpu_node_env"]
 
 _INTERPRETERS = ("python", "python3", "torchrun")
 
@@ -121,7 +121,9 @@ class GpuFault(Fault):
         shows of the device while the fault holds (``faultlab.runtime.nvml_overlay``): ``lost``
         (every call fails GpuIsLost), ``xid_event`` (an Xid critical-error event),
         ``ecc_uncorrected`` (the uncorrected ECC count rises), ``recovery_action`` (NVML's
-        value), ``free_mib`` (memory left), ``throttled`` (slowdown reasons and 92 C)."""
+        value), ``free_mib`` (memory left), ``throttled`` (slowdown reasons, 92 C, and the SM
+        clock lowered ``clock_factor`` times, while the ``episodes`` schedule is on:
+        ``faultlab.runtime.throttle``)."""
         return {}
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
@@ -260,33 +262,90 @@ class GpuOomFault(GpuFault):
         return {"mechanism": "memory hog", "hog_pid": self._hog.pid}
 
 
-class GpuSlowFault(GpuFault):
-    """Thermal throttling: the victim's compute takes factor times as long.
+class SlowEpisodes(FaultParams):
+    """``gpu_slow``'s episodes: slow for ``on``, full speed for ``off``, repeating from the
+    injection until undone; in seconds or in steps, not both."""
 
-    NVML shows the throttle reasons and a high temperature."""
+    on_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False,
+                               description="seconds of each slow episode")
+    off_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False,
+                                description="seconds at full speed between episodes")
+    on_steps: int | None = Field(None, ge=1, description="steps of each slow episode")
+    off_steps: int | None = Field(None, ge=1, description="steps at full speed between "
+                                                          "episodes")
+
+    @model_validator(mode="after")
+    def _one_pair(self) -> SlowEpisodes:
+        given = {k for k, v in self.model_dump().items() if v is not None}
+        if given not in ({"on_s", "off_s"}, {"on_steps", "off_steps"}):
+            raise ValueError(f"episodes gives {sorted(given)!r}; give either on_s and off_s "
+                             f"(seconds: a thermal cycle) or on_steps and off_steps (steps: "
+                             f"the same on every machine), e.g. {{on_steps: 3, off_steps: 5}}")
+        return self
+
+
+class GpuSlowFault(GpuFault):
+    """Thermal throttling: the victim's compute takes factor times as long (runs at speed
+    1/factor), steadily or in episodes.
+
+    NVML follows it: the SM clock at its maximum / factor, throttle reasons and 92 C while
+    slow, healthy between episodes and after the undo."""
 
     type = "gpu_slow"
     rank_action = "faultlab.runtime.actions.gpu:GpuSlow"
     slows_job: ClassVar[bool] = True
 
     class Params(FaultParams):
-        factor: float = Field(1.5, allow_inf_nan=False, description="how many times as long "
-                              "the victim's compute takes (> 1); a delay scaled to each step's "
-                              "measured compute, plus a spin kernel on CUDA")
+        factor: float | None = Field(None, allow_inf_nan=False, description="how many times "
+                                     "as long the victim's compute takes (> 1, at most 100; "
+                                     "default 1.5 when speed is not given either); a delay "
+                                     "scaled to each step's measured compute, plus a spin "
+                                     "kernel on CUDA")
+        speed: float | None = Field(None, allow_inf_nan=False, description="the victim's "
+                                    "speed instead of factor: 0.7 runs at 0.7x, the same as "
+                                    "factor 1/0.7 (0.01 <= speed < 1); give factor or speed, "
+                                    "not both")
+        episodes: SlowEpisodes | None = Field(None, description="slow in episodes, not "
+                                              "steadily: {on_s, off_s} (seconds, as a GPU's "
+                                              "thermal cycle goes) or {on_steps, off_steps} "
+                                              "(steps: the same on every machine); default "
+                                              "steady until undone")
 
         @field_validator("factor")
         @classmethod
-        def _slower(cls, value: float) -> float:
-            if value <= 1.0:
-                raise ValueError(f"factor {value!r} must be > 1 (1 is full speed; gpu_slow "
-                                 f"slows the GPU down)")
-            if value > 100.0:
-                raise ValueError(f"factor {value!r} must be at most 100")
+        def _slower(cls, value: float | None) -> float | None:
+            if value is not None and not 1.0 < value <= 100.0:
+                raise ValueError(f"factor {value!r} must be > 1 and at most 100 (1 is full "
+                                 f"speed; gpu_slow slows the GPU down), e.g. factor: 1.1")
             return value
 
+        @field_validator("speed")
+        @classmethod
+        def _fraction(cls, value: float | None) -> float | None:
+            if value is not None and not 0.01 <= value < 1.0:
+                raise ValueError(f"speed {value!r} must be >= 0.01 and < 1 (the victim's "
+                                 f"fraction of full speed, e.g. speed: 0.7)")
+            return value
+
+        @model_validator(mode="after")
+        def _factor_or_speed(self) -> GpuSlowFault.Params:
+            if self.factor is not None and self.speed is not None:
+                raise ValueError(f"factor {self.factor!r} and speed {self.speed!r} both given; "
+                                 f"give one: factor F is speed 1/F")
+            return self
+
+        @property
+        def slowdown(self) -> float:
+            """The factor: given, from speed, or the default 1.5."""
+            if self.speed is not None:
+                return 1.0 / self.speed
+            return 1.5 if self.factor is None else self.factor
+
     def _entry(self) -> dict[str, Any]:
-        return {"factor": self.params.factor,  # type: ignore[attr-defined]
-                "nvml": {"throttled": True}}
+        p: GpuSlowFault.Params = self.params  # type: ignore[assignment]
+        episodes = p.episodes.model_dump(exclude_none=True) if p.episodes else None
+        return {"factor": p.slowdown, "episodes": episodes,
+                "nvml": {"throttled": True, "clock_factor": p.slowdown, "episodes": episodes}}
 
 
 def _victim(ctx: FaultContext, victim: Victim) -> tuple[str, list[int] | None, list[int]]:

@@ -54,8 +54,13 @@ only those (a hook left as the base's costs nothing):
     Around the rank's *outermost* module forward (FSDP2's root, a LightningModule's model):
     the rank's "next accelerator operation", a stand-in for the first kernel a step launches.
     ``before_forward`` may raise (what torch raises for a failed device); ``after_forward``
-    gets the forward's wall time (it may stretch the compute). The GPU faults, whose actions
-    a node's GPU state file names (``faultlab.runtime.gpu``), not a plan.
+    gets the forward's compute time (its wall time less the time the rank's thread waited for
+    a CPU; it may stretch the compute). The GPU faults, whose actions a node's GPU state file
+    names (``faultlab.runtime.gpu``), not a plan.
+``after_backward(module, backward_s)``
+    At the end of the backward pass through that forward's output (the autograd engine's
+    final callback), with the backward's compute time, measured the same way. A GPU fault's
+    too.
 ``release()``
     Undone, its window over, or the process closing: stop striking, let go of anything held
     (a blocked collective); returns the counters of its ``fault_undone`` event.
@@ -95,7 +100,7 @@ __all__ = ["HOOKS", "ActionError", "Rank", "RankAction", "load_action", "uses"]
 HOOKS = ("on_step_start", "grads_to_watch", "on_grads_ready", "on_loss",
          "before_optimizer_step", "after_optimizer_step", "modules_to_watch",
          "after_module_forward", "grads_before_reduce", "on_local_grad", "before_collective",
-         "before_forward", "after_forward")
+         "before_forward", "after_forward", "after_backward")
 
 
 class ActionError(ValueError):
@@ -220,6 +225,9 @@ class RankAction:
         return None
 
     def after_forward(self, module: Any, forward_s: float) -> None:
+        return None
+
+    def after_backward(self, module: Any, backward_s: float) -> None:
         return None
 
     # --- its life -----------------------------------------------------------------------------

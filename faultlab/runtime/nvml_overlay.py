@@ -25,9 +25,13 @@ for that device, which the fault writes on faultlab's side (the overlay knows no
 - ``ecc_uncorrected`` (ECC xids 48/94/95): ``nvmlDeviceGetTotalEccErrors`` uncorrected counts
   rise by one per injection;
 - ``free_mib`` (``gpu_oom``): ``nvmlDeviceGetMemoryInfo`` shows only that much free;
-- ``throttled`` (``gpu_slow``): ``nvmlDeviceGetCurrentClocksThrottleReasons`` (and
-  ``...EventReasons``) report HwSlowdown | SwThermalSlowdown | HwThermalSlowdown (0x68) and the
-  temperature is 92 C.
+- ``throttled`` (``gpu_slow``), while its schedule is on (``faultlab.runtime.throttle``: a
+  steady fault until undone, an episodic one only during its slow episodes):
+  ``nvmlDeviceGetCurrentClocksThrottleReasons`` (and ``...EventReasons``) report HwSlowdown |
+  SwThermalSlowdown | HwThermalSlowdown (0x68), the temperature is 92 C and
+  ``nvmlDeviceGetClockInfo`` gives the SM and graphics clocks at their maximum divided by the
+  fault's ``clock_factor`` (memory and video clocks unchanged); between episodes and after the
+  undo, the healthy readings (41 C and the maximum clocks on the faked device).
 
 Not covered: programs that link ``libnvidia-ml`` directly (C, Go, DCGM) and ``nvidia-smi``
 see the real NVML (or none); other Python NVML bindings are not overlaid.
@@ -43,6 +47,13 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from faultlab.runtime.gpu import FAKE_MEMORY_MIB, device_entries, pci_bus_id, read_state
+from faultlab.runtime.throttle import (
+    HEALTHY_TEMP_C,
+    THROTTLED_TEMP_C,
+    clock_mhz,
+    throttle_factor,
+    throttled_now,
+)
 
 __all__ = ["FAKE_NAME", "THROTTLE_SLOW", "Overlay", "apply"]
 
@@ -92,6 +103,10 @@ class Overlay:
             return int(self.orig["nvmlDeviceGetIndex"](handle))
         except Exception:  # noqa: BLE001 - not a device we can place: leave it alone
             return None
+
+    def handle(self, index: int) -> Any:
+        """The real handle of device ``index`` (a GPU host only)."""
+        return self.orig["nvmlDeviceGetHandleByIndex"](index)
 
     def error(self, code: int) -> BaseException:
         return self.nvml.NVMLError(code)
@@ -218,8 +233,39 @@ def _free_mib(ov: Overlay, index: int) -> int | None:
     return min(left) if left else None
 
 
+def _slowdown(ov: Overlay, index: int) -> float:
+    """How many times slower the device runs now: 1.0 when no ``throttled`` entry's schedule
+    is on (``faultlab.runtime.throttle``: between episodes, after the undo)."""
+    now = time.time()
+    factors = [throttle_factor(_view(e)) for e in ov.entries(index)
+               if throttled_now(e, _view(e), ov.state_path, index, now)]
+    return max(factors, default=1.0)
+
+
 def _slow(ov: Overlay, index: int) -> bool:
-    return any(_view(e).get("throttled") for e in ov.entries(index))
+    return any(throttled_now(e, _view(e), ov.state_path, index, time.time())
+               for e in ov.entries(index))
+
+
+_CLOCK_KINDS = ("graphics", "sm", "mem", "video")  # NVML_CLOCK_GRAPHICS .. NVML_CLOCK_VIDEO
+
+
+def _clock_kind(args: tuple[Any, ...]) -> str:
+    kind = int(args[0]) if args else 0
+    return _CLOCK_KINDS[kind] if 0 <= kind < len(_CLOCK_KINDS) else "graphics"
+
+
+def _clock(ov: Overlay, index: int, args: tuple[Any, ...]) -> int:
+    return clock_mhz(_clock_kind(args), _slowdown(ov, index))
+
+
+def _clock_overlay(ov: Overlay, index: int, real: Any, args: tuple[Any, ...]) -> Any:
+    factor = _slowdown(ov, index)
+    if factor <= 1.0:
+        return real
+    top = ov.orig["nvmlDeviceGetMaxClockInfo"](ov.handle(index), *args) \
+        if "nvmlDeviceGetMaxClockInfo" in ov.orig else real
+    return clock_mhz(_clock_kind(args), factor, current=real, maximum=top)
 
 
 def _ecc_count(ov: Overlay, index: int, args: tuple[Any, ...]) -> int:
@@ -347,8 +393,11 @@ _WRAPPERS: dict[str, Callable[[Overlay, Callable[..., Any]], Callable[..., Any]]
     "nvmlDeviceGetPciInfo": _device(_pci),
     "nvmlDeviceGetPciInfo_v3": _device(_pci),
     "nvmlDeviceGetMemoryInfo": _device(_memory, _memory_overlay),
-    "nvmlDeviceGetTemperature": _device(lambda ov, i, a: 92 if _slow(ov, i) else 41,
-                                        lambda ov, i, real, a: 92 if _slow(ov, i) else real),
+    "nvmlDeviceGetTemperature": _device(
+        lambda ov, i, a: THROTTLED_TEMP_C if _slow(ov, i) else HEALTHY_TEMP_C,
+        lambda ov, i, real, a: THROTTLED_TEMP_C if _slow(ov, i) else real),
+    "nvmlDeviceGetClockInfo": _device(_clock, _clock_overlay),
+    "nvmlDeviceGetMaxClockInfo": _device(lambda ov, i, a: clock_mhz(_clock_kind(a), 1.0)),
     "nvmlDeviceGetCurrentClocksThrottleReasons": _THROTTLE,
     "nvmlDeviceGetCurrentClocksEventReasons": _THROTTLE,
     "nvmlDeviceGetTotalEccErrors": _device(lambda ov, i, a: _ecc_count(ov, i, a),

@@ -109,6 +109,7 @@ def test_nvml_overlay_on_a_real_device(tmp_path: Path) -> None:
     print(json.dumps(view, indent=1))
     dev0 = view["devices"][0]
     assert dev0["temperature_c"] == 92 and int(dev0["throttle_reasons"], 16) & 0x68 == 0x68
+    assert dev0["sm_clock_mhz"] <= round(dev0["sm_max_mhz"] / 2)  # throttled: max / factor
     assert dev0["ecc_uncorrected"] >= 1 and dev0["xid_event"] == 48
     assert dev0["recovery_action"] == 1 and dev0["healthy"] is False
     assert "fake" not in json.dumps(view)  # the real device's name, the real NVML behind it

@@ -22,6 +22,8 @@ def main() -> int:
             d["name"] = pynvml.nvmlDeviceGetName(h)
             d["temperature_c"] = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
             d["throttle_reasons"] = hex(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+            d["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+            d["sm_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
             d["ecc_uncorrected"] = pynvml.nvmlDeviceGetTotalEccErrors(
                 h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
             [field] = pynvml.nvmlDeviceGetFieldValues(

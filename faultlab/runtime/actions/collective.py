@@ -5,7 +5,8 @@ The rank-side actions (``faultlab.runtime.hooks``, hook ``before_collective``, `
 
 ``collective_delay``
     Sleeps ``delay_ms`` ± a seeded uniform ``jitter_ms`` (never below 0) before every matching
-    call while active. Window-based: a replayed window is delayed again.
+    call while active, plus, with ``bandwidth_gbps``, the call's payload (:func:`payload_bytes`)
+    at that bandwidth. Window-based: a replayed window is delayed again.
 ``collective_hang``
     The ``after_num_calls``-th matching call never completes: the calling thread blocks (waiting
     on an event that ``undo`` sets) before issuing it. Peers block inside the collective.
@@ -31,7 +32,7 @@ from typing import Any
 
 from faultlab.runtime.hooks import RankAction
 
-__all__ = ["CollectiveAction", "Delay", "Error", "Hang", "Partition"]
+__all__ = ["CollectiveAction", "Delay", "Error", "Hang", "Partition", "payload_bytes"]
 
 _HANG_POLL_S = 0.1
 
@@ -99,12 +100,29 @@ class Delay(CollectiveAction):
         delay_ms = p["delay_ms"]
         if p["jitter_ms"]:
             delay_ms = max(0.0, delay_ms + self._rng.uniform(-p["jitter_ms"], p["jitter_ms"]))
-        self._strike(call, delay_ms=p["delay_ms"], jitter_ms=p["jitter_ms"])
+        details: dict[str, Any] = {}
+        if p.get("bandwidth_gbps"):
+            nbytes = payload_bytes(call.args, call.kwargs)
+            delay_ms += nbytes * 8 / (p["bandwidth_gbps"] * 1e9) * 1000
+            details = {"bandwidth_gbps": p["bandwidth_gbps"], "bytes": nbytes}
+        self._strike(call, delay_ms=p["delay_ms"], jitter_ms=p["jitter_ms"], **details)
         self.total_delay_s += delay_ms / 1000
         self.released.wait(delay_ms / 1000)  # an undo cuts a delay short
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "total_delay_s": round(self.total_delay_s, 4)}
+
+
+def payload_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The bytes a collective moves, as a slow link sees them: its largest tensor argument
+    (a list or tuple of tensors counts as their sum)."""
+    def size(x: Any) -> int:
+        if isinstance(x, (list, tuple)):
+            return sum(size(y) for y in x)
+        if hasattr(x, "numel") and hasattr(x, "element_size"):
+            return int(x.numel()) * int(x.element_size())
+        return 0
+    return max((size(a) for a in (*args, *kwargs.values())), default=0)
 
 
 class Hang(CollectiveAction):

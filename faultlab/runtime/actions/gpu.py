@@ -1,5 +1,5 @@
 """GPU faults inside a rank: the rank-side actions (``faultlab.runtime.hooks``, hooks
-``before_forward`` / ``after_forward``) of ``faultlab.faults.gpu``.
+``before_forward`` / ``after_forward`` / ``after_backward``) of ``faultlab.faults.gpu``.
 
 A node's GPU state file names them (``faultlab.runtime.gpu`` says why a file and not a plan):
 every process of that node loads the actions of the entries that strike its device, and calls
@@ -16,9 +16,18 @@ them around its outermost module forward.
     caching allocator writes. With a memory hog on a real device (``hog_pid``) it does nothing:
     the allocation fails by itself.
 ``gpu_slow`` (:class:`GpuSlow`)
-    ``after_forward`` sleeps ``(factor - 1) × 3 ×`` the forward's time: the step's compute
-    (forward + backward, backward taken as twice the forward) takes ``factor`` times as long.
-    On CUDA a spin kernel keeps the device really busy for the same time.
+    ``after_forward`` sleeps ``factor - 1`` times the forward's compute time, and
+    ``after_backward`` ``factor - 1`` times the backward's, each measured on this rank as it
+    ran (wall time less the time the thread waited for a CPU): forward and backward take
+    ``factor`` times as long as they would have (measured with the tiny GPT on a loaded 2-core
+    host: factor 1.1 gave 1.12x its compute, 3 gave 2.9-3.1x). On CUDA a spin kernel keeps
+    the device really busy for the same time. With ``episodes`` only while the schedule is on
+    (``faultlab.runtime.throttle``; a seconds episode's hold ends with the episode). Each slow
+    episode the rank meets is ground truth in its events (``-gpu`` file, or the node's relay):
+    ``fault_struck`` at its start (``t`` the scheduled start for seconds episodes, ``step``,
+    ``factor``, ``speed``, ``episode``, ``until_t`` or ``until_step``, when the episode is due
+    to end: the first step at full speed) and ``fault_eased`` at its end (``why``: ``episode
+    over`` or ``undone``).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import torch
 
 from faultlab.runtime.gpu import FAKE_MEMORY_MIB, accelerator_error, cuda_error_message, oom_message
 from faultlab.runtime.hooks import RankAction
+from faultlab.runtime.throttle import Phase, phase, publish, schedule_unit
 
 __all__ = ["GpuError", "GpuOom", "GpuSlow"]
 
@@ -84,16 +94,90 @@ class GpuOom(_GpuAction):
 
 
 class GpuSlow(_GpuAction):
-    """``gpu_slow``."""
+    """``gpu_slow``: slow while its schedule's phase is on (``faultlab.runtime.throttle``)."""
+
+    def __init__(self, entry: Any, rank: Any) -> None:
+        super().__init__(entry, rank)
+        self.factor = float(self.params.get("factor", 1.0))
+        self.episodes = self.params.get("episodes")
+        self.unit = schedule_unit(self.episodes)
+        self._t0 = float(self.params.get("t") or time.time())
+        self._step0: int | None = None
+        self._on: Phase | None = None  # the episode under way on this rank, if slow now
+        self.node: Any = rank  # faultlab.runtime.gpu's view of the rank: record, state_path
 
     def after_forward(self, module: Any, forward_s: float) -> None:
-        delay_s = (float(self.params.get("factor", 1.0)) - 1.0) * 3.0 * forward_s
+        now, step = time.time(), int(self.rank.step)
+        ph = self._phase(now, step)
+        self._follow(ph, now, step)
+        self._hold(ph, forward_s, now)
+
+    def after_backward(self, module: Any, backward_s: float) -> None:
+        now = time.time()
+        ph = self._phase(now, int(self.rank.step))
+        if self._on is not None and ph.on and ph.episode == self._on.episode:
+            self._hold(ph, backward_s, now)
+
+    def _hold(self, ph: Phase, compute_s: float, now: float) -> None:
+        """Stretch ``compute_s`` of compute ``factor`` times while the phase is on."""
+        if not ph.on:
+            return
+        delay_s = (self.factor - 1.0) * compute_s
+        if self.unit == "s" and ph.end is not None:
+            delay_s = min(delay_s, self._t0 + ph.end - now)  # full speed after the episode
         if delay_s <= 0:
             return
-        self.rank.struck(factor=self.params.get("factor"))
+        self.rank.struck(factor=self.factor)
         if self.cuda:
             _spin(int(self.rank.device or 0), delay_s)
         time.sleep(delay_s)
+
+    def release(self) -> dict[str, Any]:
+        if self._on is not None and not self.released.is_set():
+            self._ease(time.time(), int(self.rank.step), "undone")
+        return super().release()
+
+    def _phase(self, now: float, step: int) -> Phase:
+        if self.unit == "steps":
+            if self._step0 is None:
+                self._step0 = step
+            return phase(self.episodes, step - self._step0)
+        return phase(self.episodes, now - self._t0)
+
+    def _follow(self, ph: Phase, now: float, step: int) -> None:
+        """Record an episode's start and end as this rank meets them."""
+        if self._on is not None and (not ph.on or ph.episode != self._on.episode):
+            self._ease(now, step, "episode over")
+        if ph.on and self._on is None:
+            self._on = ph
+            t = self._t0 + ph.start if self.unit == "s" else now
+            self.say(f"gpu_slow episode {ph.episode}: {self.factor:g}x slower from step {step}")
+            self.node.record("fault_struck", t=t, step=step, factor=self.factor,
+                             speed=round(1.0 / self.factor, 6), episode=ph.episode,
+                             **self._until(ph))
+            self._publish(True, ph.episode, step)
+
+    def _ease(self, now: float, step: int, why: str) -> None:
+        on, self._on = self._on, None
+        if on is None:
+            return
+        t = self._t0 + on.end if self.unit == "s" and on.end is not None and why != "undone" \
+            else now
+        self.node.record("fault_eased", t=min(t, now), step=step, factor=self.factor,
+                         episode=on.episode, why=why)
+        self._publish(False, on.episode, step)
+
+    def _until(self, ph: Phase) -> dict[str, Any]:
+        if ph.end is None:
+            return {}
+        if self.unit == "s":
+            return {"until_t": self._t0 + ph.end}
+        return {"until_step": int((self._step0 or 0) + ph.end)}
+
+    def _publish(self, on: bool, episode: int, step: int) -> None:
+        if self.unit == "steps" and self.rank.device is not None:
+            publish(self.node.state_path, self.entry.id, int(self.rank.device), on=on,
+                    episode=episode, step=step, t=time.time())
 
 
 def _process_start() -> float:
