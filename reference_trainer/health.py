@@ -199,7 +199,8 @@ class ComputeStragglerDetector:
     all-gathers do not wait for it, they wait later). The forward
     times ride the stats all-reduce like the waits. A rank is named when its forward took at
     least ``ratio`` times every other rank's and ``threshold_s`` longer, ``num_steps`` steps in
-    a row (episodes as in :class:`StragglerDetector`).
+    a row (episodes as in :class:`StragglerDetector`). The record names the rank and its score,
+    the fastest rank's forward time over its own (every rank's in ``scores``).
     """
 
     def __init__(self, world_size: int, *, ratio: float, threshold_s: float,
@@ -220,7 +221,12 @@ class ComputeStragglerDetector:
                                       [0.0] * self.world_size)
         if named is None:
             return None
-        return {"straggler_rank": slowest, "cause": "slow_compute",
+        # Each rank's score, as NVRx's straggler detection scores a rank: the fastest rank's
+        # time over its own (1.0 the fastest, 0.5 a rank at half speed).
+        fastest = min(forward_s)
+        scores = [round(fastest / max(f, 1e-9), 3) for f in forward_s]
+        return {"straggler_rank": slowest, "cause": "slow_compute", "score": scores[slowest],
+                "scores": scores,
                 "forward_ratio": round(forward_s[slowest] / max(others, 1e-9), 3),
                 "forward_s": [round(f, 4) for f in forward_s]}
 
