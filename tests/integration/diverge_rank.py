@@ -1,9 +1,12 @@
-"""A test double of a mercurial rank: the reference trainer, with one rank's first parameter
-nudged by a relative 1e-3 right after one optimizer step, as a corrupted update would leave it.
+"""A test double of a mercurial rank: the reference trainer, with a rank's parameters changed
+right after one of its optimizer steps, as a corrupted update would leave them.
 
-``python tests/integration/diverge_rank.py RANK STEP -- <trainer flags>``. The nudge comes from
-a global optimizer step hook of torch's (``register_optimizer_step_post_hook``): the trainer is
-run unchanged. Step counts are per process: STEP is the process's STEP-th optimizer step.
+``python tests/integration/diverge_rank.py RANK:STEP[:SCALE] ... -- <trainer flags>``: after
+the STEP-th optimizer step of the process on RANK, the first element of its shard of the token
+embedding is scaled by 1 + 1e-3 (invisible in the loss), or, with SCALE, its whole shard of
+the output head's weight (the next-to-last parameter) by SCALE (which its own loss shows). The
+change comes from torch's global optimizer step hook (``register_optimizer_step_post_hook``):
+the trainer runs unchanged.
 """
 
 from __future__ import annotations
@@ -18,20 +21,26 @@ from reference_trainer import train
 
 
 def main() -> None:
-    victim, at_step, sep, *argv = sys.argv[1:]
-    assert sep == "--", f"usage: {sys.argv[0]} RANK STEP -- <trainer flags>"
+    sep = sys.argv.index("--")
+    nudges = [spec.split(":") for spec in sys.argv[1:sep]]
+    rank = os.environ["RANK"]
     steps = 0
 
     def nudge(optimizer: torch.optim.Optimizer, _args: object, _kwargs: object) -> None:
         nonlocal steps
         steps += 1
-        if steps == int(at_step) and os.environ["RANK"] == victim:
-            param = optimizer.param_groups[0]["params"][0]
+        params = optimizer.param_groups[0]["params"]
+        for victim, at_step, *scale in nudges:
+            if victim != rank or int(at_step) != steps:
+                continue
             with torch.no_grad():
-                param.to_local().view(-1)[0] *= 1.0 + 1e-3
+                if scale:
+                    params[-2].to_local().mul_(float(scale[0]))
+                else:
+                    params[0].to_local().view(-1)[0] *= 1.0 + 1e-3
 
     register_optimizer_step_post_hook(nudge)
-    code = train.main(argv)
+    code = train.main(sys.argv[sep + 1:])
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # as train.py's __main__ does (gloo's abort at interpreter exit)
