@@ -345,6 +345,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     stragglers = StragglerDetector(world_size, threshold_s=cfg.straggler_threshold_s,
                                    num_steps=cfg.straggler_steps)
     wait_s = 0.0  # this rank's wait in the previous step's stats all-reduce
+    wait_mark = runnable_wait_s()  # its wait for a CPU until the end of that all-reduce
     # A slow link slows every rank alike (each waits in the same collectives), so waits name
     # no one; a run of slow steps then triggers a timed point-to-point probe of the links.
     slow_steps = SlowStepTracker(factor=cfg.link_probe_slowdown, num_steps=cfg.straggler_steps)
@@ -371,8 +372,12 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         try:
             t_forward, waited = time.monotonic(), runnable_wait_s()
             out = model(x, y)
-            # its compute, not the time it waited for a CPU (health.runnable_wait_s)
-            forward_s = time.monotonic() - t_forward - (runnable_wait_s() - waited)
+            # its compute, not the time it waited for a CPU (health.runnable_wait_s); and how
+            # long it waited for a CPU since the last stats all-reduce, which its peers may
+            # have spent waiting for it in the forward's all-gathers
+            waited_now = runnable_wait_s()
+            forward_s = time.monotonic() - t_forward - (waited_now - waited)
+            cpu_wait_s = waited_now - wait_mark
             loss_sum = rt.loss(out)
             for key in ((s, rank), (s, None)):
                 if key in cfg.inject_nonfinite and key not in fired:
@@ -427,15 +432,16 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         # has issued the collective: a rank that issues late waits for nobody.
         # Flagged in this very step (not the next): every rank learns it from these stats.
         slow_flag = 1.0 if slow_steps.update(time.monotonic() - t0) else 0.0
-        stats = torch.zeros(4 + 2 * world_size + monitors.width, dtype=torch.float64)
+        stats = torch.zeros(4 + 3 * world_size + monitors.width, dtype=torch.float64)
         stats[0] = float(loss_sum.detach())
         stats[1] = 0.0 if torch.isfinite(loss_sum) else 1.0
         stats[2] = 1.0 if watcher is not None and watcher.noticed else 0.0
         stats[3 + rank] = wait_s
         stats[3 + world_size] = slow_flag
         stats[4 + world_size + rank] = forward_s
+        stats[4 + 2 * world_size + rank] = cpu_wait_s
         local_tokens = len(ids) * mcfg.seq_len
-        monitors.fill(stats[4 + 2 * world_size:], model.parameters(),
+        monitors.fill(stats[4 + 3 * world_size:], model.parameters(),
                       float(loss_sum.detach()) / local_tokens if local_tokens else math.nan)
         stats = stats.to(device)
         work = dist.all_reduce(stats, async_op=True)
@@ -443,6 +449,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         work.wait()
         stats = stats.cpu()
         wait_s = time.monotonic() - t_issued
+        wait_mark = runnable_wait_s()
         loss = float(stats[0]) / tokens_per_step
         bad_ranks = int(stats[1])
         # Every rank sees the same sums, so every rank takes the same decision.
@@ -452,10 +459,11 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
             if named is not None and rank == 0:
                 events.emit("anomaly", what="straggler", step=s, action="report", **named)
             probe = probe and stragglers.named is None
-            slow_gpu = slow_gpus.update(stats[4 + world_size:4 + 2 * world_size].tolist())
+            slow_gpu = slow_gpus.update(stats[4 + world_size:4 + 2 * world_size].tolist(),
+                                        stats[4 + 2 * world_size:4 + 3 * world_size].tolist())
             if slow_gpu is not None and rank == 0:
                 events.emit("anomaly", what="straggler", step=s, action="report", **slow_gpu)
-        for finding in monitors.check(s, stats[4 + 2 * world_size:].tolist(), loss=loss,
+        for finding in monitors.check(s, stats[4 + 3 * world_size:].tolist(), loss=loss,
                                       grad_norm=grad_norm):
             if rank == 0:
                 events.emit("anomaly", action="report", **finding)
@@ -505,7 +513,8 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         events.emit("step", step=s, loss=loss, grad_norm=grad_norm,
                     lr=scheduler.get_last_lr()[0], samples=[ids_global.start, ids_global.stop],
                     local_samples=[ids.start, ids.stop],
-                    step_time_s=round(time.monotonic() - t0, 5), collective_wait_s=round(wait_s, 5))
+                    step_time_s=round(time.monotonic() - t0, 5), collective_wait_s=round(wait_s, 5),
+                    cpu_wait_s=round(cpu_wait_s, 5))
         watchdog.beat()
         # A fault faultlab injects from outside "at step s" (a kill, a preemption, a machine
         # lost) lands here, before step s's checkpoint: the step gate (faultlab.runtime.gates).
