@@ -160,6 +160,14 @@ class TrainConfig:
     """Name a rank a compute straggler (a slow GPU) when its forward pass takes this many
     times as long as every other rank's, and at least ``straggler_threshold_s`` longer, for
     ``straggler_steps`` steps in a row (health.ComputeStragglerDetector); 0 turns it off."""
+    replicate: int = 1
+    """Replicas of the model (HSDP): the ranks form a (replicate, shard) mesh, each replica fully
+    sharded over ``world_size / replicate`` ranks; 1 (default) is plain FSDP2, no replicas.
+    Replicas let the cross-replica fingerprint compare (monitors.ReplicaFingerprint): 3 or more
+    name the odd rank out, 2 only detect."""
+    spike_factor: float = 10.0
+    """Report a loss (global or a rank's own) or gradient norm over this many times the median
+    of the last 10 steps (monitors.SpikeCheck); 0 turns the check off."""
     inject_nonfinite: tuple[tuple[int, int | None], ...] = field(default=())
     """Test hook: make the loss NaN at (step, rank) once per process; rank None = every rank."""
 
@@ -205,6 +213,10 @@ class TrainConfig:
         if self.compute_straggler_ratio != 0 and self.compute_straggler_ratio <= 1:
             raise ConfigError("--compute-straggler-ratio", f"{self.compute_straggler_ratio!r} "
                                                            f"must be 0 (off) or > 1 (a ratio)")
+        _at_least("--replicate", self.replicate, 1)
+        if self.spike_factor != 0 and not self.spike_factor > 1:  # NaN fails too
+            raise ConfigError("--spike-factor", f"{self.spike_factor!r} must be 0 (off) or > 1 "
+                                                f"(a factor over the recent median)")
         for step, _rank in self.inject_nonfinite:
             if not 1 <= step <= self.steps:
                 raise ConfigError("--inject-nonfinite", f"step {step!r} is outside 1..{self.steps}")
@@ -294,6 +306,10 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--link-probe-bytes", "link_probe_bytes", int, "bytes per probe transfer"),
     ("--compute-straggler-ratio", "compute_straggler_ratio", float,
      "a rank whose forward takes this many times every other's is a slow GPU (0: off)"),
+    ("--replicate", "replicate", int,
+     "HSDP replicas (world size / N ranks shard each); the fingerprint compares them"),
+    ("--spike-factor", "spike_factor", float,
+     "report a loss or grad norm this many times its recent median (0: off)"),
 ]
 
 

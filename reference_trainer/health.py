@@ -199,7 +199,8 @@ class ComputeStragglerDetector:
     all-gathers do not wait for it, they wait later). The forward
     times ride the stats all-reduce like the waits. A rank is named when its forward took at
     least ``ratio`` times every other rank's and ``threshold_s`` longer, ``num_steps`` steps in
-    a row (episodes as in :class:`StragglerDetector`).
+    a row (episodes as in :class:`StragglerDetector`). The record names the rank and its score,
+    the fastest rank's forward time over its own (every rank's in ``scores``).
     """
 
     def __init__(self, world_size: int, *, ratio: float, threshold_s: float,
@@ -208,19 +209,36 @@ class ComputeStragglerDetector:
         self._episodes = StragglerDetector(world_size, threshold_s=threshold_s,
                                            num_steps=num_steps)
 
-    def update(self, forward_s: list[float]) -> dict[str, object] | None:
-        """Feed one step's per-rank forward times; the anomaly's fields when a rank is named."""
+    def update(self, forward_s: list[float],
+               cpu_wait_s: list[float] | None = None) -> dict[str, object] | None:
+        """Feed one step's per-rank forward times, and how long each rank waited for a CPU
+        since the previous step's stats all-reduce; the anomaly's fields when a rank is named.
+
+        A rank's forward also holds its waits for its peers in the all-gathers, which its own
+        CPU wait does not explain: a peer the scheduler passed over (a loaded machine) makes it
+        look slow. So the slowest rank counts as slow only by what is left of its forward once
+        the longest CPU wait of its peers is taken off. (Without it, a fault-free golden run
+        under a load of 16 runnable threads on 2 cores named a rank whose forward took 5.9
+        times its peer's, 3 steps in a row.)"""
         if self.ratio <= 0 or self.world_size < 2 or len(forward_s) != self.world_size:
             return None
         slowest = max(range(self.world_size), key=forward_s.__getitem__)
         others = max(f for r, f in enumerate(forward_s) if r != slowest)
-        slow = forward_s[slowest] >= self.ratio * others
+        peers_wait = max((w for r, w in enumerate(cpu_wait_s or []) if r != slowest),
+                         default=0.0)
+        own = forward_s[slowest] - peers_wait
+        slow = own >= self.ratio * others and own - others >= self._episodes.threshold_s
         # As waits: the slow rank "waits" least; the gap is how much longer its forward took.
         named = self._episodes.update([-f for f in forward_s] if slow else
                                       [0.0] * self.world_size)
         if named is None:
             return None
-        return {"straggler_rank": slowest, "cause": "slow_compute",
+        # Each rank's score, as NVRx's straggler detection scores a rank: the fastest rank's
+        # time over its own (1.0 the fastest, 0.5 a rank at half speed).
+        fastest = min(forward_s)
+        scores = [round(fastest / max(f, 1e-9), 3) for f in forward_s]
+        return {"straggler_rank": slowest, "cause": "slow_compute", "score": scores[slowest],
+                "scores": scores, "peers_cpu_wait_s": round(peers_wait, 4),
                 "forward_ratio": round(forward_s[slowest] / max(others, 1e-9), 3),
                 "forward_s": [round(f, 4) for f in forward_s]}
 

@@ -35,8 +35,13 @@ def command(cfg: TrainConfig) -> list[str]:
 
 
 def preflight(cfg: TrainConfig, world_size: int = 1) -> None:
-    """Refuse to launch what could only crash-loop: a run directory the trainer cannot use, or
-    a global batch that leaves some rank without samples."""
+    """Refuse to launch what could only crash-loop: a run directory the trainer cannot use, a
+    global batch that leaves some rank without samples, or replicas that do not divide the
+    ranks."""
+    if world_size % cfg.replicate:
+        raise PreflightError(
+            f"--replicate: {cfg.replicate!r} does not divide the world size ({world_size}): "
+            f"use a divisor of it, or 1 (no replicas)")
     if cfg.global_batch < world_size:
         raise PreflightError(
             f"--global-batch: {cfg.global_batch!r} is smaller than the world size "
@@ -83,7 +88,7 @@ class _ReferenceTrainer:
         "async_checkpoint", "keep_checkpoints", "watchdog_s", "checkpoint_timeout_s",
         "pg_timeout_s",
         "min_step_time_s", "preemption_provider", "preemption_poll_s",
-        "straggler_threshold_s", "straggler_steps"})
+        "straggler_threshold_s", "straggler_steps", "spike_factor"})
 
     def make_config(self, run_dir: Path, **settings: Any) -> TrainConfig:
         return TrainConfig(run_dir=run_dir, **settings)

@@ -7,7 +7,7 @@ Each rank:
 1. parses and validates its config (a bad flag is one line on stderr and exit code 2);
 2. joins the process group (gloo on CPU, NCCL on CUDA) and a second gloo group for checkpoints;
 3. builds the model with the same seed everywhere and shards it with ``fully_shard`` per block
-   and at the root;
+   and at the root (over a (replicate, shard) mesh with ``--replicate N``: HSDP);
    Before that it checks its GPU (NVML; "not available" on CPU): a GPU that failed for good
    makes its node leave the job (exit code 7) instead of restarting in place (gpu_health.py);
 4. resumes from the newest *valid* checkpoint, if any (corrupt ones are reported and skipped);
@@ -17,6 +17,9 @@ Each rank:
    checkpoint of the last completed step and leaves (exit code 5, see preemption.py); an
    out-of-memory step is retried once after freeing what can be freed (then exit code 8); an
    accelerator error on a GPU the health check finds unhealthy makes the node leave (code 7);
+   the bar's monitors watch for what raises no error (stragglers in health.py; with
+   ``--replicate N`` HSDP replicas compared by fingerprint, and loss and grad-norm spikes, in
+   monitors.py), each reported as an ``anomaly``;
 6. at the end, hashes the full unsharded state into ``final_digest``.
 
 Every milestone is an event, written with faultlab's public emitter (faultlab.runtime.events,
@@ -79,6 +82,7 @@ from reference_trainer.health import (
     runnable_wait_s,
 )
 from reference_trainer.model import GPT
+from reference_trainer.monitors import BarMonitors, finding_line
 from reference_trainer.preemption import (
     PreemptedMidStep,
     PreemptionWatcher,
@@ -180,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(code)
         return code
+    except ConfigError as e:  # a flag that only the job's shape shows to be wrong
+        print(f"reference_trainer: rank {rank}: error: argument {e}", file=sys.stderr,
+              flush=True)
+        events.emit("exit", reason="usage", code=EXIT_CODES["usage"], error=str(e))
+        return EXIT_CODES["usage"]
     except CheckpointError as e:
         print(f"reference_trainer: rank {rank}: {e}", file=sys.stderr, flush=True)
         events.emit("exit", reason="checkpoint_unusable", code=EXIT_CODES["checkpoint_unusable"],
@@ -238,7 +247,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     if unhealthy.any():
         bad = [r for r in range(world_size) if unhealthy[r] > 0]
         return _leave_for_unhealthy_gpu(events, gpu, bad, agent_pid, step=0, when="start")
-    mesh = init_device_mesh(device.type, (world_size,))
+    mesh = _device_mesh(device.type, world_size, cfg.replicate)
     t_pg_ready = time.time()
     watchdog.start()
 
@@ -280,12 +289,20 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
 
     step = resume()
     progress["step"] = step
+    # The bar's silent-failure monitors (monitors.py): they read, never write, and ride the
+    # step's stats all-reduce.
+    monitors = BarMonitors(world_size, rank, replicate=cfg.replicate,
+                           spike_factor=cfg.spike_factor)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     last_step = cfg.stop_after or cfg.steps
     events.emit("start", resumed_from_step=step, preset=cfg.preset,
                 num_params=mcfg.num_params(), device=str(device), backend=backend,
                 global_batch=cfg.global_batch, steps=cfg.steps, local_rank=local_rank,
                 t_process_created=t_created, t_main=t_main, t_pg_ready=t_pg_ready,
-                t_ready=time.time())
+                t_ready=time.time(), monitors=monitors.describe())
+    if rank == 0 and restart == 0 and not monitors.fingerprint.active:
+        print(f"reference_trainer: {monitors.describe()['fingerprint']}", file=sys.stderr,
+              flush=True)
     watchdog.beat()
 
     def trainer_state(s: int) -> dict[str, Any]:
@@ -328,6 +345,7 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     stragglers = StragglerDetector(world_size, threshold_s=cfg.straggler_threshold_s,
                                    num_steps=cfg.straggler_steps)
     wait_s = 0.0  # this rank's wait in the previous step's stats all-reduce
+    wait_mark = runnable_wait_s()  # its wait for a CPU until the end of that all-reduce
     # A slow link slows every rank alike (each waits in the same collectives), so waits name
     # no one; a run of slow steps then triggers a timed point-to-point probe of the links.
     slow_steps = SlowStepTracker(factor=cfg.link_probe_slowdown, num_steps=cfg.straggler_steps)
@@ -354,8 +372,12 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         try:
             t_forward, waited = time.monotonic(), runnable_wait_s()
             out = model(x, y)
-            # its compute, not the time it waited for a CPU (health.runnable_wait_s)
-            forward_s = time.monotonic() - t_forward - (runnable_wait_s() - waited)
+            # its compute, not the time it waited for a CPU (health.runnable_wait_s); and how
+            # long it waited for a CPU since the last stats all-reduce, which its peers may
+            # have spent waiting for it in the forward's all-gathers
+            waited_now = runnable_wait_s()
+            forward_s = time.monotonic() - t_forward - (waited_now - waited)
+            cpu_wait_s = waited_now - wait_mark
             loss_sum = rt.loss(out)
             for key in ((s, rank), (s, None)):
                 if key in cfg.inject_nonfinite and key not in fired:
@@ -410,19 +432,24 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         # has issued the collective: a rank that issues late waits for nobody.
         # Flagged in this very step (not the next): every rank learns it from these stats.
         slow_flag = 1.0 if slow_steps.update(time.monotonic() - t0) else 0.0
-        stats = torch.zeros(4 + 2 * world_size, dtype=torch.float64)
+        stats = torch.zeros(4 + 3 * world_size + monitors.width, dtype=torch.float64)
         stats[0] = float(loss_sum.detach())
         stats[1] = 0.0 if torch.isfinite(loss_sum) else 1.0
         stats[2] = 1.0 if watcher is not None and watcher.noticed else 0.0
         stats[3 + rank] = wait_s
         stats[3 + world_size] = slow_flag
         stats[4 + world_size + rank] = forward_s
+        stats[4 + 2 * world_size + rank] = cpu_wait_s
+        local_tokens = len(ids) * mcfg.seq_len
+        monitors.fill(stats[4 + 3 * world_size:], model.parameters(),
+                      float(loss_sum.detach()) / local_tokens if local_tokens else math.nan)
         stats = stats.to(device)
         work = dist.all_reduce(stats, async_op=True)
         t_issued = time.monotonic()
         work.wait()
         stats = stats.cpu()
         wait_s = time.monotonic() - t_issued
+        wait_mark = runnable_wait_s()
         loss = float(stats[0]) / tokens_per_step
         bad_ranks = int(stats[1])
         # Every rank sees the same sums, so every rank takes the same decision.
@@ -432,9 +459,16 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
             if named is not None and rank == 0:
                 events.emit("anomaly", what="straggler", step=s, action="report", **named)
             probe = probe and stragglers.named is None
-            slow_gpu = slow_gpus.update(stats[4 + world_size:].tolist())
+            slow_gpu = slow_gpus.update(stats[4 + world_size:4 + 2 * world_size].tolist(),
+                                        stats[4 + 2 * world_size:4 + 3 * world_size].tolist())
             if slow_gpu is not None and rank == 0:
                 events.emit("anomaly", what="straggler", step=s, action="report", **slow_gpu)
+        for finding in monitors.check(s, stats[4 + 3 * world_size:].tolist(), loss=loss,
+                                      grad_norm=grad_norm):
+            if rank == 0:
+                events.emit("anomaly", action="report", **finding)
+                print(f"reference_trainer: {finding_line(finding)}", file=sys.stderr,
+                      flush=True)
         if stats[2] > 0:  # step s is abandoned before its optimizer step: save step s - 1
             optimizer.zero_grad(set_to_none=True)
             return leave_for_preemption(step, rng_at_start, "after backward")
@@ -479,7 +513,8 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
         events.emit("step", step=s, loss=loss, grad_norm=grad_norm,
                     lr=scheduler.get_last_lr()[0], samples=[ids_global.start, ids_global.stop],
                     local_samples=[ids.start, ids.stop],
-                    step_time_s=round(time.monotonic() - t0, 5), collective_wait_s=round(wait_s, 5))
+                    step_time_s=round(time.monotonic() - t0, 5), collective_wait_s=round(wait_s, 5),
+                    cpu_wait_s=round(cpu_wait_s, 5))
         watchdog.beat()
         # A fault faultlab injects from outside "at step s" (a kill, a preemption, a machine
         # lost) lands here, before step s's checkpoint: the step gate (faultlab.runtime.gates).
@@ -528,6 +563,18 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     events.emit("exit", reason="completed", code=0, step=step)
     dist.destroy_process_group()
     return 0
+
+
+def _device_mesh(device_type: str, world_size: int, replicate: int) -> DeviceMesh:
+    """FSDP2's 1-D mesh, or with replicas HSDP's (replicate, shard) mesh: rank
+    ``r * (world_size // replicate) + j`` holds shard ``j`` of replica ``r``."""
+    if replicate == 1:
+        return init_device_mesh(device_type, (world_size,))
+    if world_size % replicate:
+        raise ConfigError("--replicate", f"{replicate!r} does not divide the world size "
+                                         f"{world_size}: use a divisor of it, or 1 (no replicas)")
+    return init_device_mesh(device_type, (replicate, world_size // replicate),
+                            mesh_dim_names=("replicate", "shard"))
 
 
 def _check_gpu_into(device: int, out: list[GpuHealth]) -> None:

@@ -22,6 +22,7 @@ mismatch the assertion shows the whole SLA table and the job's exit codes.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +167,10 @@ SCENARIOS = {
     "lightning_ddp/collective_hang.yaml": Expected("fail", failing={
         "detection_latency_s": "the job never noticed the fault"},
         measured={"completes": True}),
+    # NVRx's straggler scoring as the trainer's monitor: asserted with its log lines in
+    # test_nvrx_scoring_names_the_slow_rank (SHOWN_BY_MONITOR_TEST).
+    "nvrx_straggler/gpu_slow.yaml": Expected("pass", measured={
+        "completes": True, "max_restarts": 0}),
     # ft_launcher restarts the worker group in place; the trainer resumes from step 8.
     "nvrx_ft/rank_kill.yaml": Expected("pass", measured={
         "bitwise_equal_to_golden": True, "max_restarts": 1, "completes": True}),
@@ -264,6 +269,9 @@ SHOWN_WITH_FIX = {
 the team's run, asserted as its scenario says, then the same experiment with its finding's
 fix: the cause, and a piece of the fixed line."""
 
+
+SHOWN_BY_MONITOR_TEST = {"nvrx_straggler/gpu_slow.yaml"}
+"""Examples whose monitor's own lines are asserted too (test_nvrx_scoring_names_the_slow_rank)."""
 
 SHOWN_BY_PLUGIN_TEST = {name for name in SCENARIOS if name.startswith("plugin/")}
 """Examples run by tests/plugin/test_example_plugin_e2e.py, which asserts their scenario here
@@ -365,7 +373,8 @@ def guarded(names: set[str], *, runs: int = 1) -> list[object]:
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("name", guarded(set(SCENARIOS) - set(SHOWN_ON_SLURM)
-                                         - set(SHOWN_WITH_FIX) - SHOWN_BY_PLUGIN_TEST))
+                                         - set(SHOWN_WITH_FIX) - SHOWN_BY_PLUGIN_TEST
+                                         - SHOWN_BY_MONITOR_TEST))
 def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Path) -> None:
     expected = SCENARIOS[name]
     path = EXAMPLES / name.replace("/", "/experiments/")
@@ -386,6 +395,30 @@ def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Pat
             expected = branch.expected
     _check(expected, result.verdict, [s.to_dict() for s in result.slas],
            f"error: {result.error}\njournal: {result.journal_path}")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("name", guarded(SHOWN_BY_MONITOR_TEST))
+def test_nvrx_scoring_names_the_slow_rank(name: str, tmp_path: Path, golden_cache: Path) -> None:
+    """NVRx 0.4.1's ReportGenerator and Report.identify_stragglers, unchanged, on CPU: its
+    reports at steps 5 and 10 (before the strike) name nobody, each one from step 20 on (15
+    too unless the strike came late) names rank 1 and no other, under its 0.75 threshold."""
+    result = run_experiment(load_experiment(EXAMPLES / name.replace("/", "/experiments/")),
+                            report_dir=tmp_path, golden_cache=golden_cache)
+    _check(SCENARIOS[name], result.verdict, [s.to_dict() for s in result.slas],
+           f"error: {result.error}\njournal: {result.journal_path}")
+    journal = json.loads(result.journal_path.read_text())
+    logs = "".join(p.read_text() for p in sorted(
+        (Path(journal["run"]["job_dir"]) / "logs").glob("*.log")))
+    named = re.findall(r"NVRx straggler: rank (\d+) \(node (\S+)\) section forward relative "
+                       r"score (\S+) at step (\d+)", logs)
+    # faultlab strikes once it reads "step 10" in the log, a step or two later on a busy
+    # machine: the report at step 15 (the median of steps 11-15) may still be clean
+    steps = [int(step) for _r, _n, _score, step in named]
+    assert steps in ([15, 20, 25, 30], [20, 25, 30]), logs[-3000:]
+    assert {(r, node) for r, node, _score, _step in named} == {("1", "node1")}, logs[-3000:]
+    assert all(float(score) < 0.75 for _r, _n, score, _s in named)
 
 
 def _check(expected: Expected, verdict: str, rows: list[dict[str, Any]], where: str) -> None:

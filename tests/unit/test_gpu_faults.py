@@ -282,7 +282,15 @@ def test_compute_straggler_is_named_from_forward_times() -> None:
     named = d.update([0.1, 0.31, 0.1])
     assert named is not None and named["straggler_rank"] == 1
     assert named["cause"] == "slow_compute" and named["forward_ratio"] == 3.1
+    # its score, NVRx's way: the fastest rank's time over its own
+    assert named["score"] == 0.323 and named["scores"] == [1.0, 0.323, 1.0]
     assert d.update([0.1, 0.3, 0.1]) is None  # once per episode
+    # a rank whose long forward its peer's wait for a CPU explains (it waited for that peer
+    # in the all-gathers) is not slow; one whose forward is long beyond it is
+    loaded = ComputeStragglerDetector(2, ratio=1.5, threshold_s=0.05, num_steps=1)
+    assert loaded.update([0.108, 0.018], [0.0, 0.09]) is None
+    named = loaded.update([0.108, 0.018], [0.0, 0.03])
+    assert named is not None and named["straggler_rank"] == 0 and named["peers_cpu_wait_s"] == 0.03
     slight = ComputeStragglerDetector(2, ratio=1.5, threshold_s=0.05, num_steps=1)
     assert slight.update([0.10, 0.14]) is None  # 1.4x: not slow enough
     assert slight.update([0.01, 0.03]) is None  # 3x but only 20 ms: noise

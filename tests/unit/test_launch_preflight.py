@@ -164,3 +164,10 @@ def test_job_result_ok_ignores_killed_nodes_only() -> None:
     assert not JobResult({"node0": 1, "node1": 0}, killed={"node1"}, wall_s=1.0).ok
     assert not JobResult({"node0": -9}, killed={"node0"}, wall_s=1.0).ok  # nothing counted
     assert not JobResult({"node0": None}, killed=set(), wall_s=1.0).ok  # still running
+
+
+def test_replicas_that_do_not_divide_the_ranks_are_refused(tmp_path: Path) -> None:
+    preflight(_cfg(tmp_path, replicate=3), world_size=6)
+    with pytest.raises(PreflightError, match=r"--replicate: 2 does not divide the world size "
+                                             r"\(3\): use a divisor of it, or 1"):
+        preflight(_cfg(tmp_path, replicate=2), world_size=3)
