@@ -74,9 +74,11 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     suite_run = (REPO / "tests" / "report" / "test_prelaunch_run.py").read_text()
     assert 'experiments: [{REPO / "experiments" / "rank_hang.yaml"}, ' in suite_run
     assert "assert rc == 0" in suite_run and 'report["verdict"] == "pass"' in suite_run
-    # rank_kill runs (and must pass, twice) as test_faultlab_run.py's --repeat 2 instead
+    # rank_kill runs (and must pass, twice) as test_faultlab_run.py's --repeat 2 instead, its
+    # text with one line added (the file channel)
     repeat = (REPO / "tests" / "integration" / "test_faultlab_run.py").read_text()
-    assert 'run("run", EXPERIMENTS / "rank_kill.yaml", "--repeat", "2",' in repeat
+    assert 'text = (EXPERIMENTS / "rank_kill.yaml").read_text()' in repeat
+    assert 'run("run", exp, "--repeat", "2",' in repeat
     assert 'record["summary"]["verdicts"] == ["pass", "pass"]' in repeat
     assert all(f"experiments/{name}.yaml" in shipped or name in ("rank_hang", "rank_kill")
                for name in MUST_PASS)
