@@ -199,25 +199,40 @@ def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path) -> None
     assert not (tmp_path / "reports").exists()
 
 
+def frozen_alone(tmp_path: Path) -> Path:
+    """rank_hang_default_timeouts.yaml on one node of one rank, its only rank frozen after step
+    3: a job that will never go on by itself, for the tests that stop faultlab in the middle of
+    it. What they assert (the stopped rank continued, no process of the job left, the journal)
+    needs a stopped process, not a peer waiting for it: the shipped two-node job, with its rank
+    blocked in a collective, is the timeout test above."""
+    text = (EXPERIMENTS / "rank_hang_default_timeouts.yaml").read_text()
+    exp = tmp_path / "frozen_alone.yaml"
+    exp.write_text(text.replace("  nodes: 2\n", "  nodes: 1\n").replace(
+        "    target: {rank: 1}\n", "    target: {rank: 0}\n").replace(
+        "  - id: freeze-rank-1\n", "  - id: freeze-rank-0\n"))
+    frozen = load_experiment(exp)
+    assert frozen.topology.nodes == 1
+    assert (frozen.faults[0].target.kind, frozen.faults[0].target.value) == ("rank", 0)
+    return exp
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupted_run_leaves_no_process_and_none_stopped(sig: int, tmp_path: Path) -> None:
-    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
-                  "--report-dir", tmp_path)
-    fl.wait_for("injected freeze-rank-1")
+    fl = Faultlab("run", frozen_alone(tmp_path), "--report-dir", tmp_path / "reports")
+    fl.wait_for("injected freeze-rank-0")
     assert stopped_job_processes(tmp_path), "the hang fault should have stopped a rank"
     fl.proc.send_signal(sig)
     assert fl.wait(timeout_s=60) == 130, fl.output
     assert "interrupted" in fl.output
     assert_no_job_processes(tmp_path)
-    j = journal(tmp_path)
+    j = journal(tmp_path / "reports")
     assert j["run"]["interrupted"] is True and j["verdict"] == "fail"
     assert j["faults"][0]["undone_t"] is not None
 
 
 def test_killed_faultlab_is_cleaned_up_by_its_guard(tmp_path: Path) -> None:
-    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
-                  "--report-dir", tmp_path)
-    fl.wait_for("injected freeze-rank-1")
+    fl = Faultlab("run", frozen_alone(tmp_path), "--report-dir", tmp_path / "reports")
+    fl.wait_for("injected freeze-rank-0")
     time.sleep(1.0)  # the guard's pid file is refreshed every 0.5 s
     fl.proc.kill()  # no clean-up code of faultlab's can run
     fl.wait(timeout_s=30)
