@@ -45,8 +45,10 @@ SHIPPED := experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
 	experiments/disk_full_during_save.yaml experiments/io_error_eio_on_save.yaml \
 	experiments/io_hang_on_save.yaml experiments/slow_storage.yaml \
 	experiments/gpu_lost_sticky.yaml experiments/gpu_oom.yaml \
-	experiments/gpu_slow_straggler.yaml experiments/campaign_reference.yaml \
-	experiments/stale_shared_fs.yaml
+	experiments/gpu_slow_straggler.yaml experiments/stale_shared_fs.yaml
+# Shipped experiments CI runs elsewhere: rank_hang.yaml and campaign_reference.yaml in
+# tests/report/test_prelaunch_run.py's suite (the report's verdict must be pass),
+# rank_kill.yaml twice in tests/integration/test_faultlab_run.py's --repeat 2.
 # The gpu_*.yaml runs, measured alone on 2 shared cores (faultlab run): gpu_lost_sticky 27 s
 # (no golden run), gpu_oom 28 s (12 s of it the golden run, which gpu_slow_straggler shares:
 # same trainer, topology and steps), gpu_slow_straggler 16 s. The three as pytest items at

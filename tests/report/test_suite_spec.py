@@ -70,9 +70,11 @@ def write(path: Path, text: str) -> Path:
 def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> None:
     # every fault family that has landed is covered, and each member also runs in CI
     shipped = (REPO / "Makefile").read_text().split("SHIPPED :=")[1].split("\n\n")[0]
-    # rank_hang runs (and must pass) as test_prelaunch_run.py's one-experiment suite instead
+    # rank_hang and campaign_reference run (and must pass) as test_prelaunch_run.py's suite
     suite_run = (REPO / "tests" / "report" / "test_prelaunch_run.py").read_text()
-    assert 'experiments: [{REPO / "experiments" / "rank_hang.yaml"}, ' in suite_run
+    assert 'RANK_HANG = REPO / "experiments" / "rank_hang.yaml"' in suite_run
+    assert 'CAMPAIGN = REPO / "experiments" / "campaign_reference.yaml"' in suite_run
+    assert "experiments: [{RANK_HANG}, {CAMPAIGN}]" in suite_run
     assert "assert rc == 0" in suite_run and 'report["verdict"] == "pass"' in suite_run
     # rank_kill runs (and must pass, twice) as test_faultlab_run.py's --repeat 2 instead, its
     # text with one line added (the file channel)
