@@ -35,8 +35,7 @@ demo: $(STAMP) fuse
 # at -n 2 the cores idled a third of the run (1,780 CPU-s in 1,139 s); at -n 3 the same suite
 # took 956 s (2026-11-28, fresh clone). Every test holds beside two busy loops at -n 2, a
 # heavier load than a third worker.
-SHIPPED := experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
-	experiments/spot_preemption_aws.yaml \
+SHIPPED := experiments/node_loss_elastic.yaml experiments/spot_preemption_aws.yaml \
 	experiments/spot_preemption_gce.yaml experiments/nan_gradients.yaml \
 	experiments/collective_delay_straggler.yaml experiments/collective_hang.yaml \
 	experiments/collective_partition.yaml \
@@ -49,7 +48,8 @@ SHIPPED := experiments/node_loss_elastic.yaml experiments/ckpt_bitflip.yaml \
 # Shipped experiments CI runs elsewhere: rank_hang.yaml and campaign_reference.yaml in
 # tests/report/test_prelaunch_run.py's suite (the report's verdict must be pass),
 # rank_kill.yaml twice in tests/integration/test_faultlab_run.py's --repeat 2,
-# ckpt_torn_write.yaml in tests/integration/test_trainer_recovery.py (with its torn save's files).
+# ckpt_torn_write.yaml and ckpt_bitflip.yaml in tests/integration/test_trainer_recovery.py (with
+# what the trainer recorded and left on disk).
 # The gpu_*.yaml runs, measured alone on 2 shared cores (faultlab run): gpu_lost_sticky 27 s
 # (no golden run), gpu_oom 28 s (12 s of it the golden run, which gpu_slow_straggler shares:
 # same trainer, topology and steps), gpu_slow_straggler 16 s. The three as pytest items at

@@ -82,12 +82,13 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     assert 'text = (EXPERIMENTS / "rank_kill.yaml").read_text()' in repeat
     assert 'run("run", exp, "--repeat", "2",' in repeat
     assert 'record["summary"]["verdicts"] == ["pass", "pass"]' in repeat
-    # ckpt_torn_write runs (and must pass) in test_trainer_recovery.py instead
+    # ckpt_torn_write and ckpt_bitflip run (and must pass) in test_trainer_recovery.py instead
     recovery = (REPO / "tests" / "integration" / "test_trainer_recovery.py").read_text()
-    assert 'load_experiment(EXPERIMENTS / "ckpt_torn_write.yaml")' in recovery
+    elsewhere = {"rank_hang", "rank_kill", "ckpt_torn_write", "ckpt_bitflip"}
+    for name in ("ckpt_torn_write", "ckpt_bitflip"):
+        assert f'_shipped("{name}.yaml", golden_cache, tmp_path)' in recovery
     assert 'assert result.verdict == "pass"' in recovery
-    assert all(f"experiments/{name}.yaml" in shipped
-               or name in ("rank_hang", "rank_kill", "ckpt_torn_write") for name in MUST_PASS)
+    assert all(f"experiments/{name}.yaml" in shipped or name in elsewhere for name in MUST_PASS)
     families = {spec.fault_class.family for _, exp in load_experiments([PRELAUNCH])
                 for spec in exp.faults}
     # faultlab's own faults: a team's package in the venv (make installs examples/plugin) adds
