@@ -78,10 +78,14 @@ def shipped_experiments() -> list[Path]:
         raise SystemExit("bench_soak: no SHIPPED := ... list in the Makefile; name the "
                          "experiments on the command line")
     shipped = [REPO_ROOT / p for p in block.group(1).replace("\\\n", " ").split()]
-    # rank_hang runs in CI once, as tests/report/test_prelaunch_run.py's one-experiment suite;
-    # rank_kill twice, as tests/integration/test_faultlab_run.py's --repeat 2;
+    # rank_hang and campaign_reference run in CI once, as tests/report/test_prelaunch_run.py's
+    # suite; rank_kill twice, as tests/integration/test_faultlab_run.py's --repeat 2;
+    # ckpt_torn_write and ckpt_bitflip in tests/integration/test_trainer_recovery.py;
     # rank_hang_default_timeouts in tests/integration/test_faultlab_run.py, failing by design.
     shipped.append(REPO_ROOT / "experiments" / "rank_hang.yaml")
+    shipped.append(REPO_ROOT / "experiments" / "campaign_reference.yaml")
+    shipped.append(REPO_ROOT / "experiments" / "ckpt_torn_write.yaml")
+    shipped.append(REPO_ROOT / "experiments" / "ckpt_bitflip.yaml")
     shipped.append(REPO_ROOT / "experiments" / "rank_kill.yaml")
     shipped.append(REPO_ROOT / "experiments" / "rank_hang_default_timeouts.yaml")
     return (shipped + sorted((REPO_ROOT / "experiments").glob("slurm_*.yaml"))

@@ -37,6 +37,11 @@ ONE_WORKER = "tests/slurm/"
 """Tests under this folder share one local Slurm cluster (scripts/slurm-cluster.sh): they must
 run one at a time, on one xdist worker."""
 
+ONE_WORKER_EACH = ("tests/report/test_docs_site.py",)
+"""Files whose tests share a module-scoped fixture that costs more than the tests themselves
+(the documentation site, built once with mkdocs, about 5 CPU-s): all of a file's tests go to
+one xdist worker, so the fixture is made once, not once on each worker that gets one."""
+
 
 REAL_JOB_GUARD_S = 2 * 300 + 120
 """pytest-timeout for a real-job test that names none of its own: the jobs it starts are each
@@ -68,7 +73,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``-n N``: xdist's ``load`` distribution, except that every test of ``ONE_WORKER`` goes to
-    the same worker (one scope), in order.
+    the same worker (one scope), in order, and so do the tests of each ``ONE_WORKER_EACH`` file.
 
     ``--dist loadgroup`` with ``xdist_group`` markers would say the same, but does not work
     with pytest 9.2 and pytest-xdist 3.8: xdist tags each test by appending ``@group`` to
@@ -81,6 +86,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
     class OneWorkerForTheCluster(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return ONE_WORKER if nodeid.startswith(ONE_WORKER) else nodeid
+            if nodeid.startswith(ONE_WORKER):
+                return ONE_WORKER
+            path = nodeid.split("::")[0]
+            return path if path in ONE_WORKER_EACH else nodeid
 
     return OneWorkerForTheCluster(config, log)

@@ -199,25 +199,40 @@ def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path) -> None
     assert not (tmp_path / "reports").exists()
 
 
+def frozen_alone(tmp_path: Path) -> Path:
+    """rank_hang_default_timeouts.yaml on one node of one rank, its only rank frozen after step
+    3: a job that will never go on by itself, for the tests that stop faultlab in the middle of
+    it. What they assert (the stopped rank continued, no process of the job left, the journal)
+    needs a stopped process, not a peer waiting for it: the shipped two-node job, with its rank
+    blocked in a collective, is the timeout test above."""
+    text = (EXPERIMENTS / "rank_hang_default_timeouts.yaml").read_text()
+    exp = tmp_path / "frozen_alone.yaml"
+    exp.write_text(text.replace("  nodes: 2\n", "  nodes: 1\n").replace(
+        "    target: {rank: 1}\n", "    target: {rank: 0}\n").replace(
+        "  - id: freeze-rank-1\n", "  - id: freeze-rank-0\n"))
+    frozen = load_experiment(exp)
+    assert frozen.topology.nodes == 1
+    assert (frozen.faults[0].target.kind, frozen.faults[0].target.value) == ("rank", 0)
+    return exp
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupted_run_leaves_no_process_and_none_stopped(sig: int, tmp_path: Path) -> None:
-    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
-                  "--report-dir", tmp_path)
-    fl.wait_for("injected freeze-rank-1")
+    fl = Faultlab("run", frozen_alone(tmp_path), "--report-dir", tmp_path / "reports")
+    fl.wait_for("injected freeze-rank-0")
     assert stopped_job_processes(tmp_path), "the hang fault should have stopped a rank"
     fl.proc.send_signal(sig)
     assert fl.wait(timeout_s=60) == 130, fl.output
     assert "interrupted" in fl.output
     assert_no_job_processes(tmp_path)
-    j = journal(tmp_path)
+    j = journal(tmp_path / "reports")
     assert j["run"]["interrupted"] is True and j["verdict"] == "fail"
     assert j["faults"][0]["undone_t"] is not None
 
 
 def test_killed_faultlab_is_cleaned_up_by_its_guard(tmp_path: Path) -> None:
-    fl = Faultlab("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
-                  "--report-dir", tmp_path)
-    fl.wait_for("injected freeze-rank-1")
+    fl = Faultlab("run", frozen_alone(tmp_path), "--report-dir", tmp_path / "reports")
+    fl.wait_for("injected freeze-rank-0")
     time.sleep(1.0)  # the guard's pid file is refreshed every 0.5 s
     fl.proc.kill()  # no clean-up code of faultlab's can run
     fl.wait(timeout_s=30)
@@ -260,13 +275,21 @@ def test_a_node_that_ignores_its_spot_notice_is_terminated_at_the_deadline(
 
 
 
-def test_repeat_runs_independent_jobs_that_share_one_golden_run(tmp_path: Path,
-                                                               golden_cache: Path) -> None:
+def test_repeat_runs_independent_jobs_that_share_one_golden_run_over_the_file_channel(
+        tmp_path: Path, golden_cache: Path) -> None:
     """What unit tests of the summary cannot show: N real jobs, each in its own run and job
     folder, and the golden run computed at most once for all of them. It is also where the
-    shipped rank_kill.yaml must pass (``make test`` runs no item of it: this runs it twice);
-    its golden run is the one the Chaos Toolkit and file-channel rank kills share."""
-    rc, out = run("run", EXPERIMENTS / "rank_kill.yaml", "--repeat", "2",
+    shipped rank_kill.yaml must pass (``make test`` runs no item of it: this runs it twice),
+    with one line added: ``run.control_channel: file``, for clusters whose nodes reach the
+    submit host only through the shared filesystem (one batched events file per node relay,
+    read by faultlab, and the step gate through ``runtime/gates.txt``), whose verdict must be
+    the socket channel's. The socket channel runs the same job in the Chaos Toolkit test and
+    every other experiment; the golden run is the one they share."""
+    text = (EXPERIMENTS / "rank_kill.yaml").read_text()
+    exp = tmp_path / "rank_kill.yaml"
+    exp.write_text(text.replace("  timeout_s: 300\n",
+                                "  timeout_s: 300\n  control_channel: file\n"))
+    rc, out = run("run", exp, "--repeat", "2",
                   "--report-dir", tmp_path / "reports", "--golden-cache", golden_cache)
     assert rc == 0, out
     [folder] = (tmp_path / "reports").glob("rank_kill-x2-*")
@@ -281,27 +304,13 @@ def test_repeat_runs_independent_jobs_that_share_one_golden_run(tmp_path: Path,
     assert journals[1]["golden"]["cached"] is True
     assert "rank_kill: PASS  2/2 passed (100%; required 2, every run)" in out
     assert "resume_time_s" in out and "p95" in out
-    assert_no_job_processes(tmp_path)
-
-
-def test_the_file_channel_runs_a_rank_kill_without_a_connection_to_faultlab(
-        tmp_path: Path, golden_cache: Path) -> None:
-    """``run.control_channel: file``, for clusters whose nodes reach the submit host only
-    through the shared filesystem: one batched events file per node relay, read by faultlab,
-    and the step gate through ``runtime/gates.txt``; the verdict is the socket channel's."""
-    text = (EXPERIMENTS / "rank_kill.yaml").read_text()
-    exp = tmp_path / "rank_kill_file.yaml"
-    exp.write_text(text.replace("  timeout_s: 300\n",
-                                "  timeout_s: 300\n  control_channel: file\n"))
-    rc, out = run("run", exp, "--report-dir", tmp_path / "reports",
-                  "--golden-cache", golden_cache)
-    assert rc == 0, out
-    j = journal(tmp_path / "reports")
-    plane = j["run"]["control_plane"]
-    assert plane == {"channel": "file"}, plane  # no hub, no connection
-    [fault] = j["faults"]
-    assert (fault["at_step"], fault["landed_after_step"]) == (15, 15)  # the gate held
-    events = sorted(p.name for p in (Path(j["run"]["job_dir"]) / "events").iterdir())
-    assert events == ["node0-relay.jsonl", "node1-relay.jsonl"], events
-    assert (Path(j["run"]["job_dir"]) / "runtime" / "gates.txt").read_text() == "15\n"
+    for j in journals:
+        plane = j["run"]["control_plane"]
+        assert plane == {"channel": "file"}, plane  # no hub, no connection
+        [fault] = j["faults"]
+        assert (fault["at_step"], fault["landed_after_step"]) == (15, 15)  # the gate held
+        job_dir = Path(j["run"]["job_dir"])
+        events = sorted(p.name for p in (job_dir / "events").iterdir())
+        assert events == ["node0-relay.jsonl", "node1-relay.jsonl"], events
+        assert (job_dir / "runtime" / "gates.txt").read_text() == "15\n"
     assert_no_job_processes(tmp_path)

@@ -8,19 +8,18 @@ A job that a shipped experiment (a `make test` item) already runs is not run aga
 SIGKILL of rank 1 is experiments/rank_kill.yaml (restart, resume from the step-10 checkpoint,
 final state bitwise equal, every sample once), the loss of node 1 is node_loss_elastic.yaml,
 and a SIGSTOPped rank 1 caught by the watchdog is rank_hang.yaml (its watchdog records and
-stack dump are checked by tests/report/test_prelaunch_run.py, which runs it). The trainer's
+stack dump are checked by tests/report/test_prelaunch_run.py, which runs it). The kill of rank
+0 during a save is ckpt_torn_write.yaml and rotten bits in the newest checkpoint are
+ckpt_bitflip.yaml, both run here with what else they must show. The trainer's
 own records of a restart and of a node loss are checked below, on rank 0 and its node.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import time
+import json
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from scenarios import (
     Outcome,
@@ -28,16 +27,18 @@ from scenarios import (
     explain,
     kill_node_of_rank,
     kill_rank,
-    latest_start,
     max_step,
     run_scenario,
 )
 
+from faultlab.engine import run_experiment
+from faultlab.runtime.events import read_events
 from faultlab.runtime.manifest import list_checkpoints, verify_checkpoint
-from faultlab.targets.launcher import LocalJob
+from faultlab.spec import load_experiment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 GOLDEN = Scenario("golden-2x1")
 GOLDEN_3 = Scenario("golden-3x1", nodes=3)
 GLOBAL_BATCH = 12
@@ -52,7 +53,7 @@ GLOBAL_BATCH = 12
 NODE_LOSS_TOLERANCE_NATS = 0.1
 
 
-# One clean stop serves two tests: one resumes it as it is, the other after damaging it.
+# One clean stop, resumed as it is.
 STOP_AFTER_30 = Scenario("stop-after-30", train={"stop_after": 30})
 
 
@@ -134,69 +135,59 @@ def test_node_loss_shrinks_to_two_nodes_and_finishes(golden: Any, tmp_path: Path
         assert worst <= NODE_LOSS_TOLERANCE_NATS, f"loss drifted {worst:.4f} nats from golden"
 
 
-def test_flipped_byte_in_newest_checkpoint_is_detected_and_skipped(golden: Any, stopped_run: Any,
-                                                                   tmp_path: Path) -> None:
-    g = golden(GOLDEN)
-    first = stopped_run(STOP_AFTER_30, tmp_path)
-    newest = tmp_path / "checkpoints" / "step_00000030"
-    shard = sorted(newest.glob("*.distcp"))[0]
-    with open(shard, "r+b") as f:  # one byte in the middle of the tensor data
-        f.seek(shard.stat().st_size // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x10]))
-    second = run_scenario(Scenario("resume-to-40"), tmp_path)
-    with explain(first, second):
-        assert second.result.ok
-        invalid = second.of("anomaly", what="checkpoint_invalid")
-        assert invalid and all(e["step"] == 30 and "SHA-256" in e["reason"] for e in invalid)
-        loads = [e for e in second.of("checkpoint_loaded") if e["step"] != 30]
-        assert loads and {e["step"] for e in loads} == {20}
-        assert all(any("step_00000030" in r for r in e["fell_back_from"]) for e in loads)
-        assert not [e for e in second.of("checkpoint_loaded") if e["step"] == 30]
-        assert list((tmp_path / "checkpoints" / "corrupt").glob("step_00000030-*"))
-        assert second.digest() == g.digest()
+def test_flipped_bits_in_newest_checkpoint_are_detected_and_skipped(golden_cache: Path,
+                                                                    tmp_path: Path) -> None:
+    """experiments/ckpt_bitflip.yaml, which CI runs here rather than as an item of its own (the
+    Makefile's SHIPPED list leaves it out): bits flipped in step 20's tensor data, then rank 1
+    killed. Its verdict must be pass (the corrupt checkpoint never loaded, bitwise equal to
+    golden), and the trainer must say why it skipped step 20: every rank finds it invalid by
+    its SHA-256, falls back to step 10 naming step 20, and quarantines it. (A single flipped bit
+    anywhere in a checkpoint: tests/unit/test_checkpoint_bitflip_property.py.)"""
+    result, journal, job = _shipped("ckpt_bitflip.yaml", golden_cache, tmp_path)
+    rot, kill = journal["faults"]
+    assert (rot["type"], kill["type"]) == ("ckpt_bitflip", "rank_kill"), journal["faults"]
+    events = read_events(job / "events")
+    invalid = [e for e in events if e["kind"] == "anomaly" and e["what"] == "checkpoint_invalid"]
+    assert invalid and all(e["step"] == 20 and "SHA-256" in e["reason"] for e in invalid)
+    loads = [e for e in events
+             if e["kind"] == "checkpoint_loaded" and e["t"] > kill["injected_t"]]
+    assert loads and {e["step"] for e in loads} == {10}, loads
+    assert all(any("step_00000020" in r for r in e["fell_back_from"]) for e in loads)
+    assert list((job / "checkpoints" / "corrupt").glob("step_00000020-*"))
 
 
-def test_kill_during_save_leaves_nothing_that_is_loaded(golden: Any, tmp_path: Path) -> None:
-    g = golden(GOLDEN)
-    seen: dict[str, Any] = {}
-    ckpt = tmp_path / "checkpoints"
+def _shipped(name: str, golden_cache: Path, tmp_path: Path) -> tuple[Any, dict[str, Any], Path]:
+    """Run the shipped experiment ``name`` (faultlab's engine, the session's golden cache); it
+    must pass. Its result, journal and job folder."""
+    exp = load_experiment(EXPERIMENTS / name)
+    result = run_experiment(exp, report_dir=tmp_path / "reports", golden_cache=golden_cache)
+    journal = json.loads(result.journal_path.read_text())
+    table = "\n".join(f"{s['name']}: {s['result']}, measured {s['measured']!r} ({s['note']})"
+                      for s in journal["slas"])
+    assert result.verdict == "pass", f"{table}\nerror: {result.error}"
+    return result, journal, Path(journal["run"]["job_dir"])
 
-    def kill_rank0_mid_save(job: LocalJob, events: list[dict[str, Any]]) -> bool:
-        if max_step(events) < 19:
-            return False
-        pid = latest_start(events, 0)["pid"]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # the save of step 20 lasts ~0.1 s: poll tightly
-            if not list(ckpt.glob(".tmp-step_00000020-*")):
-                time.sleep(0.001)
-                continue
-            # Rank 0 commits the save: freeze it, then look again. A kill right after the
-            # first look could land after a commit that happened in between.
-            os.kill(pid, signal.SIGSTOP)
-            while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
-                time.sleep(0.001)
-            tmp = list(ckpt.glob(".tmp-step_00000020-*"))
-            if tmp and not (ckpt / "step_00000020").exists():
-                os.kill(pid, signal.SIGKILL)
-                seen["tmp"] = tmp[0].name
-                seen["committed_at_kill"] = [p.name for _s, p in list_checkpoints(ckpt)]
-                return True
-            os.kill(pid, signal.SIGCONT)  # committed meanwhile: the window is gone
-            break
-        raise AssertionError("never saw the save of step 20 in progress")
 
-    o = run_scenario(Scenario("kill-rank0-while-saving", fault=kill_rank0_mid_save), tmp_path)
-    with explain(o):
-        assert seen["committed_at_kill"] == ["step_00000010"]
-        assert o.result.ok
-        loads = [e for e in o.of("checkpoint_loaded") if e["t"] > o.t_fault]
-        assert loads and {e["step"] for e in loads} == {10}
-        assert not list(ckpt.glob(".tmp-*"))  # the torn save was cleaned up by a later commit
-        for _step, path in list_checkpoints(ckpt):
-            assert verify_checkpoint(path) is None
-        assert o.digest() == g.digest()
+def test_kill_during_save_leaves_nothing_that_is_loaded(golden_cache: Path,
+                                                        tmp_path: Path) -> None:
+    """experiments/ckpt_torn_write.yaml, which CI runs here rather than as an item of its own
+    (the Makefile's SHIPPED list leaves it out): its verdict must be pass (the torn save never
+    loaded, bitwise equal to golden, every sample once, one restart), and the torn save must
+    have been the one of step 20, with step 10's committed and loaded: a kill that landed
+    after the commit would be no torn write. What is left of the save is cleaned up by a later
+    commit, and every checkpoint left verifies."""
+    _result, journal, job = _shipped("ckpt_torn_write.yaml", golden_cache, tmp_path)
+    [fault] = journal["faults"]
+    torn = fault["details"]
+    assert fault["error"] is None and torn["torn"].startswith(".tmp-step_00000020-"), fault
+    assert torn["committed_before"] == ["step_00000010"], fault
+    ckpt = job / "checkpoints"
+    loads = [e for e in read_events(job / "events")
+             if e["kind"] == "checkpoint_loaded" and e["t"] > fault["injected_t"]]
+    assert loads and {e["step"] for e in loads} == {10}, loads
+    assert not list(ckpt.glob(".tmp-*"))  # the torn save was cleaned up by a later commit
+    for _step, path in list_checkpoints(ckpt):
+        assert verify_checkpoint(path) is None
 
 
 def _nonfinite(policy: str, **extra: Any) -> Scenario:

@@ -70,16 +70,25 @@ def write(path: Path, text: str) -> Path:
 def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> None:
     # every fault family that has landed is covered, and each member also runs in CI
     shipped = (REPO / "Makefile").read_text().split("SHIPPED :=")[1].split("\n\n")[0]
-    # rank_hang runs (and must pass) as test_prelaunch_run.py's one-experiment suite instead
+    # rank_hang and campaign_reference run (and must pass) as test_prelaunch_run.py's suite
     suite_run = (REPO / "tests" / "report" / "test_prelaunch_run.py").read_text()
-    assert 'experiments: [{REPO / "experiments" / "rank_hang.yaml"}, ' in suite_run
+    assert 'RANK_HANG = REPO / "experiments" / "rank_hang.yaml"' in suite_run
+    assert 'CAMPAIGN = REPO / "experiments" / "campaign_reference.yaml"' in suite_run
+    assert "experiments: [{RANK_HANG}, {CAMPAIGN}]" in suite_run
     assert "assert rc == 0" in suite_run and 'report["verdict"] == "pass"' in suite_run
-    # rank_kill runs (and must pass, twice) as test_faultlab_run.py's --repeat 2 instead
+    # rank_kill runs (and must pass, twice) as test_faultlab_run.py's --repeat 2 instead, its
+    # text with one line added (the file channel)
     repeat = (REPO / "tests" / "integration" / "test_faultlab_run.py").read_text()
-    assert 'run("run", EXPERIMENTS / "rank_kill.yaml", "--repeat", "2",' in repeat
+    assert 'text = (EXPERIMENTS / "rank_kill.yaml").read_text()' in repeat
+    assert 'run("run", exp, "--repeat", "2",' in repeat
     assert 'record["summary"]["verdicts"] == ["pass", "pass"]' in repeat
-    assert all(f"experiments/{name}.yaml" in shipped or name in ("rank_hang", "rank_kill")
-               for name in MUST_PASS)
+    # ckpt_torn_write and ckpt_bitflip run (and must pass) in test_trainer_recovery.py instead
+    recovery = (REPO / "tests" / "integration" / "test_trainer_recovery.py").read_text()
+    elsewhere = {"rank_hang", "rank_kill", "ckpt_torn_write", "ckpt_bitflip"}
+    for name in ("ckpt_torn_write", "ckpt_bitflip"):
+        assert f'_shipped("{name}.yaml", golden_cache, tmp_path)' in recovery
+    assert 'assert result.verdict == "pass"' in recovery
+    assert all(f"experiments/{name}.yaml" in shipped or name in elsewhere for name in MUST_PASS)
     families = {spec.fault_class.family for _, exp in load_experiments([PRELAUNCH])
                 for spec in exp.faults}
     # faultlab's own faults: a team's package in the venv (make installs examples/plugin) adds
