@@ -159,7 +159,8 @@ def test_a_signal_is_scored_from_the_onset_and_an_alarm_before_it_is_no_detectio
     assert not spike.detected and spike.attribution is None and spike.false_alarms == 2
     section = report.to_dict()
     assert section["onset"] == {"fault_id": "sdc-1", "t": 1010.5, "step": 10, "ranks": [1],
-                                "nodes": ["node1"]}
+                                "nodes": ["node1"], "ground_truth": "sdc-1 (sdc) on rank 1's "
+                                "update from step 10, 1 strike"}
     assert set(section["signals"][0]) == {
         "name", "detected", "t", "step", "within_s", "within_steps", "ranks", "nodes",
         "attribution", "false_alarms", "evidence"}
