@@ -13,7 +13,9 @@ Every job the engine launches gets, in ``JOB_DIR/runtime/``:
   strikes during step N), and fired once per job even when a rollback or a restart replays the
   step; and a window fault whose parameters give ``num_steps`` (``collective_delay``) with
   ``at_step``: the step window
-  ``N .. N + num_steps - 1`` (a replayed step is delayed again, as a slow link would). Their
+  ``N .. N + num_steps - 1`` (a replayed step is delayed again, as a slow link would); and a
+  window fault that declares ``planned_from_step`` (``sdc``) with ``at_step``: from step N to
+  the end of the job, in every process that runs it (a restarted one too). Their
   injection time is the one the rank reports in its ``fault_injected`` event.
 
 Other collective faults are injected live even when triggered by step (``at_step: N`` fires once
@@ -52,7 +54,7 @@ def planned_victim_ranks(exp: Experiment, index: int) -> list[int] | None | bool
     if not issubclass(spec.fault_class, RuntimeFault) or spec.trigger.at_step is None:
         return False
     # at_step: strikes at its step; window: plannable when its parameters bound the window
-    windowed = getattr(spec.params, "num_steps", None)
+    windowed = getattr(spec.params, "num_steps", None) or spec.fault_class.planned_from_step
     if spec.fault_class.strikes != "at_step" and not windowed:
         return False
     kind = spec.target.kind
@@ -106,6 +108,9 @@ class RuntimeSetup:
             if num_steps:  # a window of steps rather than one step
                 entry = fault.plan_entry(spec.id, ranks, None)  # type: ignore[arg-type]
                 entry.update(from_step=at, to_step=at + num_steps - 1)  # type: ignore[operator]
+            elif fault.strikes == "window":  # planned_from_step: from N to the job's end
+                entry = fault.plan_entry(spec.id, ranks, None)  # type: ignore[arg-type]
+                entry.update(from_step=at)
             else:
                 entry = fault.plan_entry(spec.id, ranks, [at])  # type: ignore[arg-type,list-item]
             entries.append(entry)

@@ -51,6 +51,9 @@ class RuntimeFault(Fault):
     targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
     strikes: ClassVar[str] = "at_step"
     """``at_step`` or ``window``, as its action's (``faultlab.runtime.hooks``)."""
+    planned_from_step: ClassVar[bool] = False
+    """A ``window`` fault that the launch plan holds from its ``at_step`` trigger to the end of
+    the job when its parameters give no ``num_steps`` (``sdc``: a bad device stays bad)."""
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

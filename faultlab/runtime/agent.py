@@ -40,6 +40,7 @@ from faultlab.runtime.identity import Identity
 from faultlab.runtime.plan import FaultEntry, PlanError, parse_entry
 from faultlab.runtime.records import EventFile, FiredMarkers
 from faultlab.runtime.uplink import RelayDown, uplink_for
+from faultlab.runtime.watch import model_hooks
 
 __all__ = ["Agent", "Emit", "Identity", "NullAgent"]
 
@@ -71,6 +72,21 @@ class _Handle:
     def device(self) -> int | None:
         local = os.environ.get("LOCAL_RANK")
         return int(local) if local and local.isdigit() else None
+
+    @property
+    def node(self) -> str:
+        return self._agent.ident.node
+
+    def record(self, kind: str, **fields: Any) -> None:
+        self._agent._emit(kind, **{"fault_id": self.entry.id, "type": self.entry.type,
+                                   "step": self._agent.current_step, "rank": self.rank,
+                                   **fields})
+
+    def mark_node(self) -> None:
+        self._agent._fired.mark(self.entry.id, f"node-{self.node}", shared=True)
+
+    def node_marked(self) -> bool:
+        return self._agent._fired.seen(self.entry.id, f"node-{self.node}", shared=True)
 
     def claim(self, key: str) -> bool:
         fired = self._agent._fired
@@ -138,6 +154,7 @@ class Agent(NullAgent):
         self._pending: list[FaultEntry] = []  # live at-step entries without steps: next step
         self._windows: dict[str, tuple[FaultEntry, bool]] = {}  # id -> (entry, live)
         self._active: dict[str, RankAction] = {}  # the window actions active now
+        self._window_hooks: dict[str, list[Any]] = {}  # their torch hooks' handles
         self._retired: set[str] = set()
         self._armed: list[tuple[RankAction, list[Any]]] = []  # this step's: (action, handles)
         self._loss_armed: list[RankAction] = []
@@ -303,22 +320,42 @@ class Agent(NullAgent):
         action = handle.action = cls(entry, handle)
         if uses(cls, "on_step_start") and not self._call_step_start(action, n):
             return
-        handles: list[Any] = []
         try:
-            if uses(cls, "on_grads_ready"):
-                for name, param in action.grads_to_watch():
-                    handles.append(param.register_post_accumulate_grad_hook(
-                        _grad_hook(action, name)))
+            handles = self._hooks(action)
         except ActionError as e:
-            for h in handles:
-                h.remove()
             self._failed(entry, str(e))
             return
-        if uses(cls, "before_optimizer_step"):
-            handles.append(self._optimizer_step_hook(action))
         self._armed.append((action, handles))
         if uses(cls, "on_loss"):
             self._loss_armed.append(action)
+
+    def _hooks(self, action: RankAction) -> list[Any]:
+        """Register ``action``'s torch hooks (model and optimizer); their handles."""
+        handles = model_hooks(action)
+        if uses(type(action), "before_optimizer_step"):
+            handles.append(self._optimizer_step_hook(action))
+        if uses(type(action), "after_optimizer_step"):
+            handles.append(self._optimizer_post_hook(action))
+        return handles
+
+    def _optimizer_post_hook(self, action: RankAction) -> Any:
+        """Call ``action.after_optimizer_step`` right after each step of the attached optimizer
+        (:meth:`_step_optimizer`), or where none is known of every optimizer
+        :meth:`_hooked_optimizer` accepts (torch's global post-hook)."""
+        def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self._hooked_optimizer(optimizer):
+                action.after_optimizer_step(optimizer)
+
+        optimizer = self._step_optimizer()
+        if optimizer is not None:
+            return optimizer.register_step_post_hook(hook)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        return register_optimizer_step_post_hook(hook)
+
+    def _step_optimizer(self) -> Any:
+        """The optimizer whose steps the post-step hooks meet; None: every optimizer's."""
+        return self.optimizer
 
     def _optimizer_step_hook(self, action: RankAction) -> Any:
         """Call ``action.before_optimizer_step`` right before this step's optimizer step: a
@@ -352,12 +389,7 @@ class Agent(NullAgent):
             want = (fid not in self._retired and entry.in_window(n) and not (
                 not live and cls.once_per_job and self._fired.elsewhere(fid, "once")))
             if want and fid not in self._active:
-                handle = _Handle(self, entry, "live" if live else "plan")
-                try:
-                    handle.action = self._active[fid] = cls(entry, handle)
-                except ActionError as e:
-                    self._retired.add(fid)
-                    self._failed(entry, str(e))
+                self._activate(entry, live)
             elif not want and fid in self._active:
                 if cls.once_per_job and self._active[fid].num_struck:
                     self._retired.add(fid)  # struck once; a replayed window must not re-strike
@@ -365,8 +397,26 @@ class Agent(NullAgent):
         interposer.set_faults([a for a in self._active.values()
                                if uses(type(a), "before_collective")])
 
+    def _activate(self, entry: FaultEntry, live: bool) -> None:
+        """A window action's instance and its torch hooks; an action that cannot strike here
+        is retired with ``fault_failed``."""
+        cls = load_action(entry.action)
+        handle = _Handle(self, entry, "live" if live else "plan")
+        try:
+            if cls.needs_model and self.model is None:
+                raise ActionError(f"{entry.type} needs the model: pass it to attach()")
+            action = handle.action = cls(entry, handle)
+            self._window_hooks[entry.id] = self._hooks(action)
+        except ActionError as e:
+            self._retired.add(entry.id)
+            self._failed(entry, str(e))
+            return
+        self._active[entry.id] = action
+
     def _deactivate(self, fid: str, reason: str) -> None:
         action = self._active.pop(fid)
+        for h in self._window_hooks.pop(fid, ()):
+            h.remove()
         summary = action.release()
         if action.num_struck:
             self._emit("fault_undone", fault_id=fid, type=action.entry.type, step=self._step,
@@ -439,8 +489,3 @@ class Agent(NullAgent):
             self._update_busy()
         return {"ok": True, "id": fid, "undone": known}
 
-
-def _grad_hook(action: RankAction, name: str) -> Callable[[Any], None]:
-    def hook(param: Any) -> None:
-        action.on_grads_ready(name, param)
-    return hook

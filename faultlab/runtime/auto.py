@@ -186,6 +186,12 @@ class _Params:
                       f"param_groups.{gi}.params.{i}", p)
                      for gi, g in enumerate(groups) for i, p in enumerate(g["params"])])
 
+    def named_modules(self) -> Iterator[tuple[str, Any]]:
+        """The modules of the first training forward's module (``sdc`` on ``activation``);
+        none if no forward has been seen."""
+        module = self._module()
+        return iter(()) if module is None else module.named_modules()
+
 
 class _Level0Agent(Agent):
     """The runtime agent as level 0 drives it (see the module docstring): a strike on ready
@@ -200,6 +206,12 @@ class _Level0Agent(Agent):
             return True
         primary = obs._optimizer()
         return not obs._in_init_state and (primary is None or primary is optimizer)
+
+    def _step_optimizer(self) -> Any:
+        """The primary optimizer: a post-hook on it runs before the observer's global one
+        writes the step record (``sdc`` on ``update`` is in that step's digest)."""
+        obs = self.observer
+        return obs._optimizer() if obs is not None else None
 
     def _arm(self, entry: FaultEntry, source: str, n: int) -> None:
         if uses(load_action(entry.action), "on_loss"):

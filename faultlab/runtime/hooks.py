@@ -29,6 +29,22 @@ only those (a hook left as the base's costs nothing):
     it is torch's global optimizer-step pre-hook instead, registered for the armed step only:
     at level 0 it meets the primary optimizer (the first that stepped), otherwise every
     optimizer that steps in that step.
+``after_optimizer_step(optimizer)``
+    Right after the optimizer step (a torch optimizer step post-hook, on the same optimizer
+    ``before_optimizer_step`` meets: the one given to ``attach``, else the global hook; at
+    level 0 a post-hook on the primary optimizer itself, so it runs before the level-0 step
+    record is written). ``sdc`` on ``update``.
+``modules_to_watch()`` and ``after_module_forward(name, module, args, output)``
+    ``modules_to_watch`` lists ``(name, module)`` pairs of the model's modules (at level 0 the
+    module of the first training forward: ``named_modules()`` of the model the action sees);
+    ``after_module_forward`` is a forward hook on each and may return a replacement output.
+    ``sdc`` on ``activation``.
+``grads_before_reduce()`` and ``on_local_grad(name, grad)``
+    ``grads_before_reduce`` lists ``(name, parameter)`` pairs; ``on_local_grad`` is a tensor
+    hook on each (``param.register_hook``): it sees the gradient autograd computed for that
+    parameter before it is accumulated into ``.grad``, so before DDP's bucket all-reduce, and
+    may return a replacement. A sharded FSDP2 parameter never sees it (its gradient reaches it
+    through the reduce-scatter, which ``before_collective`` meets). ``sdc`` on ``gradient``.
 ``before_collective(call)``
     Before each matching ``torch.distributed`` collective is issued (``matches(op)`` says
     which: by default the ``ops`` parameter, fnmatch patterns, all when None). It may sleep,
@@ -47,6 +63,10 @@ only those (a hook left as the base's costs nothing):
 When it strikes, an action calls ``self.rank.struck(**details)``: the first strike emits the
 ``fault_injected`` event and records the fire-once marker. ``self.rank.failed(error)`` (or
 raising :class:`ActionError` from a hook called at step start) reports ``fault_failed``.
+
+The hooks an action registers on the model (``grads_to_watch``, ``modules_to_watch``,
+``grads_before_reduce``) and on the optimizer live as long as it does: an at-step action's
+until the next step, a window action's until its window ends or it is undone.
 
 Scheduling is the action's class attributes:
 
@@ -73,7 +93,9 @@ from faultlab.runtime.plan import FaultEntry, PlanError
 __all__ = ["HOOKS", "ActionError", "Rank", "RankAction", "load_action", "uses"]
 
 HOOKS = ("on_step_start", "grads_to_watch", "on_grads_ready", "on_loss",
-         "before_optimizer_step", "before_collective", "before_forward", "after_forward")
+         "before_optimizer_step", "after_optimizer_step", "modules_to_watch",
+         "after_module_forward", "grads_before_reduce", "on_local_grad", "before_collective",
+         "before_forward", "after_forward")
 
 
 class ActionError(ValueError):
@@ -104,6 +126,10 @@ class Rank(Protocol):
     def device(self) -> int | None:
         """The rank's local accelerator index (``LOCAL_RANK``), where known."""
 
+    @property
+    def node(self) -> str:
+        """The node this process runs on (``FAULTLAB_NODE``, else the host name)."""
+
     def claim(self, key: str) -> bool:
         """True the first time ``key`` is claimed in this job (a marker on disk: a restarted
         process gets False), False after: for an action that strikes once per job."""
@@ -114,6 +140,17 @@ class Rank(Protocol):
 
     def failed(self, error: str) -> None:
         """This action cannot strike here: emits ``fault_failed``."""
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """Emit one more event of this fault (``fault_struck``), with its ``fault_id``,
+        ``type``, ``step`` and ``rank`` (``fields`` may set ``step`` and ``t``)."""
+
+    def mark_node(self) -> None:
+        """Mark this process's node as holding this fault, for the whole job (a file under
+        the run directory every process of the job sees)."""
+
+    def node_marked(self) -> bool:
+        """Has this fault marked this process's node (:meth:`mark_node`, any process)?"""
 
 
 class RankAction:
@@ -151,6 +188,21 @@ class RankAction:
         return loss
 
     def before_optimizer_step(self, optimizer: Any) -> None:
+        return None
+
+    def after_optimizer_step(self, optimizer: Any) -> None:
+        return None
+
+    def modules_to_watch(self) -> list[tuple[str, Any]]:
+        return []
+
+    def after_module_forward(self, name: str, module: Any, args: Any, output: Any) -> Any:
+        return None
+
+    def grads_before_reduce(self) -> list[tuple[str, Any]]:
+        return []
+
+    def on_local_grad(self, name: str, grad: Any) -> Any:
         return None
 
     def matches(self, op: str) -> bool:

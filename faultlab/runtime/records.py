@@ -5,7 +5,8 @@ The markers are why a numeric fault strikes at most once per (fault id, rank, st
 whole job: the in-memory set covers an in-process rollback, and a marker file under
 ``RUN_DIR/runtime/fired/`` covers a restarted process (a new pid, the same rank), which would
 otherwise replay the faulted step and meet the fault again, forever. File names are the fault id
-made filesystem-safe plus a hash of the exact id, the rank, and ``step{n}`` or ``once``.
+made filesystem-safe plus a hash of the exact id, the rank, and ``step{n}`` or ``once``; a
+*shared* marker (``sdc``'s ``node-<name>``, which every rank reads) has ``job`` for the rank.
 """
 
 from __future__ import annotations
@@ -39,19 +40,20 @@ class FiredMarkers:
         self.root, self.rank = root, rank
         self.mine: set[tuple[str, str]] = set()
 
-    def _path(self, fid: str, when: str) -> Path:
+    def _path(self, fid: str, when: str, shared: bool = False) -> Path:
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", fid)[:60]
         digest = hashlib.sha256(fid.encode()).hexdigest()[:10]
-        return self.root / f"{slug}-{digest}-rank{self.rank}-{when}"
+        who = "job" if shared else f"rank{self.rank}"
+        return self.root / f"{slug}-{digest}-{who}-{re.sub(r'[^A-Za-z0-9._-]+', '_', when)}"
 
-    def seen(self, fid: str, when: str) -> bool:
-        return (fid, when) in self.mine or self._path(fid, when).exists()
+    def seen(self, fid: str, when: str, *, shared: bool = False) -> bool:
+        return (fid, when) in self.mine or self._path(fid, when, shared).exists()
 
     def elsewhere(self, fid: str, when: str) -> bool:
         return (fid, when) not in self.mine and self._path(fid, when).exists()
 
-    def mark(self, fid: str, when: str) -> None:
+    def mark(self, fid: str, when: str, *, shared: bool = False) -> None:
         self.mine.add((fid, when))
-        path = self._path(fid, when)
+        path = self._path(fid, when, shared)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{time.time()} pid {os.getpid()}\n", encoding="utf-8")
