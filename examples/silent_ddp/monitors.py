@@ -98,7 +98,7 @@ class StragglerScore:
             score = fastest / t if t > 0 else 1.0
             self.low[r] = self.low[r] + 1 if score < self.threshold else 0
             if self.low[r] == self.window:
-                out.append(f"straggler: rank {r} score {score:.2f} at step {step}")
+                out.append(f"straggler: rank {r} score {score:.3f} at step {step}")
         return out
 
 
