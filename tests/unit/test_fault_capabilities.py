@@ -144,6 +144,7 @@ def test_every_capability_is_a_declared_attribute_off_by_default() -> None:
 
 BUILTIN_CAPABILITIES = {
     "collective_delay": ("slows_job",),
+    "sdc": ("corrupts_silently",),
     "gpu_slow": ("slows_job",),
     "network_throttle": ("slows_job",),
     "io_error": ("fails_saves", "mounts_storage"),

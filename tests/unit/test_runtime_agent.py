@@ -524,7 +524,7 @@ def test_importing_the_runtime_pulls_in_no_other_faultlab_module_nor_torch() -> 
     assert json.loads(out) == sorted(["faultlab", "faultlab.runtime", *(
         f"faultlab.runtime.{m}" for m in ("agent", "client", "control", "gates", "hooks",
                                           "identity", "records", "events", "interposer", "plan",
-                                          "site", "uplink"))])
+                                          "site", "uplink", "watch"))])
     # the node relay's daemon (runtime.relay) is a process of its own: no rank imports it
 
 

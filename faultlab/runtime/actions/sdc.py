@@ -142,12 +142,12 @@ class Sdc(RankAction):
         if not self._on and self.params["lifetime"] == "node":
             self._on = self.rank.node_marked()  # another rank's process marked it since
         if self.surface == "weights":
-            self._guard(self._params_strike, "step start")
+            self._guard(self._params_strike)
             self._flush()
 
     def after_optimizer_step(self, optimizer: Any) -> None:
         if self.surface == "update":
-            self._guard(self._params_strike, "optimizer step")
+            self._guard(self._params_strike)
 
     def modules_to_watch(self) -> list[tuple[str, Any]]:
         if self.surface != "activation":
