@@ -18,6 +18,8 @@ them around its outermost module forward.
 ``gpu_slow`` (:class:`GpuSlow`)
     ``after_forward`` sleeps ``(factor - 1) × 3 ×`` the forward's time: the step's compute
     (forward + backward, backward taken as twice the forward) takes ``factor`` times as long.
+    The forward's time is its wall time less the time the rank waited for a CPU
+    (``faultlab.runtime.gpu.cpu_wait_s``), so a busy host does not make the factor larger.
     On CUDA a spin kernel keeps the device really busy for the same time.
 """
 
