@@ -8,16 +8,18 @@ Each one prints one line when it fires and nothing otherwise:
 - ``SpikeRule``: the loss above ``factor`` times the mean of the first ``warmup`` steps' loss
   (``loss spike at step S``); it names nobody.
 - ``StragglerScore``: NVRx's score, the fastest rank's compute time over this rank's, each
-  rank's time its own forward and backward up to its gradients being ready for the all-reduce
-  (the collective itself not counted); below ``threshold`` for ``window`` consecutive steps
+  rank's time the median of its last ``window`` steps' own forward and backward up to its
+  gradients being ready for the all-reduce (the collective itself not counted, nor the time
+  it waited for a CPU); below ``threshold`` for ``steps`` steps in a row
   (``straggler: rank R score X at step S``).
 - ``replay_mismatch``: the same batch's local gradient computed twice on the same rank,
   without DDP's all-reduce, compared bitwise (``replay mismatch on rank R at step S``).
 """
 
+import statistics
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 import torch
@@ -84,20 +86,29 @@ class SpikeRule:
 
 
 class StragglerScore:
-    """Per-rank compute-time scores; a rank is named when its score stays below
-    ``threshold`` for ``window`` consecutive steps (once per such streak)."""
+    """NVRx's relative score: each rank's time is the median of its last ``window`` steps'
+    compute times (NVRx: of its report interval), its score the fastest rank's time over its
+    own; a rank is named when its score stays below ``threshold`` for ``steps`` steps in a
+    row (once per such streak)."""
 
-    def __init__(self, threshold: float, window: int, world_size: int) -> None:
-        self.threshold, self.window = threshold, window
+    def __init__(self, threshold: float, window: int, steps: int, world_size: int) -> None:
+        self.threshold, self.steps = threshold, steps
+        self.recent: list[deque[float]] = [deque(maxlen=window) for _ in range(world_size)]
         self.low = [0] * world_size
 
     def check(self, step: int, compute_s: Sequence[float]) -> list[str]:
-        fastest = min(compute_s)
+        for recent, t in zip(self.recent, compute_s, strict=True):
+            recent.append(t)
+        if len(self.recent[0]) < (self.recent[0].maxlen or 1):
+            return []  # a full window first: the first steps of a process warm up unevenly
+        times = [statistics.median(recent) for recent in self.recent]
+        fastest = min(times)
         out = []
-        for r, t in enumerate(compute_s):
-            score = fastest / t if t > 0 else 1.0
+        for r, t in enumerate(times):
+            # a time the clocks could not measure (0) is no evidence of slowness
+            score = fastest / t if fastest > 0 else 1.0
             self.low[r] = self.low[r] + 1 if score < self.threshold else 0
-            if self.low[r] == self.window:
+            if self.low[r] == self.steps:
                 out.append(f"straggler: rank {r} score {score:.3f} at step {step}")
         return out
 
@@ -149,7 +160,11 @@ class ComputeTimer:
         self.wait0 = self.wait = cpu_wait_s()
 
     def compute_s(self) -> float:
-        return (self.ready - self.t0) - (self.wait - self.wait0)
+        wall = self.ready - self.t0
+        waited = self.wait - self.wait0
+        # the kernel's count can run ahead of the wall clock (seen: 68 ms of wait in a 6 ms
+        # step, in about one step in twenty on a busy host): then the wall time, uncorrected
+        return wall - waited if 0.0 <= waited <= wall else wall
 
 
 def replay_mismatch(module: nn.Module,

@@ -13,8 +13,8 @@ unless its flag is given (see monitors.py and README.md):
 
 - ``--fingerprint-every P``: the replicas' parameter fingerprints compared every P steps;
 - ``--spike-factor F``: a loss F times the first ``--spike-warmup`` steps' mean;
-- ``--straggler-threshold T``: the per-rank compute-time score below T for
-  ``--straggler-window`` consecutive steps;
+- ``--straggler-threshold T``: the per-rank compute-time score (over the median of the last
+  ``--straggler-window`` steps) below T for ``--straggler-steps`` steps in a row;
 - ``--replay-every P``: the step's local gradient computed twice on the same rank, compared.
 
 ``--reduce-noise E`` adds noise of relative size E to every all-reduced gradient, the same on
@@ -83,7 +83,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--ckpt-dir", type=Path,
                         default=Path(os.environ.get("CKPT_DIR", "./checkpoints")))
     parser.add_argument("--dim", type=int, default=64, help="input and output width")
-    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--batch-size", type=int, default=128, help="per rank")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--reduce-noise", type=float, default=0.0)
@@ -91,7 +91,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--spike-factor", type=float, default=0.0, metavar="F")
     parser.add_argument("--spike-warmup", type=int, default=3)
     parser.add_argument("--straggler-threshold", type=float, default=0.0, metavar="T")
-    parser.add_argument("--straggler-window", type=int, default=3)
+    parser.add_argument("--straggler-window", type=int, default=7,
+                        help="steps whose median compute time is a rank's time")
+    parser.add_argument("--straggler-steps", type=int, default=3,
+                        help="steps in a row below the threshold before a rank is named")
     parser.add_argument("--replay-every", type=int, default=0, metavar="P")
     return parser.parse_args()
 
@@ -115,7 +118,8 @@ def main() -> None:
     model.register_comm_hook(None, timer.hook)
     fingerprint = Fingerprint(args.fingerprint_every, net)
     spike = SpikeRule(args.spike_factor, args.spike_warmup) if args.spike_factor else None
-    straggler = StragglerScore(args.straggler_threshold, args.straggler_window, world_size) \
+    straggler = StragglerScore(args.straggler_threshold, args.straggler_window,
+                               args.straggler_steps, world_size) \
         if args.straggler_threshold else None
 
     start = 0
