@@ -75,6 +75,8 @@ class RunResult:
     golden: GoldenRun | None = None
     findings: list[LaunchFinding] = field(default_factory=list)
     """What in the launch line or the trainer's process explains a failure (with the fix)."""
+    detection: dict[str, Any] | None = None
+    """The journal's ``detection`` section (None: nothing to detect, no signal declared)."""
 
     @property
     def passed(self) -> bool:
@@ -482,7 +484,7 @@ class _Run:
                          run_folder=self.run_folder, journal_path=path,
                          timed_out=self.timed_out, interrupted=self.interrupted,
                          error=self.error, golden=self.golden,
-                         findings=list(judged.findings))
+                         findings=list(judged.findings), detection=journal["detection"])
 
 
 def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,

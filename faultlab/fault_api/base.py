@@ -158,6 +158,13 @@ class Fault(ABC):
         return None
 
     @classmethod
+    def refuses_live(cls, params: FaultParams) -> tuple[str, str] | None:
+        """``(param, why)`` when a fault with these ``params`` must be in the launch plan (an
+        ``at_step`` trigger on ``{rank: N}`` or ``all``) and cannot be sent live to the running
+        processes; checked when the experiment loads. None: live is fine."""
+        return None
+
+    @classmethod
     def summary(cls) -> str:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
 

@@ -155,6 +155,13 @@ class SdcFault(RuntimeFault):
             entry["ranks"] = None
         return entry
 
+    @classmethod
+    def refuses_live(cls, params: Any) -> tuple[str, str] | None:
+        if params.lifetime == "process":
+            return None
+        return ("lifetime", f"sdc with lifetime {params.lifetime!r} must be planned at launch "
+                            f"(a live one reaches only the processes running now)")
+
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         lifetime = self.params.lifetime  # type: ignore[attr-defined]
         if lifetime != "process":

@@ -69,8 +69,11 @@ class Onset:
         return f"{self.fault_id} ({self.type}) on {where}{when}{strikes}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The journal's ``detection.onset`` (the contract's keys, and ``ground_truth``:
+        ``describe()``, what an undetected fault is reported with)."""
         return {"fault_id": self.fault_id, "t": self.t, "step": self.step,
-                "ranks": list(self.ranks), "nodes": list(self.nodes)}
+                "ranks": list(self.ranks), "nodes": list(self.nodes),
+                "ground_truth": self.describe()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -260,6 +260,26 @@ class FaultSpec(SpecModel):
             raise located(errors)
         return self
 
+    @model_validator(mode="after")
+    def _plannable(self) -> FaultSpec:
+        """A fault that only the launch plan can carry (``Fault.refuses_live``) needs what the
+        plan needs: an ``at_step`` trigger and a target known before launch."""
+        refused = self.fault_class.refuses_live(self.params)
+        if refused is None:
+            return self
+        param, why = refused
+        errors = []
+        if self.trigger.at_step is None:
+            errors.append(spec_error(("trigger",), f"{why}: give it an at_step trigger, or "
+                                     f"change params.{param}", self.trigger))
+        if self.target.kind not in ("rank", "all"):
+            errors.append(spec_error(("target",), f"{why}: target {{rank: N}} or all, not "
+                                     f"{self.target.kind!r}, or change params.{param}",
+                                     self.target.kind))
+        if errors:
+            raise located(errors)
+        return self
+
     @property
     def fault_class(self) -> builtins.type[Fault]:
         return fault_types()[self.type]

@@ -41,7 +41,7 @@ OLD_LAUNCHERS: dict[str, tuple[str, ...]] = {
         "ckpt_truncate", "ckpt_zero_range", "collective_delay", "collective_error",
         "collective_hang", "collective_partition", "disk_full", "grad_inf", "grad_nan",
         "io_error", "io_hang", "io_latency", "loss_spike", "node_hang", "node_kill",
-        "rank_hang", "rank_kill", "weight_bitflip")},
+        "rank_hang", "rank_kill", "sdc", "weight_bitflip")},
     "gpu_error": ("local",), "gpu_oom": ("local",), "gpu_slow": ("local",),
     "network_flap": ("docker",), "network_partition": ("docker",),
     "network_throttle": ("docker",), "node_pause": ("docker",),
@@ -49,7 +49,8 @@ OLD_LAUNCHERS: dict[str, tuple[str, ...]] = {
     "slurm_node_down": ("slurm",), "slurm_preempt": ("slurm",), "spot_preemption": ("local",),
     "stale_shared_fs": ("local", "docker"),
 }
-"""Each built-in fault's ``launchers`` before it declared ``needs`` (commit 7bbb3fb)."""
+"""Each built-in fault's ``launchers`` before it declared ``needs`` (commit 7bbb3fb); a fault
+added since (``sdc``) with the launchers its ``needs`` give it."""
 
 
 def _builtins() -> dict[str, type[Fault]]:

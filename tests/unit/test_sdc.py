@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 
 from faultlab import runtime
 from faultlab.engine.runtime_plan import RuntimeSetup
-from faultlab.errors import FaultError
+from faultlab.errors import FaultError, InvalidExperimentError
 from faultlab.faults import Victim
 from faultlab.faults.sdc import SdcFault
 from faultlab.runtime import auto
@@ -113,8 +114,25 @@ def test_a_step_triggered_sdc_is_planned_from_its_step_to_the_end(tmp_path: Path
         experiment_from_dict({**doc, "faults": [{**doc["faults"][0], "duration_s": 5}]})
 
 
-def test_a_live_sdc_is_refused_unless_it_lives_as_long_as_the_process() -> None:
-    with pytest.raises(FaultError, match="needs an at_step trigger|at_step trigger"):
+@pytest.mark.parametrize("fault, where, says", [
+    ({"target": "random", "trigger": {"at_step": 3}}, "faults[0].target",
+     "target {rank: N} or all, not 'random', or change params.lifetime"),
+    ({"target": {"rank": 1}, "trigger": {"at_time_s": 3}}, "faults[0].trigger",
+     "give it an at_step trigger, or change params.lifetime"),
+])
+def test_an_sdc_that_only_the_launch_plan_can_carry_needs_a_step_and_a_rank(
+        fault: dict[str, Any], where: str, says: str) -> None:
+    doc = {"name": "sdc", "target": {"trainer": "reference", "preset": "tiny"},
+           "topology": {"nodes": 2, "procs_per_node": 1}, "run": {"steps": 30},
+           "faults": [{"type": "sdc", **fault}]}
+    with pytest.raises(InvalidExperimentError, match=re.escape(f"{where}: sdc with lifetime 'job' "
+                                                        f"must be planned at launch")) as e:
+        experiment_from_dict(doc)
+    assert says in str(e.value)
+    live = {**fault, "target": {"rank": 1}, "trigger": {"at_time_s": 3},
+            "params": {"lifetime": "process"}}
+    assert experiment_from_dict({**doc, "faults": [{"type": "sdc", **live}]})
+    with pytest.raises(FaultError, match="must be planned at launch"):  # the engine's last word
         SdcFault(SdcFault.Params()).inject(object(), Victim("rank", 0))  # type: ignore[arg-type]
 
 
@@ -360,4 +378,26 @@ def test_level_0_finds_the_modules_and_corrupts_the_update_before_the_step_recor
     assert steps[1]["param_digest"] == before and steps[2]["param_digest"] == after
     (failed,) = _records(tmp_path, "fault_failed")
     assert failed["fault_id"] == "act" and "'0', '1', '2'" in failed["error"]
-    assert [r["fault_id"] for r in _records(tmp_path, "fault_struck")] == ["upd"]
+    (struck,) = _records(tmp_path, "fault_struck")
+    assert struck["fault_id"] == "upd" and struck["step"] == 2
+    assert struck["t"] <= steps[2]["t"]  # written in the step, before its record
+
+
+def test_gradient_is_in_ddps_bucket_before_its_all_reduce(mesh: Any, agents: Any,
+                                                          tmp_path: Path) -> None:
+    """Through DDP the corruption is in ``.grad`` after backward. DDP's reducer hooks run on
+    accumulation, and the test above shows a post-accumulate hook already sees the wrong
+    value; a one-rank group cannot show the averaging into other replicas itself (checked:
+    even a post-accumulate corruption survives a world of one)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = _model()
+    clean = copy.deepcopy(model)
+    ddp = DistributedDataParallel(model)
+    agent, _ = agents(tmp_path, {"surface": "gradient", "param_glob": "module.2.bias",
+                                 "op": "scale", "magnitude": 100.0, "num_elements": 4},
+                      model=ddp)
+    agent.step(1)
+    ddp(X).square().sum().backward()
+    clean(X).square().sum().backward()
+    assert int((model[2].bias.grad != clean[2].bias.grad).sum()) == 4

@@ -38,8 +38,9 @@ to activate it (``rank.claim``); ``node`` marks the node of each victim rank's f
 (``rank.mark_node``) and strikes in whatever process runs on a marked node.
 
 Every strike is counted into one ``fault_struck`` record per step (elements hit, how many
-changed value, where), written at the next step start or when the action ends; the first strike
-also emits ``fault_injected``.
+changed value, where), written right after the step's optimizer step (at level 0 before the
+step's own record), else at the next step start or when the action ends; the first strike also
+emits ``fault_injected``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from faultlab.runtime.hooks import ActionError, RankAction
 __all__ = ["Sdc", "corrupt", "input_hash", "pick"]
 
 _MASK63 = (1 << 63) - 1
+_GRAD_REDUCE_OPS = ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
 _PROCESS_OWNED: set[str] = set()  # fault ids whose process lifetime this process holds
 
 
@@ -67,7 +69,7 @@ def input_hash(t: Any) -> int:
     if not isinstance(t, torch.Tensor):
         return 0
     local = local_shard(t).detach().contiguous().view(-1)
-    return zlib.crc32(local.view(torch.uint8).cpu().numpy())
+    return zlib.crc32(local.view(torch.uint8).cpu().numpy().tobytes())
 
 
 def pick(numel: int, p: dict[str, Any], g: torch.Generator) -> torch.Tensor:
@@ -82,7 +84,7 @@ def pick(numel: int, p: dict[str, Any], g: torch.Generator) -> torch.Tensor:
 
 def corrupt(values: torch.Tensor, p: dict[str, Any], g: torch.Generator) -> torch.Tensor:
     """``values`` (1-D) made wrong as ``op`` says: a new tensor of the same dtype."""
-    op, m = p["op"], p.get("magnitude")
+    op, m = p["op"], float(p.get("magnitude") or 0.0)
     if op == "sign_flip":
         return -values
     if op == "scale":
@@ -148,6 +150,7 @@ class Sdc(RankAction):
     def after_optimizer_step(self, optimizer: Any) -> None:
         if self.surface == "update":
             self._guard(self._params_strike)
+        self._flush()  # the step's compute is over: its record is complete
 
     def modules_to_watch(self) -> list[tuple[str, Any]]:
         if self.surface != "activation":
@@ -196,7 +199,8 @@ class Sdc(RankAction):
                 else None
 
     def matches(self, op: str) -> bool:
-        return self._sharded and "reduce_scatter" in op
+        """FSDP2's gradient reduce-scatter (not DTensor's functional ones: activations)."""
+        return self._sharded and op in _GRAD_REDUCE_OPS
 
     def before_collective(self, call: Any) -> None:
         t = call.argument("input")
@@ -294,7 +298,7 @@ class Sdc(RankAction):
             if where not in rec["where"]:
                 rec["where"].append(where)
         self.rank.struck(surface=self.surface, op=p["op"], persistence=p["persistence"],
-                         lifetime=p["lifetime"], where=where)  # the first: fault_injected
+                         lifetime=p["lifetime"], where=[where])  # the first: fault_injected
 
     def _flush(self) -> None:
         """One ``fault_struck`` record per step struck since the last flush."""
