@@ -182,21 +182,30 @@ def test_transient_error_strikes_once_per_job_then_oom_once(tmp_path: Path) -> N
     assert out[1:] == ["ok", "ok"]
 
 
+@pytest.mark.parametrize(("waited", "forward_s"), [
+    (0.0, 0.2),    # the forward's wall time
+    (0.05, 0.15),  # less the time the rank waited for a CPU (a busy host's share)
+    (0.5, 0.2),    # a wait the kernel counted beyond the wall time: the wall time
+])
 def test_slow_sleeps_factor_minus_one_times_the_measured_compute(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, waited: float,
+        forward_s: float) -> None:
     state = tmp_path / "state.json"
     write_state(state, [gpu_entry("s", "gpu_slow", factor=2.5, devices=[0])])
     gpu = GpuState(state, 0, 0)
     slept: list[float] = []
     clock = iter([100.0, 100.0, 100.2, 100.2])  # refresh, forward start, forward end...
+    waits = iter([7.0, 7.0 + waited])  # forward start, forward end
     monkeypatch.setattr("faultlab.runtime.gpu.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("faultlab.runtime.gpu.cpu_wait_s", lambda: next(waits))
     monkeypatch.setattr("faultlab.runtime.gpu.time.sleep", slept.append)
     top, inner = object(), object()
     gpu.pre_forward(top, ())
     gpu.pre_forward(inner, ())  # nested: not the rank's outermost forward
     gpu.post_forward(inner, (), None)
     gpu.post_forward(top, (), None)
-    assert slept == [pytest.approx((2.5 - 1) * 3 * 0.2)]  # forward + backward = 3 x forward
+    # forward + backward = 3 x forward
+    assert slept == [pytest.approx((2.5 - 1) * 3 * forward_s)]
 
 
 HEALTH_CHECK = Path(__file__).with_name("gpu_health_check.py")
