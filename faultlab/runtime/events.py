@@ -55,6 +55,9 @@ RECORD_KINDS: dict[str, str] = {
     "anomaly": "the trainer noticed something: what (nonfinite, straggler, ...), step, action",
     "preemption_notice": "a spot/preemption notice: provider, deadline, step",
     "fault_injected": "the runtime agent struck (written by faultlab's agent): fault, step",
+    "fault_struck": "a silent fault (sdc) struck in one step, one record per fault, rank and "
+                    "step (written by faultlab's agent): fault_id, type, step, surface, op, "
+                    "num_elements, changed, magnitude, where",
     "final_digest": "rank 0, at the end: digest (SHA-256 over every tensor's hash of the full "
                     "model and optimizer state) and tensors",
     "exit": "the process is leaving: reason (completed, stopped, error, ...), code, step",
