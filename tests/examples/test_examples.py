@@ -11,6 +11,10 @@ check, no non-finite check, no watchdog), the failure and its message are the ex
 - ``nondeterministic``: the ``fsdp2_dcp`` script with an LR schedule and noise from
   ``os.urandom`` in every update (a GPU trainer's run-to-run differences, on a CPU), judged by
   ``matches_golden_within_noise``; once with a correct resume, once forgetting its LR schedule.
+- ``silent_ddp``: plain DDP on 3 replicas with silent-failure monitors of its own (a
+  cross-replica fingerprint, a loss spike rule, a compute-time straggler score, a same-device
+  replay), each printing a line its experiment declares as a detection signal; judged by the
+  detection SLAs against ``sdc`` and ``gpu_slow``, the monitors' misses included.
 - ``torchft_ddp``: torchft's DDP (``Manager``, ``DistributedDataParallel``, ``Optimizer``,
   ``ProcessGroupGloo``), its lighthouse as a service and one torchrun per replica group, from
   the ``examples`` extra.
@@ -55,6 +59,9 @@ class Expected:
     """SLA not measured for want of a reference → a piece of its note (what to add)."""
     unless: Branch | None = None
     """Another outcome the stack under test chooses by its own timing, and when."""
+    detected: dict[str, bool] = field(default_factory=dict)
+    """Declared detection signal → whether it detected the fault (the journal's
+    ``detection.signals``): a monitor's miss, where the SLAs count only another's."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +252,34 @@ SCENARIOS = {
         "survivor_restarts": "the job depended on its service 'lighthouse'",
         "survivor_lost_steps": "rank 0 (not struck) made no step after the fault"},
         measured={"completes": False, "survivor_restarts": 2}),
+    # examples/silent_ddp: one trainer command for all five, so their two fault-free runs
+    # are measured once. An update sdc from step 5: rank 1's replica leaves the others, and
+    # the fingerprint of step 8 names it; the 10x spike rule notices nothing.
+    "silent_ddp/sdc_update.yaml": Expected("pass", measured={
+        "completes": True, "detected_within_steps": 3, "detection_attributed": True,
+        "false_alarms": 0}, detected={"fingerprint": True, "spike": False}),
+    # The same sdc on the gradient: the all-reduce averages it into every replica. No monitor
+    # notices; the weights leave the fault-free runs' noise (118 times it here).
+    "silent_ddp/sdc_gradient.yaml": Expected("fail", failing={
+        "detected_within_steps": "not detected by fingerprint, replay, spike: sdc-gradient "
+                                 "(sdc) on rank 1's gradient from step 5",
+        "matches_golden_within_noise": "times the noise ("},
+        measured={"completes": True, "false_alarms": 0},
+        detected={"fingerprint": False, "replay": False, "spike": False}),
+    # Intermittent (seeded), the replay's two gradients of step 8 differ on rank 1.
+    "silent_ddp/replay_intermittent.yaml": Expected("pass", measured={
+        "completes": True, "detected_within_steps": 3, "detection_attributed": True,
+        "false_alarms": 0}, detected={"replay": True, "fingerprint": False}),
+    # 3x: rank 1's score about 0.35, named after 3 steps in a row below 0.75 (its median over
+    # 7 steps first needs 4 slow ones): at step 11 or 12.
+    "silent_ddp/slow_rank_3x.yaml": Expected("pass", measured={
+        "completes": True, "detection_attributed": True, "false_alarms": 0},
+        detected={"straggler": True}),
+    # 1.2x: its score 0.80-0.86, above the threshold: not named.
+    "silent_ddp/slow_rank_1_2x.yaml": Expected("fail", failing={
+        "detected_within_steps": "not detected by straggler: slow-rank-1 (gpu_slow) on rank 1 "
+                                 "from step 5"}, measured={"completes": True, "false_alarms": 0},
+        detected={"straggler": False}),
     # examples/plugin, a team's own fault and SLA (make installs the package): rank 1 raises in
     # its optimizer step at step 6, its peer leaves its collective (0.03 s on the reference
     # trainer, 1.02 s at level 0 here), the group restarts from step 4, bitwise equal.
@@ -388,13 +423,17 @@ def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Pat
             require_docker_engine()
         result = run_experiment(exp, report_dir=tmp_path, golden_cache=golden_cache)
     branch = expected.unless
-    if branch is not None:
-        journal = json.loads(result.journal_path.read_text())
-        if branch.applies(journal, read_events(Path(journal["run"]["job_dir"]) / "events")):
-            print(f"{name}: the other branch: {branch.why}")
-            expected = branch.expected
-    _check(expected, result.verdict, [s.to_dict() for s in result.slas],
-           f"error: {result.error}\njournal: {result.journal_path}")
+    journal = json.loads(result.journal_path.read_text())
+    if branch is not None and branch.applies(
+            journal, read_events(Path(journal["run"]["job_dir"]) / "events")):
+        print(f"{name}: the other branch: {branch.why}")
+        expected = branch.expected
+    where = f"error: {result.error}\njournal: {result.journal_path}"
+    _check(expected, result.verdict, [s.to_dict() for s in result.slas], where)
+    if expected.detected:
+        signals = {s["name"]: s for s in journal["detection"]["signals"]}
+        assert {n: signals[n]["detected"] for n in expected.detected} == expected.detected, \
+            f"{journal['detection']}\n{where}"
 
 
 @pytest.mark.integration
