@@ -214,7 +214,7 @@ def _detection_curve(sweep: dict[str, Any]) -> Figure:
         for x, p in zip(xs, points, strict=True):
             if not p["measured"]:
                 continue
-            s = next((s for s in p["signals"] if s["name"] == name), {})
+            s: dict[str, Any] = next((s for s in p["signals"] if s["name"] == name), {})
             if s.get("detected") and s.get("within_steps") is not None:
                 hit.append((x, s["within_steps"]))
             elif not s.get("detected"):

@@ -93,7 +93,7 @@ def cell(point: dict[str, Any], name: str) -> str:
         took = [f"{steps} step{'s' if steps != 1 else ''}" if steps is not None else None,
                 fmt.seconds(s["within_s"]) if s.get("within_s") is not None else None]
         text = " / ".join(t for t in took if t) or "detected (latency not measured)"
-        text += f", {ATTRIBUTION.get(s.get('attribution'), 'attribution not measured')}"
+        text += f", {ATTRIBUTION.get(str(s.get('attribution')), 'attribution not measured')}"
     if s.get("false_alarms"):
         text += f", {s['false_alarms']} false alarm(s)"
     return text
