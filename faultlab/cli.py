@@ -1107,7 +1107,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, console: C
 
     def ran(point, result, row: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
         said = "; ".join(f"{s['name']}: {cell(row, s['name'])}" for s in row["signals"])
-        console.print(f"point {point.index}/{num} ({param['path']}={point.value!r}): "
+        console.print(f"point {point.index}/{num} ({escape(param['path'])}={point.value!r}): "
                       f"{result.verdict}" + (f"  error: {escape(result.error)}"
                                              if result.error else "")
                       + f"  {escape(said or 'no signal fired')}")
@@ -1135,10 +1135,10 @@ def _print_sweep(record: dict[str, Any], console: Console) -> None:
     from faultlab.report.sweep import sweep_rows, threshold_text
 
     header, rows = sweep_rows(record)
-    table = Table(title=f"{record['experiment']['name']}: {record['param']['path']} swept "
-                        f"({record['param']['scale']})")
+    table = Table(title=escape(f"{record['experiment']['name']}: {record['param']['path']} "
+                               f"swept ({record['param']['scale']})"))
     for col in header:
-        table.add_column(col)
+        table.add_column(escape(col))
     for row in rows:
         table.add_row(*map(escape, row))
     console.print(table)
