@@ -569,6 +569,18 @@ def _sla_table(result) -> Table:  # type: ignore[no-untyped-def]
     return table
 
 
+def _detection_table(section: dict[str, Any]) -> Table:
+    """The detection block of the verdict: one row per signal, the onset as the caption."""
+    from faultlab.report.detection import DETECTION_HEADER, detection_lines, detection_rows
+
+    table = Table(title="detection", caption=escape("; ".join(detection_lines(section))))
+    for col in DETECTION_HEADER:
+        table.add_column(col)
+    for row in detection_rows(section):
+        table.add_row(*(escape(c) for c in row))
+    return table
+
+
 def _print_unmeasured(rows: list[Any], console: Console) -> None:
     """An inconclusive run's lines under its table: what could not be measured, and why."""
     for s in rows:
@@ -643,6 +655,8 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
         else:
             console.print(f"[bold]{escape(result.name)}: {result.verdict.upper()}[/]  "
                           f"({escape(str(result.run_folder))})")
+        if result.detection:
+            console.print(_detection_table(result.detection))
         if result.error:
             console.print(f"[bold red]error:[/] {escape(result.error)}")
         for s in result.failures():

@@ -118,6 +118,9 @@ class GoldenRun:
     for a run whose fault struck before it showed its own."""
     step_s: float | None = None
     """Its median step time, likewise."""
+    exit_codes: dict[str, int | None] | None = None
+    """Each node's exit code (what an ``exit_code`` detection signal reads for its false
+    alarms; None: an entry written before they were kept)."""
 
 
 def code_version(exp: Experiment) -> str:
@@ -240,7 +243,7 @@ def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:
                      checkpoints_outside=tuple(d.get("checkpoints_outside") or ()),
                      final_checkpoint=d.get("final_checkpoint"), where=d.get("where") or {},
                      site=d.get("site"), cold_start_s=d.get("cold_start_s"),
-                     step_s=d.get("step_s"),
+                     step_s=d.get("step_s"), exit_codes=d.get("exit_codes"),
                      second=None if second is None else {
                          **second, "losses": {int(k): v for k, v in second["losses"].items()}})
 
@@ -248,7 +251,8 @@ def _from_dict(key: str, d: dict[str, Any], *, cached: bool) -> GoldenRun:
 def _second_of(run: GoldenRun) -> dict[str, Any]:
     return {"digest": run.digest, "losses": run.losses, "tensors": run.tensors,
             "run_dir": run.run_dir, "final_checkpoint": run.final_checkpoint,
-            "where": run.where, "site": run.site, "wall_s": run.wall_s}
+            "where": run.where, "site": run.site, "wall_s": run.wall_s,
+            "exit_codes": run.exit_codes}
 
 
 def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
@@ -317,7 +321,7 @@ def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
                                        final_checkpoint_path(events)),
                      where=where, site=run_site(events),
                      cold_start_s=cold_start_s(events, session.launched_t),
-                     step_s=step_time_s(events))
+                     step_s=step_time_s(events), exit_codes=dict(result.returncodes))
 
 
 def _job_id(target: Any) -> dict[str, Any]:

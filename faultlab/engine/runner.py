@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.engine.checkpoints import scan_checkpoints
+from faultlab.engine.detect_watch import DetectionWatcher, detection_report, wants_detection
 from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.engine.golden import GoldenRun, GoldenRunFailed, golden_cache_for, golden_run
 from faultlab.engine.golden_site import refuse_other_hardware
@@ -47,6 +48,7 @@ from faultlab.judge.timing import TimingUnits, timing_units
 from faultlab.judge.verdict import FAIL, INCONCLUSIVE, verdict_of
 from faultlab.observe import FaultRecord, Metrics, compute_metrics
 from faultlab.observe.checkpoint_origin import outside_saves
+from faultlab.observe.detection_score import DetectionReport
 from faultlab.observe.launch_findings import LaunchFinding, launch_findings, trainer_findings
 from faultlab.observe.logs import node_logs
 from faultlab.observe.metrics import withhold_unfinished
@@ -73,6 +75,8 @@ class RunResult:
     golden: GoldenRun | None = None
     findings: list[LaunchFinding] = field(default_factory=list)
     """What in the launch line or the trainer's process explains a failure (with the fix)."""
+    detection: dict[str, Any] | None = None
+    """The journal's ``detection`` section (None: nothing to detect, no signal declared)."""
 
     @property
     def passed(self) -> bool:
@@ -193,6 +197,7 @@ class _Judged:
     scan: Any = None
     saved_outside: list[str] = field(default_factory=list)
     units: TimingUnits | None = None
+    detection: DetectionReport | None = None
 
     @property
     def verdict(self) -> str:
@@ -224,6 +229,7 @@ class _Run:
         self.t0: float | None = None
         self.job_s: float | None = None  # how long the job ran, on the clock triggers read
         self.watched_until: float | None = None
+        self.watcher: DetectionWatcher | None = None  # the declared detection signals, live
 
     @property
     def runtime(self) -> RuntimeSetup | None:
@@ -284,6 +290,10 @@ class _Run:
         self.view.start(self.exp.name, self.exp.planned_steps)
         self.session.start()
         self.t0 = self.session.t0
+        if self.exp.observe.detections and self.session.launched_t is not None:
+            self.watcher = DetectionWatcher(self.exp.observe.detections, self.job_dir,
+                                            self.run_folder, self.target,
+                                            self.session.launched_t)
 
     # -- supervise -------------------------------------------------------------------------
 
@@ -298,6 +308,8 @@ class _Run:
             view.on_events(target.stream.poll())
             now = time.monotonic()
             self.session.tick(now)
+            if self.watcher is not None:
+                self.watcher.poll(now)
             for i, state in enumerate(states):
                 if i in runtime.planned:  # in the launch plan: recorded when it strikes
                     if not state.exhausted and _struck(exp, i, target, self.records):
@@ -346,6 +358,8 @@ class _Run:
                 _release(self.exp, self.prepared, self.records, view)
 
             self.session.stop(undo)
+            if self.watcher is not None:
+                self.watcher.close()
             view.stop()
 
     # -- judge -----------------------------------------------------------------------------
@@ -392,6 +406,7 @@ class _Run:
         findings += trainer_findings(logs, self.records, events)  # under any launcher
         # The units of a relative bound: this run's own fault-free start, else the golden run's.
         units = timing_units(events, self.session.launched_t, self.records, self.golden)
+        detection = detection_report(exp, self.run_folder, events, self.records, self.golden)
         # Stopped before the launch: no SLA was measured, and a table of "not measured" would
         # only bury the reason (the error).
         slas = [] if self.stopped or self.golden_failed else judge(
@@ -400,7 +415,8 @@ class _Run:
             findings=findings,
             node_exits=target.result().returncodes if target is not None else None,
             lost_nodes=target.result().killed if target is not None else (),
-            stopped_nodes=self.session.lingering, losses=losses or None, units=units)
+            stopped_nodes=self.session.lingering, losses=losses or None, units=units,
+            detection=detection)
         slas += on_time if slas else []
         if self.golden is not None and (note := refuse_other_hardware(
                 exp, self.golden_cache, self.golden, events, f"run {self.run_folder}")):
@@ -419,7 +435,7 @@ class _Run:
         if control.get("lost") and slas:
             slas.append(SLAResult("control_plane_intact", True, False, False, control["lost"]))
         return _Judged(slas, metrics, landed, findings, control, final_state, losses,
-                       slurm_view, scan, saved_outside, units)
+                       slurm_view, scan, saved_outside, units, detection)
 
     # -- journal ---------------------------------------------------------------------------
 
@@ -436,6 +452,8 @@ class _Run:
                            "file": str(self.source) if self.source else None, "seed": exp.seed,
                            "document": exp.model_dump(mode="json")},
             "golden": dataclasses.asdict(self.golden) if self.golden else None,
+            "detection": (judged.detection.to_dict() if judged.detection is not None
+                          and wants_detection(exp) else None),
             "run": {"started_t": self.started_t, "launched_t": self.session.launched_t,
                     "ended_t": time.time(),
                     "wall_s": time.time() - self.started_t, "job_s": self.job_s,
@@ -466,7 +484,7 @@ class _Run:
                          run_folder=self.run_folder, journal_path=path,
                          timed_out=self.timed_out, interrupted=self.interrupted,
                          error=self.error, golden=self.golden,
-                         findings=list(judged.findings))
+                         findings=list(judged.findings), detection=journal["detection"])
 
 
 def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,

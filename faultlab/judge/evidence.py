@@ -25,6 +25,7 @@ from faultlab.judge.noise import (
     within_noise,
 )
 from faultlab.observe import FaultRecord, Metrics
+from faultlab.observe.detection_score import DetectionReport
 from faultlab.observe.final_state import FinalState, final_checkpoint_path, first_difference
 from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.observe.metrics import UNFINISHED_RUN, completion
@@ -71,6 +72,7 @@ class RunEvidence:
     stopped_nodes: Collection[str] = ()
     losses: Mapping[int, float] | None = None
     units: TimingUnits | None = None
+    detection: DetectionReport | None = None
     fired: frozenset[str] = field(init=False)
     unfinished: str = field(init=False)
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from faultlab.judge.evidence import RunEvidence
 from faultlab.judge.slas import CAMPAIGN_SLAS
 from faultlab.observe import FaultRecord, Metrics
+from faultlab.observe.detection_score import DetectionReport, report_of
 from faultlab.observe.final_state import FinalState
 from faultlab.observe.launch_findings import LaunchFinding
 from faultlab.sla import slas
@@ -148,7 +149,8 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
           lost_nodes: Collection[str] = (),
           stopped_nodes: Collection[str] = (),
           losses: Mapping[int, float] | None = None,
-          units: TimingUnits | None = None) -> list[SLAResult]:
+          units: TimingUnits | None = None,
+          detection: DetectionReport | None = None) -> list[SLAResult]:
     """Every SLA of ``expect`` against the measured metrics, plus the implicit check that each
     fault was injected at least once (an experiment whose fault never fired proved nothing).
 
@@ -167,10 +169,14 @@ def judge(exp: Experiment, metrics: Metrics, golden: Golden | None, *,
     the engine stopped because training had completed and they still ran.
 
     ``units`` are the run's fault-free timings (``faultlab.judge.timing.timing_units``), by
-    which a relative bound in seconds is judged; None: such a bound is not measured."""
+    which a relative bound in seconds is judged; None: such a bound is not measured.
+    ``detection``: the run's detection report (``faultlab.observe.detection_score``), what the
+    detection SLAs read; None: nothing was scored (they are not measured)."""
     out = _injected(exp, metrics, faults, events, job_s) + _golden_fault_free(golden)
+    if detection is None:  # no engine's watcher: what the records alone show, no golden scan
+        detection = report_of(exp.observe.detections, None, events, faults, None)
     ev = RunEvidence(exp, metrics, golden, timed_out, faults, events, final_state, job_s,
-                     findings, node_exits, lost_nodes, stopped_nodes, losses, units)
+                     findings, node_exits, lost_nodes, stopped_nodes, losses, units, detection)
     declared = slas()
     judged = [SLAResult(key, bound.terms() if isinstance(bound, RelativeSeconds) else bound,
                         o.measured, o.passed, o.note, o.limit, o.ratio, o.inconclusive)

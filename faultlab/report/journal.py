@@ -29,6 +29,7 @@ from typing import Any
 
 from faultlab.judge.timing import bound_text
 from faultlab.report import _format as fmt
+from faultlab.report.detection import detection_markdown
 
 __all__ = ["SCHEMA_VERSION", "environment", "read_journal", "render_markdown", "strict_json",
            "write_journal"]
@@ -158,6 +159,7 @@ def render_markdown(journal: dict[str, Any]) -> str:
         lines.append(f"| {s['name']} | {bound} | {_fmt(s['measured'])}{ratio}{note} | "
                      f"{fmt.result_word(s, markdown=True)} |")
     lines += findings_markdown(run.get("launch_findings") or [])
+    lines += detection_markdown(journal.get("detection"))
     lines += ["", "## Faults", "",
               "| id | type | target | injected | landed | undone | details |",
               "| --- | --- | --- | --- | --- | --- | --- |"]

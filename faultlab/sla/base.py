@@ -71,6 +71,10 @@ class Evidence(Protocol):
     units: Any
     """The run's fault-free timings, the units of a relative bound
     (``faultlab.sla.timing.TimingUnits``), or None."""
+    detection: Any
+    """The run's detection report (``faultlab.observe.detection_score.DetectionReport``: the
+    onset of a fault that slows the job or corrupts silently, each signal scored against it),
+    or None. An ``Evidence`` of a team's may lack it: read it with ``getattr``."""
 
     def value(self, metric: str) -> Any:
         """The run-level metric ``metric`` of ``metrics`` (None: not measured or unknown)."""

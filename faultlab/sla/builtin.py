@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from faultlab.sla.base import Evidence, Outcome, Sla
+from faultlab.sla.detection import DETECTION_SLAS, StragglerDetected
 
 __all__ = ["BUILTIN", "NOISE_K_DEFAULT"]
 
@@ -312,10 +313,14 @@ BUILTIN: tuple[Sla, ...] = (
                     "(slurm)",
         doc="""Upper bound, seconds from the fault to the job running again after the scheduler
         requeued it (``topology.launcher: slurm``); a job never requeued fails it."""),
-    Sla(key="straggler_detected_within_s", value=float, gt=0, kind="max", unit="s",
+    StragglerDetected(
+        key="straggler_detected_within_s", value=float, gt=0, kind="max", unit="s",
         metric="straggler_detected_within_s",
-        description="a rank slowed down → the trainer names it in an anomaly",
-        doc="Upper bound, seconds from slowing a rank down to the trainer naming it."),
+        description="a rank slowed down → the trainer names it in an anomaly, or a declared "
+                    "detection signal names it (its rank or node)",
+        doc="""Upper bound, seconds from slowing a rank down to the trainer naming it (a
+        straggler anomaly) or a declared signal of ``observe.detections`` naming it (or those
+        of ``detected_by``)."""),
     Sla(key="max_slowdown", value=float, gt=0, kind="max", unit="ratio (x)", metric="slowdown",
         description="median step time while a slowing fault is in force ÷ the median before "
                     "it",
@@ -392,6 +397,7 @@ BUILTIN: tuple[Sla, ...] = (
         doc="""Every rank of each restart resumed from the same checkpoint step (or, if false, some
         did not): one node with an older view of the checkpoint directory (``stale_shared_fs``)
         must not make its ranks load another checkpoint than the rest."""),
+    *DETECTION_SLAS,
 )
 """The built-in SLAs, in the order of the ``expect`` keys."""
 

@@ -14,12 +14,12 @@ from the same object. The spec never learns what an SLA means; it only checks th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field, create_model, field_validator
+from pydantic import BeforeValidator, Field, create_model, field_validator
 
 from faultlab.sla import NOISE_K_DEFAULT, Sla, slas
-from faultlab.spec._base import SpecModel
+from faultlab.spec._base import SpecModel, as_tuple
 
 __all__ = ["NOISE_K_DEFAULT", "Expect", "ExpectBase"]
 
@@ -27,10 +27,17 @@ __all__ = ["NOISE_K_DEFAULT", "Expect", "ExpectBase"]
 class ExpectBase(SpecModel):
     """What every ``Expect`` model has besides its fields (one per SLA)."""
 
+    detected_by: Annotated[tuple[Annotated[str, Field(min_length=1)], ...],
+                           BeforeValidator(as_tuple), Field(min_length=1)] | None = None
+    """The detection signals the detection SLAs count (``detected_within_steps``,
+    ``detection_attributed``, ``false_alarms`` ..., ``straggler_detected_within_s``): names of
+    ``observe.detections``, or ``anomaly:<what>`` for the trainer's own anomaly records.
+    Unset: every declared signal and every anomaly counts."""
+
     def items(self) -> list[tuple[str, bool | int | float]]:
-        """``(key, bound)`` for every key that is set, in the order of the fields."""
+        """``(key, bound)`` for every SLA key that is set, in the order of the fields."""
         return [(k, getattr(self, k)) for k in type(self).model_fields
-                if getattr(self, k) is not None]
+                if k not in ExpectBase.model_fields and getattr(self, k) is not None]
 
 
 def _parser(sla: Sla) -> Any:

@@ -21,6 +21,7 @@ from pydantic_core import InitErrorDetails
 
 from faultlab.fault_api.context import CONTEXT_CAPABILITIES, unmet
 from faultlab.spec._base import SpecModel, as_tuple, located, slug_name, spec_error
+from faultlab.spec._detection import detection_problems
 from faultlab.spec._trainer import check_train_config
 from faultlab.spec.checkpoint_args import steps_of_command
 from faultlab.spec.expect import Expect
@@ -171,7 +172,18 @@ class Experiment(JobSpec):
         """Fault-free runs needed: none without a verdict that compares with them."""
         if self.expect.matches_golden_within_noise is not None:
             return 2
-        return self.golden.runs if self.expect.bitwise_equal_to_golden is not None else 0
+        if self.expect.bitwise_equal_to_golden is not None:
+            return self.golden.runs
+        return self.golden.runs if self.expect.false_alarms is not None else 0
+
+    @field_validator("expect")
+    @classmethod
+    def _detection_fits(cls, expect: Expect, info: ValidationInfo) -> Expect:
+        errors = detection_problems(expect, info.data.get("target"), info.data.get("observe"),
+                                    info.data.get("faults"))
+        if errors:
+            raise located(errors)
+        return expect
 
     @field_validator("expect")
     @classmethod

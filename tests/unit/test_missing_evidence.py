@@ -29,11 +29,13 @@ from faultlab.spec import experiment_from_dict
 from tests.unit.test_unfinished_runs import (
     DELAY,
     KILLED,
+    SDC,
     SPOT,
     STICKY,
     T,
     _storage,
     ev,
+    slowing,
 )
 
 BUILTIN = [name for name, sla in SLAS.items() if type(sla).__module__.startswith("faultlab.")]
@@ -156,6 +158,18 @@ MISSING: dict[str, Row] = {
     # no step digest: whether the healed rank's weights equal a peer's is not known
     "healed_state_matches_peer": Row(True, expected="inconclusive", events=[
         {k: v for k, v in r.items() if k != "param_digest"} for r in finished()]),
+    # a silent fault struck, and no signal noticed (none declared, no anomaly written)
+    "detected_within_steps": Row(5, fault=SDC),
+    "detected_within_s": Row(5.0, fault=SDC),
+    "detection_attributed": Row(True, fault=SDC),
+    # no golden run scanned: no count of alarms without a fault
+    "false_alarms": Row(0),
+    # the silent fault's injection failed: it never struck, nothing to count from
+    "contaminated_checkpoints": Row(5, expected="inconclusive", fault=FaultRecord(
+        id="sdc-1", type="sdc", injected_t=T, target="rank 1",
+        capabilities=("corrupts_silently",), details={"error": "no such module"})),
+    # struck, and the job never resumed: nothing shows it resumed clean
+    "resumed_from_clean_state": Row(True, fault=SDC),
     # no restart: nobody resumed from anything
     "same_resume_point": Row(True),
 }
@@ -170,7 +184,8 @@ def _judge(name: str, row: Row, events: list[dict[str, Any]] | None = None,
         setattr(metrics, sla.metric or "", float("nan"))
     withhold_unfinished(metrics)
     exp = experiment_from_dict({"name": "gap", "run": {"steps": 20},
-                                "topology": {"nodes": 2}, "expect": {name: row.bound}})
+                                "topology": {"nodes": 2}, "expect": {name: row.bound},
+                                **slowing(name)})
     results = judge(exp, metrics, row.golden, timed_out=False, faults=[row.fault],
                     events=events, losses=None)
     (result,) = [r for r in results if r.name == name]

@@ -20,6 +20,7 @@ from faultlab.judge.verdict import judge
 from faultlab.observe import FaultRecord, compute_metrics
 from faultlab.observe.metrics import withhold_unfinished
 from faultlab.spec import experiment_from_dict
+from faultlab.spec._detection import ASKS_FOR_FAULT
 from tests.fault_records import declared
 
 T = 1012.0  # the fault, just after step 12
@@ -86,6 +87,8 @@ STICKY = FaultRecord(id="gpu", type="gpu_error", injected_t=T, target="node 0",
                      details={"sticky": True, "node": "node0"})
 KILLED = FaultRecord(id="kill", type="rank_kill", injected_t=T, target="rank 1",
                      details={"signal": "SIGKILL", "pids_by_rank": {"1": 101}})
+SDC = FaultRecord(id="sdc-1", type="sdc", injected_t=T, target="rank 1",
+                  capabilities=("corrupts_silently",))
 BITFLIP = FaultRecord(id="flip", type="ckpt_bitflip", injected_t=T, target="all",
                       details={"checkpoints": ["/run/checkpoints/step_10"]})
 
@@ -134,11 +137,30 @@ CASES: dict[str, Case] = {
     "healed_by_step": Case(14, 13, fault=KILLED),
     "heal_time_s": Case(5.0, pytest.approx(1.0), fault=KILLED),
     "healed_state_matches_peer": Case(True, NOT_MEASURED, fault=KILLED),
+    # a silent fault struck and nothing noticed before the end: not measured; a detection
+    # before it (a time), a wrong name (a finding) and the checkpoints saved stand
+    "detected_within_steps": Case(5, NOT_MEASURED, fault=SDC),
+    "detected_within_s": Case(5.0, pytest.approx(1.0), fault=SDC, records=[
+        ev(T + 1.0, "anomaly", 0, what="sdc_suspected", suspect_rank=1, step=13)]),
+    "detection_attributed": Case(True, False, fault=SDC, records=[
+        ev(T + 1.0, "anomaly", 0, what="sdc_suspected", suspect_rank=0, step=13)]),
+    "false_alarms": Case(0, NOT_MEASURED),  # no golden run was scanned
+    "contaminated_checkpoints": Case(5, 0, fault=SDC),
+    "resumed_from_clean_state": Case(True, NOT_MEASURED, fault=SDC),
     # the ranks of the restart loaded different checkpoints before the end: that happened
     "same_resume_point": Case(True, False, records=[
         {**ev(1015.6, "checkpoint_loaded", 0, step=10), "pid": 300},
         {**ev(1015.7, "checkpoint_loaded", 1, step=5), "pid": 301}]),
 }
+
+
+SLOWING = {"type": "collective_delay", "target": {"rank": 1}, "trigger": {"at_step": 12},
+           "duration_s": 5}
+"""A fault the detection SLAs may ask about (validation refuses them without one)."""
+
+
+def slowing(name: str) -> dict[str, Any]:
+    return {"faults": [SLOWING]} if name in ASKS_FOR_FAULT else {}
 
 
 def _judged(name: str, case: Case) -> Any:
@@ -148,7 +170,7 @@ def _judged(name: str, case: Case) -> Any:
         setattr(metrics, key, value)
     withhold_unfinished(metrics)  # as the engine does after reading the checkpoints back
     exp = experiment_from_dict({"name": "early", "run": {"steps": 40},
-                                "expect": {name: case.bound}})
+                                "expect": {name: case.bound}, **slowing(name)})
     (result,) = [r for r in judge(exp, metrics, _Golden(), timed_out=case.timed_out,
                                   faults=[case.fault], events=events) if r.name == name]
     return result
