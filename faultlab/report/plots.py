@@ -197,8 +197,9 @@ def campaign_svg(series: dict[str, Any], injections: list[dict[str, Any]], name:
 
 def _detection_curve(sweep: dict[str, Any]) -> Figure:
     """Steps from the fault's onset to each signal's first detection against the swept value
-    (log x where the values were log-spaced); a point that measured and did not detect is an
-    x on the "not detected" line above the curves; a point that measured nothing, or a
+    (log x where the values were log-spaced), hollow where the detection did not name exactly
+    the fault's victims; a point that measured and did not detect is an x on the "not detected"
+    line above the curves; a point that measured nothing, or a
     detection whose steps were not measured, is left out (the table has it)."""
     points = sweep["points"]
     numeric = all(isinstance(p["value"], int | float) and not isinstance(p["value"], bool)
@@ -210,18 +211,24 @@ def _detection_curve(sweep: dict[str, Any]) -> Figure:
     ax = fig.add_subplot()
     for i, name in enumerate(sweep["signals"]):
         color = RC["axes.prop_cycle"].by_key()["color"][i % 6]
-        hit, miss = [], []
+        hit, miss, unnamed = [], [], []
         for x, p in zip(xs, points, strict=True):
             if not p["measured"]:
                 continue
             s: dict[str, Any] = next((s for s in p["signals"] if s["name"] == name), {})
             if s.get("detected") and s.get("within_steps") is not None:
                 hit.append((x, s["within_steps"]))
+                if s.get("attribution") != "exact":
+                    unnamed.append((x, s["within_steps"]))
             elif not s.get("detected"):
                 miss.append(x)
         if hit:
             ax.plot(*zip(*hit, strict=True), marker="o", markersize=5, linewidth=1.4,
                     color=color, label=name)
+        if unnamed:  # hollow: it fired, but did not name exactly the victims
+            ax.plot(*zip(*unnamed, strict=True), linestyle="none", marker="o", markersize=7,
+                    markerfacecolor="white", color=color,
+                    label=f"{name}: not naming exactly the victims")
         if miss:  # each signal a little apart, so that two misses at one value both show
             ax.plot(miss, [top * (1 + 0.035 * i)] * len(miss), linestyle="none", marker="x",
                     markersize=8, color=color, label=f"{name}: not detected")

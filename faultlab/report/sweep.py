@@ -13,7 +13,9 @@ A point reads its journal's ``detection`` section (``onset``, ``signals``: one e
 declared signal, and one per kind of the trainer's own ``anomaly`` records that fired). A
 signal missing from a point whose journal has the section did not fire there: not detected.
 A point without the section (it could not run, or its fault never struck) measured nothing,
-which is never "not detected". Top level of sweep.json::
+which is never "not detected". A signal's thresholds: the smallest value it noticed at, and the
+smallest at which its first detection named exactly the victims (``attribution: exact``).
+Top level of sweep.json::
 
     schema_version 1, kind "faultlab_sweep", experiment {name, file, seed, description},
     param {path, scale, values}, started_t, ended_t, wall_s, interrupted, num_points,
@@ -115,8 +117,9 @@ def thresholds(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name in signal_names(points):
         seen = [(p["value"], _signal(p, name)) for p in ordered]
         measured = [(v, bool(s.get("detected"))) for v, s in seen if s is not None]
-        first = next((i for i, (_v, hit) in enumerate(measured) if hit), None)
-        missed = [v for v, hit in measured[first:] if not hit] if first is not None else []
+        first, missed = _first(measured)
+        exact, unnamed = _first([(v, bool(s.get("detected")) and s.get("attribution") == "exact")
+                                 for v, s in seen if s is not None])
         alarms = [s.get("false_alarms") for _v, s in seen if s is not None]
         known = [a for a in alarms if a is not None]
         out.append({"signal": name,
@@ -124,9 +127,17 @@ def thresholds(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "monotone": first is not None and not missed,
                     "everywhere": first == 0 and not missed,
                     "missed_above": missed,
+                    "first_attributed": None if exact is None else measured[exact][0],
+                    "unattributed_above": unnamed,
                     "not_measured": [v for v, s in seen if s is None],
                     "false_alarms": max(known) if known else None})
     return out
+
+
+def _first(measured: list[tuple[Any, bool]]) -> tuple[int | None, list[Any]]:
+    """The index of the first hit, and the values after it that were not hits."""
+    first = next((i for i, (_v, hit) in enumerate(measured) if hit), None)
+    return first, [v for v, hit in measured[first:] if not hit] if first is not None else []
 
 
 def threshold_text(t: dict[str, Any]) -> str:
@@ -140,6 +151,7 @@ def threshold_text(t: dict[str, Any]) -> str:
         text = f"noticed at every value measured, from {t['first_noticed']!r}"
     else:
         text = f"noticed from {t['first_noticed']!r} on, and at every larger value"
+    text += _attributed_text(t)
     if t["not_measured"]:
         text += f"; not measured at {', '.join(map(repr, t['not_measured']))}"
     fa = t["false_alarms"]
@@ -147,6 +159,23 @@ def threshold_text(t: dict[str, Any]) -> str:
              f"; {fa} false alarm(s) in the golden run(s): it fires without a fault" if fa
              else "; 0 false alarms in the golden run(s)")
     return text
+
+
+def _attributed_text(t: dict[str, Any]) -> str:
+    """Whether it named the victims exactly where it noticed: a detection that names another
+    rank noticed something, not the fault's victim."""
+    exact = t.get("first_attributed")
+    if t["first_noticed"] is None:
+        return ""
+    if exact is None:
+        return "; never named exactly the victims"
+    if exact == t["first_noticed"] and not t["unattributed_above"]:
+        return "; named exactly the victims wherever it noticed"
+    text = f"; named exactly the victims from {exact!r}"
+    if t["unattributed_above"]:
+        return text + (f", but not at {', '.join(map(repr, t['unattributed_above']))} above "
+                       f"it")
+    return text + " on"
 
 
 def sweep_rows(record: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

@@ -182,8 +182,9 @@ def test_a_monotone_curve_has_its_threshold_and_says_every_larger_value_noticed(
     t = by_signal(points(journal(signal("s", False)), journal(signal("s", False)),
                          journal(signal("s", True, 5)), journal(signal("s", True, 2))))["s"]
     assert (t["first_noticed"], t["monotone"], t["missed_above"]) == (2.0, True, [])
-    assert threshold_text(t) == ("noticed from 2.0 on, and at every larger value; 0 false "
-                                 "alarms in the golden run(s)")
+    assert threshold_text(t) == ("noticed from 2.0 on, and at every larger value; named "
+                                 "exactly the victims wherever it noticed; 0 false alarms in "
+                                 "the golden run(s)")
 
 
 def test_a_non_monotone_curve_is_said_not_hidden() -> None:
@@ -192,6 +193,25 @@ def test_a_non_monotone_curve_is_said_not_hidden() -> None:
     assert (t["first_noticed"], t["monotone"], t["missed_above"]) == (1.6, False, [2.0])
     assert threshold_text(t).startswith("first noticed at 1.6, but missed at 2.0 above it: "
                                         "not monotone")
+
+
+def test_noticing_and_naming_the_victim_are_two_thresholds() -> None:
+    # A 1.2x straggler "noticed" by naming another rank is not the fault's victim found.
+    t = by_signal(points(journal(signal("s", True, attribution="wrong")),
+                         journal(signal("s", True, attribution="exact")),
+                         journal(signal("s", True, attribution="extra")),
+                         journal(signal("s", True, attribution="exact"))))["s"]
+    assert (t["first_noticed"], t["monotone"]) == (1.2, True)
+    assert (t["first_attributed"], t["unattributed_above"]) == (1.6, [2.0])
+    assert "; named exactly the victims from 1.6, but not at 2.0 above it;" in threshold_text(t)
+    named_late = by_signal(points(journal(signal("s", True, attribution="none")),
+                                  journal(signal("s", True, attribution="exact")),
+                                  values=(1.2, 3.0)))["s"]
+    assert "; named exactly the victims from 3.0 on;" in threshold_text(named_late)
+    nobody = by_signal(points(journal(signal("s", True, attribution="none")),
+                              values=(3.0,)))["s"]
+    assert nobody["first_attributed"] is None
+    assert "; never named exactly the victims;" in threshold_text(nobody)
 
 
 def test_never_detected_and_detected_everywhere() -> None:
