@@ -53,8 +53,14 @@ def point_record(index: int, value: Any, journal: dict[str, Any], *, run_folder:
     """One point of sweep.json from its run's journal (``{}``: it has none)."""
     detection = journal.get("detection")
     run = journal.get("run") or {}
+    noise = next((s for s in journal.get("slas") or []
+                  if s.get("name") == "matches_golden_within_noise"), None)
     return {"index": index, "value": value, "run_folder": run_folder,
             "verdict": journal.get("verdict"), "error": error,
+            # how far the corruption carried: the run's distance from the golden run in units
+            # of the fault-free runs' noise, where the experiment asks for it
+            "noise_units": None if noise is None else noise.get("measured"),
+            "noise_bound": None if noise is None else noise.get("bound"),
             "timed_out": bool(run.get("timed_out")),
             "measured": error is None and isinstance(detection, dict)
             and detection.get("onset") is not None,
@@ -181,7 +187,9 @@ def _attributed_text(t: dict[str, Any]) -> str:
 def sweep_rows(record: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The table: one row per point (in the order they ran), a column per signal."""
     names = record["signals"]
-    header = [record["param"]["path"], "verdict", "onset", *names]
+    noise = any(p.get("noise_bound") is not None for p in record["points"])
+    header = [record["param"]["path"], "verdict", "onset", *names,
+              *(["from golden (noise units)"] if noise else [])]
     rows = []
     for p in record["points"]:
         onset = p["onset"]
@@ -189,9 +197,18 @@ def sweep_rows(record: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             f"step {onset.get('step')}" + (f", ranks {onset['ranks']}" if onset.get("ranks")
                                            else ""))
         verdict = f"error: {p['error']}" if p["error"] else (p["verdict"] or "—")
+        far = p.get("noise_units")
         rows.append([repr(p["value"]), verdict + (" (timed out)" if p["timed_out"] else ""),
-                     where, *(cell(p, n) for n in names)])
+                     where, *(cell(p, n) for n in names),
+                     *([_noise_units(far, p.get("noise_bound"))] if noise else [])])
     return header, rows
+
+
+def _noise_units(far: float | None, bound: float | None) -> str:
+    if far is None:
+        return fmt.NOT_MEASURED
+    shown = f"{far:,.0f}" if far >= 100 else f"{far:.3g}"
+    return shown + (f" (bound {bound:g})" if bound is not None else "")
 
 
 def render_sweep_markdown(record: dict[str, Any]) -> str:

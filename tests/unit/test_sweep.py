@@ -297,6 +297,19 @@ def test_write_sweep_writes_json_markdown_and_a_png(tmp_path: Path) -> None:
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_how_far_the_corruption_carried_is_a_column_where_the_experiment_asks() -> None:
+    far = [{**journal(signal("s", False)),
+            "slas": [{"name": "matches_golden_within_noise", "bound": 10.0, "measured": m}]}
+           for m in (0.5, 45.599, 260472.667, None)]
+    pts = points(*far)
+    header, rows = sweep_rows({**record(pts), "signals": ["s"]})
+    assert header[-1] == "from golden (noise units)"
+    assert [r[-1] for r in rows] == ["0.5 (bound 10)", "45.6 (bound 10)",
+                                     "260,473 (bound 10)", "not measured"]
+    plain = record(points(journal(signal("s", False)), values=(1.0,)))
+    assert sweep_rows({**plain, "signals": ["s"]})[0][-1] == "s"  # not asked: no column
+
+
 def test_no_signal_is_said_in_the_files(tmp_path: Path) -> None:
     pts = points({"verdict": "pass", "run": {}}, values=(2.0,))  # a journal without detection
     write_sweep(tmp_path, record(pts))
