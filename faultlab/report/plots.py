@@ -5,7 +5,9 @@ as SVG with text kept as text (``svg.fonttype: none``) and no metadata, so a plo
 kilobytes and refers to nothing outside itself. Every id inside an SVG is prefixed with the
 plot's own name: several SVGs inlined in one HTML document share one id namespace.
 
-Each function takes a part of report.json and nothing else.
+Each function takes a part of report.json and nothing else; the one exception is
+``detection_curve_png``, which takes a sweep record (sweep.json) and writes a PNG file beside
+sweep.md, for a Markdown page to link.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.rcsetup import cycler
 
-__all__ = ["MARKER_STYLES", "PHASE_COLORS", "campaign_svg", "detection_curve_png",
-           "detection_curve_svg", "loss_svg", "recovery_svg", "timeline_svg"]
+__all__ = ["MARKER_STYLES", "PHASE_COLORS", "campaign_svg", "detection_curve_png", "loss_svg",
+           "recovery_svg", "timeline_svg"]
 
 RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "faultlab", "font.size": 9,
       "axes.spines.top": False, "axes.spines.right": False,
@@ -246,16 +248,9 @@ def _detection_curve(sweep: dict[str, Any]) -> Figure:
     return fig
 
 
-def detection_curve_svg(sweep: dict[str, Any], name: str) -> str:
-    """The detection curve of a sweep record (``faultlab.report.sweep``), as inline SVG."""
-    import matplotlib
-
-    with matplotlib.rc_context(RC):
-        return _svg(_detection_curve(sweep), name)
-
-
 def detection_curve_png(sweep: dict[str, Any], path: Path) -> None:
-    """The same curve as a PNG file (sweep.png, beside sweep.md)."""
+    """The detection curve of a sweep record (``faultlab.report.sweep``) as a PNG file:
+    sweep.png, beside sweep.md, which links it."""
     import matplotlib
 
     with matplotlib.rc_context(RC):

@@ -6,7 +6,7 @@
                         run's journal says (its ``detection`` section), and each signal's
                         threshold (rewritten after every point)
         sweep.md        the table and the thresholds, with the plot
-        sweep.png       steps to detect against the swept value (``plots.detection_curve``)
+        sweep.png       steps to detect against the swept value (``plots.detection_curve_png``)
         runs/           each point's own run folder, as ``faultlab run`` writes it
 
 A point reads its journal's ``detection`` section (``onset``, ``signals``: one entry per
