@@ -47,18 +47,25 @@ def wants_detection(exp: Experiment) -> bool:
         spec.fault_class.slows_job or spec.fault_class.corrupts_silently for spec in exp.faults)
 
 
+FILE_SLACK_S = 5.0
+"""A finished run's files count from its first record to this long after its last (a file
+written as it exited); a later run's in the same directory do not."""
+
+
 def _file_roots(job_dir: Path) -> list[Path]:
     return list(dict.fromkeys([Path.cwd(), job_dir, job_dir.parent]))
 
 
-def _globbed(pattern: str, roots: Iterable[Path], since: float) -> list[str]:
-    """Paths matching ``pattern`` under any root (an absolute pattern: itself), modified at
-    or after ``since`` (a file an earlier run left is not this run's)."""
+def _globbed(pattern: str, roots: Iterable[Path], since: float,
+             until: float = float("inf")) -> list[str]:
+    """Paths matching ``pattern`` under any root (an absolute pattern: itself), modified
+    from ``since`` to ``until`` (a file another run left in a shared directory is not this
+    run's)."""
     out: set[str] = set()
     for root in roots:
         for path in glob.glob(os.path.join(root, pattern)):
             try:
-                if os.stat(path).st_mtime >= since:
+                if since <= os.stat(path).st_mtime <= until:
                     out.add(os.path.realpath(path))
             except OSError:
                 continue
@@ -146,7 +153,7 @@ def finished_run_counts(signals: Sequence[DetectionSignal], run_dir: Path,
     """Each signal's detections in a finished run (a golden run) read from what it left:
     its logs, events, files and exit codes. None: what the signal reads is gone."""
     events_dir = run_dir / "events"
-    events: list[Record] = read_events(events_dir) if events_dir.is_dir() else []
+    events: list[Record] = list(read_events(events_dir)) if events_dir.is_dir() else []
     found = anomaly_detections(events) + exclusion_detections(signals, events)
     counts: dict[str, int | None] = {s.name: 0 for s in signals}
     for d in found:
@@ -162,8 +169,8 @@ def finished_run_counts(signals: Sequence[DetectionSignal], run_dir: Path,
             counts[s.name] = None if exit_codes is None else sum(
                 1 for code in exit_codes.values() if code == s.exit_code)
         elif s.file is not None:
-            counts[s.name] = len(_globbed(s.file, _file_roots(run_dir),
-                                          min(times, default=0.0))) if times else None
+            counts[s.name] = len(_globbed(s.file, _file_roots(run_dir), min(times),
+                                          max(times) + FILE_SLACK_S)) if times else None
         elif not events:
             counts[s.name] = None
     return counts

@@ -443,6 +443,8 @@ class _Run:
         exp, target, launch, storage = self.exp, self.target, self.launch_info, self.storage
         final_state = judged.final_state
         verdict = judged.verdict if self.error is None else FAIL
+        detection = judged.detection.to_dict() if judged.detection is not None and \
+            wants_detection(exp) else None
         journal = {
             "verdict": verdict,
             "slas": [s.to_dict() for s in judged.slas],
@@ -452,8 +454,7 @@ class _Run:
                            "file": str(self.source) if self.source else None, "seed": exp.seed,
                            "document": exp.model_dump(mode="json")},
             "golden": dataclasses.asdict(self.golden) if self.golden else None,
-            "detection": (judged.detection.to_dict() if judged.detection is not None
-                          and wants_detection(exp) else None),
+            "detection": detection,
             "run": {"started_t": self.started_t, "launched_t": self.session.launched_t,
                     "ended_t": time.time(),
                     "wall_s": time.time() - self.started_t, "job_s": self.job_s,
@@ -484,7 +485,7 @@ class _Run:
                          run_folder=self.run_folder, journal_path=path,
                          timed_out=self.timed_out, interrupted=self.interrupted,
                          error=self.error, golden=self.golden,
-                         findings=list(judged.findings), detection=journal["detection"])
+                         findings=list(judged.findings), detection=detection)
 
 
 def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,

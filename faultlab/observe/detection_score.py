@@ -141,7 +141,7 @@ def _onset(fault: FaultRecord, events: Sequence[Record]) -> Onset | None:
                    and _float(r.get("t")) is not None), key=lambda r: float(r["t"]))
     struck = [r for r in mine if r.get("kind") == "fault_struck"]
     injected = [r for r in mine if r.get("kind") == "fault_injected"]
-    first = (struck or injected or [None])[0]
+    first = (struck or injected)[0] if struck or injected else None
     if struck:
         ranks = sorted({r for r in (_int(s.get("rank")) for s in struck) if r is not None})
         nodes = sorted({str(s["node"]) for s in struck if isinstance(s.get("node"), str)})
@@ -176,6 +176,8 @@ def _named_victims(fault: FaultRecord, injected: Sequence[Record]
 
 def attribution(d: Detection, onset: Onset) -> str:
     """``exact``, ``extra``, ``wrong`` or ``none`` (module docstring)."""
+    named: set[Any]
+    victims: set[Any]
     if d.ranks is not None and onset.ranks:
         named, victims = set(d.ranks), set(onset.ranks)
     elif d.nodes is not None and onset.nodes:

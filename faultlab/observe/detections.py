@@ -109,7 +109,7 @@ def anomaly_detections(events: Iterable[Record]) -> list[Detection]:
         t = _float(r.get("t"))
         if r.get("kind") != "anomaly" or t is None:
             continue
-        extra = r.get("ranks") if isinstance(r.get("ranks"), list) else []
+        extra: list[Any] = r["ranks"] if isinstance(r.get("ranks"), list) else []
         named = [r.get("straggler_rank"), r.get("suspect_rank"), *extra]
         ranks = tuple(sorted({x for x in map(_int, named) if x is not None}))
         out.append(Detection(f"anomaly:{r.get('what')}", t, _int(r.get("step")),

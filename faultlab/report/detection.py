@@ -55,10 +55,12 @@ def detection_lines(section: dict[str, Any]) -> list[str]:
     return lines
 
 
-def detection_markdown(section: dict[str, Any] | None) -> list[str]:
+def detection_markdown(section: dict[str, Any] | None, heading: str = "##") -> list[str]:
+    """The block of report.md (a run's; ``heading`` "###" in a suite's, under its
+    experiment)."""
     if not section:
         return []
-    out = ["", "## Detection", "", *(f"- {line}" for line in detection_lines(section))]
+    out = ["", f"{heading} Detection", "", *(f"- {line}" for line in detection_lines(section))]
     rows = detection_rows(section)
     if rows:
         out += ["", "| " + " | ".join(DETECTION_HEADER) + " |",

@@ -24,6 +24,7 @@ from faultlab.report.campaign import (
     summary_rows,
     type_rows,
 )
+from faultlab.report.detection import DETECTION_HEADER, detection_lines, detection_rows
 from faultlab.report.markdown import PROJECTION_ROWS, sla_summary
 from faultlab.report.plots import (
     PHASE_COLORS,
@@ -51,7 +52,8 @@ def _environment() -> Environment:
     env.globals.update(sla_bound=fmt.sla_bound, sla_measured=fmt.sla_measured,
                        measured=fmt.measured, sla_summary=sla_summary,
                        sla_result=fmt.sla_result, result_word=fmt.result_word,
-                       result_mark=fmt.result_mark,
+                       result_mark=fmt.result_mark, detection_rows=detection_rows,
+                       detection_lines=detection_lines, detection_header=DETECTION_HEADER,
                        repeat_rows=spread_rows, repeat_headers=(SLA_HEADER, METRIC_HEADER),
                        campaign_summary_rows=summary_rows, campaign_type_rows=type_rows,
                        campaign_injection_rows=injection_rows,

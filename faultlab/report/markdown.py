@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from faultlab.report import _format as fmt
+from faultlab.report.detection import detection_markdown
 
 __all__ = ["render_suite_markdown"]
 
@@ -191,6 +192,8 @@ def _experiment(exp: dict[str, Any]) -> list[str]:
                           fmt.sla_measured(s)
                           + (f" ({s['note']})" if s.get("note") else ""),
                           fmt.result_word(s, markdown=True)] for s in exp["slas"]])
+    if exp.get("detection"):
+        lines += detection_markdown(exp["detection"], "###")[1:] + [""]
     if exp.get("campaign"):
         from faultlab.report.campaign import campaign_markdown
 

@@ -323,6 +323,7 @@ def _experiment(folder: Path, entry: dict[str, Any], families_of: dict[str, str]
         "family": families[0] if families else "none", "families": families,
         "verdict": journal["verdict"], "wall_s": journal["run"].get("wall_s"),
         "error": journal["run"].get("error"), "slas": journal["slas"],
+        "detection": journal.get("detection"),
         "metrics": {k: v for k, v in journal["metrics"].items() if k != "faults"},
         "faults": fault_rows,
         "timeline": _timeline(events, t0, fault_rows, golden_events),

@@ -124,19 +124,24 @@ def _victims(onset: Any) -> str:
 class FalseAlarms(Sla):
     """The counted signals' detections in the fault-free golden run(s); needs no fault."""
 
-    def judge(self, ev: Evidence, bound: Any) -> Outcome:
+    def measure(self, ev: Evidence) -> Any:
         report = _report(ev)
         if report is None or not report.golden:
-            return Outcome(None, False, "not measured: no golden run to scan")
+            return None
+        counts = [s.false_alarms for s in report.counted(counted_names(ev))]
+        return None if None in counts else sum(counts)
+
+    def explain(self, ev: Evidence, measured: Any, bound: Any) -> tuple[Any, str]:
+        report = _report(ev)
+        if report is None or not report.golden:
+            return None, "not measured: no golden run to scan"
         counted = report.counted(counted_names(ev))
         unknown = [s.name for s in counted if s.false_alarms is None]
         if unknown:
-            return Outcome(None, False, f"not measured: the golden run left nothing to read "
-                                        f"for {', '.join(unknown)} (its run directory or exit "
-                                        f"codes are gone)")
-        total = sum(s.false_alarms for s in counted)
-        note = "; ".join(f"{s.name}: {s.false_alarms}" for s in counted if s.false_alarms)
-        return self.conclude(ev, bound, total, note)
+            return None, (f"not measured: the golden run left nothing to read for "
+                          f"{', '.join(unknown)} (its run directory or exit codes are gone)")
+        return measured, "; ".join(f"{s.name}: {s.false_alarms}" for s in counted
+                                   if s.false_alarms)
 
 
 @dataclass(frozen=True, kw_only=True)

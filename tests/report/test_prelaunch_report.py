@@ -325,3 +325,23 @@ def test_nvml_failures_degrade_and_a_gpu_is_described(monkeypatch: pytest.Monkey
                            for i in range(2)]
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     assert "nvidia-ml-py is not installed" in env_module.gpu_environment()["driver"]
+
+
+def test_a_members_detection_block_is_in_both_renderings(tmp_path: Path) -> None:
+    section = {"onset": {"fault_id": "slow-1", "t": 1.0, "step": 10, "ranks": [1],
+                         "nodes": ["node1"], "ground_truth": "slow-1 (gpu_slow) on rank 1 "
+                         "from step 10"},
+               "signals": [{"name": "slow_line", "detected": False, "t": None, "step": None,
+                            "within_s": None, "within_steps": None, "ranks": None,
+                            "nodes": None, "attribution": None, "false_alarms": 0,
+                            "evidence": None}]}
+    run = write_suite(tmp_path / "prelaunch-20261121-120000", [("rank_kill", "rank_kill", True)])
+    (journal_path,) = run.runs_dir.glob("*/journal.json")
+    journal = json.loads(journal_path.read_text())
+    journal["detection"] = section
+    journal_path.write_text(json.dumps(journal))
+    data = build_report(run.folder)
+    text, html = render_suite_markdown(data), render_html(data)
+    assert "### Detection" in text
+    assert "not detected by slow_line: slow-1 (gpu_slow) on rank 1 from step 10" in text
+    assert "<h4>Detection</h4>" in html and "NOT DETECTED" in html

@@ -436,3 +436,31 @@ def test_false_alarms_runs_the_golden_run() -> None:
     exp = parse_experiment("name: x\nobserve:\n  detections:\n    - {name: a, exit_code: 93}\n"
                            "expect:\n  false_alarms: 0\n")
     assert exp.golden_runs == 1
+
+
+def test_the_report_shows_each_signal_and_the_ground_truth_of_a_miss() -> None:
+    from faultlab.report.detection import detection_markdown
+    missed = _report([], {"fingerprint": 0, "spike": None})
+    text = "\n".join(detection_markdown(missed.to_dict()))
+    assert "- onset: sdc-1 at step 10 on rank 1, node1" in text
+    assert ("- not detected by fingerprint, spike: sdc-1 (sdc) on rank 1's update from step "
+            "10, 1 strike") in text
+    assert "| fingerprint | NOT DETECTED | — | — | — | 0 |" in text
+    assert "| spike | NOT DETECTED | — | — | — | not measured |" in text
+    seen = _report([Detection("fingerprint", 1015.7, 15, (1,), None, "line")], {})
+    assert "| fingerprint | yes | 5.20 s, 5 steps | ranks 1 | exact | not measured |" in \
+        "\n".join(detection_markdown(seen.to_dict()))
+    assert detection_markdown(None) == []
+
+
+def test_a_golden_run_counts_only_files_of_its_own_time(tmp_path: Path,
+                                                        monkeypatch: Any) -> None:
+    import os
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "rank0.jsonl").write_text(
+        json.dumps(ev(1000.0, "start", 0)) + "\n" + json.dumps(ev(1100.0, "exit", 0)) + "\n")
+    for name, mtime in (("sdc-suspect-0.txt", 1050.0), ("sdc-suspect-1.txt", 5000.0)):
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (mtime, mtime))  # the second: a later run's, same folder
+    assert finished_run_counts([FLAG], tmp_path, None) == {"flag": 1}
