@@ -107,11 +107,14 @@ def cell(point: dict[str, Any], name: str) -> str:
     return text
 
 
+def _numeric(points: list[dict[str, Any]]) -> bool:
+    return all(isinstance(p["value"], int | float) and not isinstance(p["value"], bool)
+               for p in points)
+
+
 def _ordered(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """By value when every value is a number (the curve's x), else as they ran."""
-    numeric = all(isinstance(p["value"], int | float) and not isinstance(p["value"], bool)
-                  for p in points)
-    return sorted(points, key=lambda p: p["value"]) if numeric else list(points)
+    return sorted(points, key=lambda p: p["value"]) if _numeric(points) else list(points)
 
 
 def thresholds(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,6 +123,7 @@ def thresholds(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     nothing, and its false alarms in the golden run(s) (the most any point reports)."""
     out = []
     ordered = _ordered(points)
+    numeric = _numeric(points)
     for name in signal_names(points):
         seen = [(p["value"], _signal(p, name)) for p in ordered]
         measured = [(v, bool(s.get("detected"))) for v, s in seen if s is not None]
@@ -128,7 +132,11 @@ def thresholds(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                  for v, s in seen if s is not None])
         alarms = [s.get("false_alarms") for _v, s in seen if s is not None]
         known = [a for a in alarms if a is not None]
-        out.append({"signal": name,
+        out.append({"signal": name, "ordered": numeric,
+                    "noticed_at": [v for v, hit in measured if hit],
+                    "missed_at": [v for v, hit in measured if not hit],
+                    "attributed_at": [v for v, s in seen if s is not None and s.get("detected")
+                                      and s.get("attribution") == "exact"],
                     "first_noticed": None if first is None else measured[first][0],
                     "monotone": first is not None and not missed,
                     "everywhere": first == 0 and not missed,
@@ -147,9 +155,12 @@ def _first(measured: list[tuple[Any, bool]]) -> tuple[int | None, list[Any]]:
 
 
 def threshold_text(t: dict[str, Any]) -> str:
-    """One line: where the signal starts to notice, said plainly when it is not monotone."""
+    """One line: where the signal starts to notice, said plainly when it is not monotone;
+    over values that are not numbers (surfaces, persistences), where it noticed and not."""
     if t["first_noticed"] is None:
         text = "never noticed"
+    elif not t.get("ordered", True):
+        return _unordered_text(t)
     elif t["missed_above"]:
         text = (f"first noticed at {t['first_noticed']!r}, but missed at "
                 f"{', '.join(map(repr, t['missed_above']))} above it: not monotone")
@@ -160,11 +171,27 @@ def threshold_text(t: dict[str, Any]) -> str:
     text += _attributed_text(t)
     if t["not_measured"]:
         text += f"; not measured at {', '.join(map(repr, t['not_measured']))}"
-    fa = t["false_alarms"]
-    text += ("; false alarms in the golden run(s): not measured" if fa is None else
-             f"; {fa} false alarm(s) in the golden run(s): it fires without a fault" if fa
-             else "; 0 false alarms in the golden run(s)")
-    return text
+    return text + _alarms_text(t["false_alarms"])
+
+
+def _unordered_text(t: dict[str, Any]) -> str:
+    """Values with no order (a surface, a persistence): no threshold, only where."""
+    def said(values: list[Any]) -> str:
+        return ", ".join(map(repr, values)) or "none"
+
+    text = f"noticed at {said(t['noticed_at'])}"
+    text += f"; not at {said(t['missed_at'])}" if t["missed_at"] else " (every value measured)"
+    if t["attributed_at"] != t["noticed_at"]:
+        text += f"; named exactly the victims only at {said(t['attributed_at'])}"
+    if t["not_measured"]:
+        text += f"; not measured at {said(t['not_measured'])}"
+    return text + _alarms_text(t["false_alarms"])
+
+
+def _alarms_text(fa: int | None) -> str:
+    return ("; false alarms in the golden run(s): not measured" if fa is None else
+            f"; {fa} false alarm(s) in the golden run(s): it fires without a fault" if fa
+            else "; 0 false alarms in the golden run(s)")
 
 
 def _attributed_text(t: dict[str, Any]) -> str:

@@ -264,6 +264,20 @@ def test_each_attribution_reads_in_its_cell(attribution: str, reads: str) -> Non
     assert cell(p, "s") == f"1 step / 1.50 s, {reads}"
 
 
+def test_values_with_no_order_say_where_not_from_where() -> None:
+    pts = points(journal(signal("fp", False), signal("replay", True, attribution="none")),
+                 journal(signal("fp", False), signal("replay", True)),
+                 journal(signal("fp", True), signal("replay", True)),
+                 values=("activation", "gradient", "update"))
+    t = by_signal(pts)
+    assert not t["fp"]["ordered"] and t["fp"]["noticed_at"] == ["update"]
+    assert threshold_text(t["fp"]) == ("noticed at 'update'; not at 'activation', 'gradient'; "
+                                       "0 false alarms in the golden run(s)")
+    assert threshold_text(t["replay"]) == (
+        "noticed at 'activation', 'gradient', 'update' (every value measured); named exactly "
+        "the victims only at 'gradient', 'update'; 0 false alarms in the golden run(s)")
+
+
 def test_thresholds_order_by_value_not_by_run_order() -> None:
     pts = points(journal(signal("s", True)), journal(signal("s", False)), values=(3.0, 1.2))
     assert by_signal(pts)["s"]["first_noticed"] == 3.0 and by_signal(pts)["s"]["monotone"]
