@@ -4,6 +4,8 @@
                               [--repeat N [--min-pass-rate RATE]]
     faultlab launch [--nodes N] [--min-nodes M] ... --run-dir DIR -- COMMAND...
     faultlab init --name NAME [--out FILE] -- [torchrun FLAGS] train.py ARGS...
+    faultlab sweep EXPERIMENT --param PATH=LO..HI [--points N] [--scale log|linear]
+                              [--values A,B,C] [--out DIR] [--golden-cache DIR] [--seed N]
     faultlab validate EXPERIMENT...
     faultlab list faults|slas
     faultlab schema                (the JSON Schema of experiment files, for editors)
@@ -13,7 +15,9 @@
 
 Exit codes: 0 every SLA held; 1 an SLA failed (or the run broke); 2 invalid input (nothing was
 run or injected); 130 interrupted (the job was cleaned up). `faultlab metadata serve` runs until
-SIGINT or SIGTERM and then exits 0.
+SIGINT or SIGTERM and then exits 0. `faultlab sweep` measures, it does not judge: 0 every
+point ran (whatever its verdict); 1 a point could not run (the others still did); 2 invalid
+input (no point ran); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="run each experiment a second time with the fixes of the first run's "
                           "launch findings applied to target.launch and target.services, and "
                           "show both side by side (fix.md); the verdict stays the team's")
+    _sweep_parser(sub)
     sub.add_parser("init", add_help=False,
                    help="write a starter experiment for your trainer from one fault-free run: "
                         "faultlab init --name NAME -- torchrun ... train.py ...")
@@ -151,6 +156,46 @@ def _parser() -> argparse.ArgumentParser:
     clean.add_argument("--run", default=None, metavar="RUN_ID",
                        help="only this run's (its launch.json says run_id)")
     return p
+
+
+SWEEP_EXIT_CODES = ("a sweep measures, it does not judge: exit status 0 every point ran, "
+                    "whatever its verdict; 1 a point could not run (the others still ran); 2 "
+                    "invalid input, nothing run; 130 interrupted")
+
+
+def _sweep_parser(sub: Any) -> None:
+    sw = sub.add_parser("sweep", help="run one experiment once per value of one parameter "
+                                      "(a fault's magnitude) and show where each detection "
+                                      "signal starts to notice: a detection curve",
+                        epilog=SWEEP_EXIT_CODES)
+    sw.add_argument("experiment", type=Path, metavar="EXPERIMENT", help="one experiment file")
+    sw.add_argument("--param", required=True, metavar="PATH=LO..HI",
+                    help="the value to sweep, a dotted path into the experiment "
+                         "(faults.0.params.factor, or by the fault's id: "
+                         "faults[slow-gpu-rank-1].params.factor), with a range LO..HI; with "
+                         "--values, the path alone")
+    sw.add_argument("--points", type=_points, default=5, metavar="N",
+                    help="how many values LO..HI spans, both ends included (default: 5)")
+    sw.add_argument("--scale", choices=["log", "linear"], default=None,
+                    help="spacing of LO..HI (default: log when HI/LO >= 10, else linear)")
+    sw.add_argument("--values", default=None, metavar="A,B,C",
+                    help="the values, listed, instead of a range: --param PATH --values "
+                         "1.2,2,3")
+    sw.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help="the sweep's folder (sweep.json, sweep.md, sweep.png, runs/; "
+                         "default: REPORT_DIR/<name>-sweep-<timestamp>)")
+    sw.add_argument("--report-dir", type=Path, default=Path("reports"),
+                    help="where the default --out goes (default: reports/)")
+    sw.add_argument("--golden-cache", type=Path, default=None,
+                    help="golden-run cache (default: REPORT_DIR/.golden), shared by every point")
+    sw.add_argument("--seed", type=int, default=None, help="override the experiment's seed")
+
+
+def _points(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of points >= 2; e.g. "
+                                         f"--points 5")
+    return int(text)
 
 
 def _docker_clean(run_id: str | None, console: Console) -> int:
@@ -242,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             return _docker_clean(args.run, console)
         if args.command == "campaign":
             return _campaign_init(args, console, err)
+        if args.command == "sweep":
+            return _sweep(args, parser, console)
         from faultlab.spec import load_experiments
 
         experiments = load_experiments(args.experiments,
@@ -357,11 +404,14 @@ def _report(run_dir: Path, console: Console) -> int:
     from faultlab.report.journal import read_journal, render_markdown
     from faultlab.report.prelaunch import is_suite_folder
     from faultlab.report.repeats import is_repeat_folder
+    from faultlab.report.sweep import is_sweep_folder
 
     if is_suite_folder(run_dir):
         return _report_suite(run_dir, console)
     if is_repeat_folder(run_dir):
         return _report_repeats(run_dir, console)
+    if is_sweep_folder(run_dir):
+        return _report_sweep(run_dir, console)
     try:
         journal = read_journal(run_dir)
     except FileNotFoundError:
@@ -1004,6 +1054,122 @@ def _report_suite(folder: Path, console: Console) -> int:
     console.print(f"wrote {', '.join(str(folder / n) for n in REPORT_FILES)} "
                   f"(verdict: {report['verdict']})")
     return exit_code(report["verdict"])
+
+
+# --- sweeps: one experiment over the values of one parameter ------------------------------
+
+def _sweep_values(args: argparse.Namespace, parser: argparse.ArgumentParser
+                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The path and the record's ``param`` (path, scale, values) of ``--param``/``--values``;
+    a mistake in them is the parser's error (exit 2, nothing run)."""
+    from faultlab.spec.sweep import (
+        auto_scale,
+        integral_at,
+        parse_param_path,
+        parse_values,
+        range_values,
+    )
+
+    text, _, span = args.param.partition("=")
+    try:
+        path = parse_param_path(text.strip())
+        if args.values is not None:
+            if span:
+                parser.error(f"--param {args.param!r} has a range and --values lists values: "
+                             f"give one, e.g. --param {text} --values 1.2,3")
+            return path, {"path": text.strip(), "scale": "values",
+                          "values": parse_values(args.values)}
+        lo, sep, hi = span.partition("..")
+        if not sep:
+            parser.error(f"--param {args.param!r} needs a range PATH=LO..HI (e.g. "
+                         f"{text or 'faults.0.params.factor'}=1.1..3), or --values A,B,C")
+        try:
+            low, high = float(lo), float(hi)
+        except ValueError:
+            parser.error(f"--param {args.param!r}: {lo!r}..{hi!r} is not a range of two "
+                         f"numbers, e.g. 1e-7..1e-1")
+        scale = args.scale or auto_scale(low, high)
+        values = range_values(low, high, points=args.points, scale=scale,
+                              integers=integral_at(args.experiment, path)
+                              and low.is_integer() and high.is_integer())
+    except ValueError as e:
+        parser.error(f"--param {args.param!r}: {e}")
+    return path, {"path": text.strip(), "scale": scale, "values": values}
+
+
+def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, console: Console) -> int:
+    from faultlab.engine import RunView
+    from faultlab.engine.runner import new_run_folder
+    from faultlab.engine.sweep import run_sweep
+    from faultlab.report.sweep import cell
+    from faultlab.spec.sweep import sweep_points
+
+    path, param = _sweep_values(args, parser)
+    points = sweep_points(args.experiment, path, param["values"], seed=args.seed)
+    _refuse_what_cannot_run([(args.experiment, p.experiment) for p in points])
+    name = points[0].experiment.name
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        parser.error(f"--out {str(args.out)!r} exists and is not empty; name a new folder")
+    folder = args.out or new_run_folder(args.report_dir, f"{name}-sweep")
+    folder.mkdir(parents=True, exist_ok=True)
+    num = len(points)
+
+    def view(point) -> RunView:  # type: ignore[no-untyped-def]
+        console.print(f"[bold]{escape(name)}: point {point.index}/{num}: "
+                      f"{escape(param['path'])}={point.value!r}[/]")
+        return RunView(console)
+
+    def ran(point, result, row: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+        said = "; ".join(f"{s['name']}: {cell(row, s['name'])}" for s in row["signals"])
+        console.print(f"point {point.index}/{num} ({escape(param['path'])}={point.value!r}): "
+                      f"{result.verdict}" + (f"  error: {escape(result.error)}"
+                                             if result.error else "")
+                      + f"  {escape(said or 'no signal fired')}")
+
+    try:
+        outcome = run_sweep(points, folder, param=param, source=args.experiment,
+                            report_dir=args.report_dir, golden_cache=args.golden_cache,
+                            view_factory=view, on_point=ran)
+    except KeyboardInterrupt as e:
+        console.print("[bold red]interrupted[/]: every process of the job was stopped"
+                      + (f"; the points so far in {folder}" if e.args else ""))
+        return EXIT_INTERRUPTED
+    _print_sweep(outcome.record, console)
+    console.print(f"wrote {folder / 'sweep.json'}, sweep.md, sweep.png (each point's run "
+                  f"under {folder / 'runs'})")
+    failed = outcome.failed_points
+    if failed:
+        console.print(f"[bold red]{len(failed)} of {num} point(s) could not run[/]: "
+                      + "; ".join(f"{p['value']!r}: {escape(p['error'])}" for p in failed))
+    return EXIT_FAIL if failed else EXIT_PASS
+
+
+def _print_sweep(record: dict[str, Any], console: Console) -> None:
+    """The sweep's table, then where each signal starts to notice."""
+    from faultlab.report.sweep import sweep_rows, threshold_text
+
+    header, rows = sweep_rows(record)
+    table = Table(title=escape(f"{record['experiment']['name']}: {record['param']['path']} "
+                               f"swept ({record['param']['scale']})"))
+    for col in header:
+        table.add_column(escape(col))
+    for row in rows:
+        table.add_row(*map(escape, row))
+    console.print(table)
+    for t in record["thresholds"]:
+        console.print(f"[bold]{escape(t['signal'])}[/]: {escape(threshold_text(t))}")
+    if not record["thresholds"]:
+        console.print("no signal was measured: no point's journal names a detection (declare "
+                      "the team's signals under observe.detections)")
+
+
+def _report_sweep(folder: Path, console: Console) -> int:
+    from faultlab.report.sweep import rerender_folder
+
+    record = _rerender(folder, "sweep", rerender_folder)
+    _print_sweep(record, console)
+    console.print(f"wrote {folder / 'sweep.json'}, sweep.md, sweep.png")
+    return EXIT_FAIL if any(p["error"] for p in record["points"]) else EXIT_PASS
 
 
 if __name__ == "__main__":

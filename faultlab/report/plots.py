@@ -5,21 +5,24 @@ as SVG with text kept as text (``svg.fonttype: none``) and no metadata, so a plo
 kilobytes and refers to nothing outside itself. Every id inside an SVG is prefixed with the
 plot's own name: several SVGs inlined in one HTML document share one id namespace.
 
-Each function takes a part of report.json and nothing else.
+Each function takes a part of report.json and nothing else; the one exception is
+``detection_curve_png``, which takes a sweep record (sweep.json) and writes a PNG file beside
+sweep.md, for a Markdown page to link.
 """
 
 from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.rcsetup import cycler
 
-__all__ = ["MARKER_STYLES", "PHASE_COLORS", "campaign_svg", "loss_svg", "recovery_svg",
-           "timeline_svg"]
+__all__ = ["MARKER_STYLES", "PHASE_COLORS", "campaign_svg", "detection_curve_png", "loss_svg",
+           "recovery_svg", "timeline_svg"]
 
 RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "faultlab", "font.size": 9,
       "axes.spines.top": False, "axes.spines.right": False,
@@ -42,13 +45,18 @@ PHASE_COLORS = {"detection": "#c0392b", "teardown": "#e67e22", "rendezvous": "#f
 
 def _finish(fig: Figure, ax: Any, name: str, xlabel: str, ylabel: str | None, *,
             grid: str = "both") -> str:
-    """Labels, grid and the legend outside on the right (every plot alike), then the SVG."""
+    """Labels, grid and the legend (``_labels``), then the SVG."""
+    _labels(ax, xlabel, ylabel, grid=grid)
+    return _svg(fig, name)
+
+
+def _labels(ax: Any, xlabel: str, ylabel: str | None, *, grid: str = "both") -> None:
+    """Labels, grid and the legend outside on the right (every plot alike)."""
     ax.set_xlabel(xlabel)
     if ylabel:
         ax.set_ylabel(ylabel)
     ax.grid(axis=grid, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    return _svg(fig, name)
 
 
 def _svg(fig: Figure, name: str) -> str:
@@ -187,3 +195,66 @@ def campaign_svg(series: dict[str, Any], injections: list[dict[str, Any]], name:
             mark = " A" if inj.get("attributed") else ""
             ax.text(t, top, f" {inj['fault_id']}{mark}", rotation=90, va="top", fontsize=7)
         return _finish(fig, ax, name, "seconds since the job's first record", "step")
+
+
+def _detection_curve(sweep: dict[str, Any]) -> Figure:
+    """Steps from the fault's onset to each signal's first detection against the swept value
+    (log x where the values were log-spaced), hollow where the detection did not name exactly
+    the fault's victims; a point that measured and did not detect is an x on the "not detected"
+    line above the curves; a point that measured nothing, or a
+    detection whose steps were not measured, is left out (the table has it)."""
+    points = sweep["points"]
+    numeric = all(isinstance(p["value"], int | float) and not isinstance(p["value"], bool)
+                  for p in points)
+    xs = [p["value"] if numeric else i for i, p in enumerate(points)]
+    steps = [s.get("within_steps") for p in points for s in p["signals"] if s.get("detected")]
+    top = max([x for x in steps if x is not None] or [1]) * 1.15 + 1
+    fig = _figure(height=3.2)
+    ax = fig.add_subplot()
+    for i, name in enumerate(sweep["signals"]):
+        color = RC["axes.prop_cycle"].by_key()["color"][i % 6]
+        hit, miss, unnamed = [], [], []
+        for x, p in zip(xs, points, strict=True):
+            if not p["measured"]:
+                continue
+            s: dict[str, Any] = next((s for s in p["signals"] if s["name"] == name), {})
+            if s.get("detected") and s.get("within_steps") is not None:
+                hit.append((x, s["within_steps"]))
+                if s.get("attribution") != "exact":
+                    unnamed.append((x, s["within_steps"]))
+            elif not s.get("detected"):
+                miss.append(x)
+        if hit:
+            ax.plot(*zip(*hit, strict=True), marker="o", markersize=5, linewidth=1.4,
+                    color=color, label=name)
+        if unnamed:  # hollow: it fired, but did not name exactly the victims
+            ax.plot(*zip(*unnamed, strict=True), linestyle="none", marker="o", markersize=7,
+                    markerfacecolor="white", color=color,
+                    label=f"{name}: not naming exactly the victims")
+        if miss:  # each signal a little apart, so that two misses at one value both show
+            ax.plot(miss, [top * (1 + 0.035 * i)] * len(miss), linestyle="none", marker="x",
+                    markersize=8, color=color, label=f"{name}: not detected")
+    ax.axhline(top, color="#999999", linestyle=":", linewidth=1)
+    ax.set_ylim(bottom=0, top=top * (1.1 + 0.035 * len(sweep["signals"])))
+    ticks = [t for t in ax.get_yticks() if 0 <= t < top * 0.9 and float(t).is_integer()]
+    ax.set_yticks([*ticks, top], [f"{t:g}" for t in ticks] + ["not detected"])
+    if sweep["param"].get("scale") == "log" and numeric:
+        ax.set_xscale("log")
+    if not numeric:
+        ax.set_xticks(xs, [repr(p["value"]) for p in points])
+    if not ax.get_legend_handles_labels()[0]:
+        ax.plot([], [], label="no signal measured")
+    _labels(ax, sweep["param"]["path"], "steps from onset to detection")
+    return fig
+
+
+def detection_curve_png(sweep: dict[str, Any], path: Path) -> None:
+    """The detection curve of a sweep record (``faultlab.report.sweep``) as a PNG file:
+    sweep.png, beside sweep.md, which links it."""
+    import matplotlib
+
+    with matplotlib.rc_context(RC):
+        fig = _detection_curve(sweep)
+        FigureCanvasAgg(fig)
+        fig.savefig(path, format="png", dpi=110, bbox_inches="tight",
+                    metadata={"Software": None})

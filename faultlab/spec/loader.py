@@ -69,10 +69,12 @@ def parse_experiment(text: str, file: PathLike | None = None, *,
 
 
 def experiment_from_dict(data: Mapping[str, Any], file: PathLike | None = None, *,
-                         seed: int | None = None) -> Experiment:
-    """Validate already-parsed data (e.g. from a pytest marker) with the same messages."""
+                         seed: int | None = None,
+                         lines: Mapping[tuple[Any, ...], int] | None = None) -> Experiment:
+    """Validate already-parsed data (e.g. from a pytest marker) with the same messages;
+    ``lines`` (``YamlDoc.lines`` of the text it came from) puts the lines in them."""
     file_ = _path(file)
-    parsed = _validate(YamlDoc(_plain(data)), file_)
+    parsed = _validate(YamlDoc(_plain(data), dict(lines or {})), file_)
     return _experiment(parsed, file_, seed)
 
 
