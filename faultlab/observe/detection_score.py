@@ -11,7 +11,11 @@ The onset
     None when no such fault struck: the detection SLAs are then not measured.
 A signal's detection
     Its first detection at or after the onset's ``t``; ``within_s`` and ``within_steps`` from
-    the onset. An earlier one is an alarm before the fault, not a detection of it.
+    the onset. An earlier one is an alarm before the fault, not a detection of it. The clock
+    decides what came first: a strike at a step's start is recorded under the step that
+    starts, which at level 0 begins right after the previous step's optimizer step, so a
+    monitor that checks after that optimizer step prints the previous step's number although
+    it ran after the strike. Such a detection is ``within_steps`` 0, never negative.
 Attribution
     Of that first detection: ``exact`` when the ranks it named are the victim ranks (the nodes,
     for a signal that names nodes); ``extra`` when they include them and others; ``wrong``
@@ -208,7 +212,7 @@ def score_detections(names: Sequence[str], detections: Sequence[Detection],
         if first is None or onset is None:
             scores.append(SignalScore(name, False, false_alarms=fa))
             continue
-        within_steps = first.step - onset.step if first.step is not None and \
+        within_steps = max(0, first.step - onset.step) if first.step is not None and \
             onset.step is not None else None
         scores.append(SignalScore(
             name, True, first.t, first.step, first.t - onset.t, within_steps,

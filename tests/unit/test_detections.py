@@ -149,6 +149,13 @@ def _report(detections: list[Detection], alarms: dict[str, int | None] | None = 
                             alarms)
 
 
+def test_a_check_after_the_strike_that_prints_the_previous_step_is_within_0_steps() -> None:
+    # the strike at step 10's start (t 1010.5); the trainer's check right after step 9's
+    # optimizer step prints "step 9" at t 1010.6: after the strike, by the clock
+    (fp, _) = _report([Detection("fingerprint", 1010.6, 9, (1,), None, "line")]).signals
+    assert fp.detected and fp.within_steps == 0 and fp.within_s == pytest.approx(0.1)
+
+
 def test_a_signal_is_scored_from_the_onset_and_an_alarm_before_it_is_no_detection() -> None:
     report = _report([Detection("fingerprint", 1005.0, 5, (0,), None, "early"),
                       Detection("fingerprint", 1015.7, 15, (1,), None, "line")],
