@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -155,7 +157,7 @@ class StragglerDetector:
             return None
         rank = min(range(self.world_size), key=waits.__getitem__)
         gap = min(w for r, w in enumerate(waits) if r != rank) - waits[rank]
-        if gap < self.threshold_s:
+        if not (gap > 0 and gap >= self.threshold_s):  # equal waits (or NaN): nobody
             self._candidate, self._count = None, 0
             self._clean += 1
             if self._clean >= self.num_steps:
@@ -204,43 +206,51 @@ class ComputeStragglerDetector:
     """
 
     def __init__(self, world_size: int, *, ratio: float, threshold_s: float,
-                 num_steps: int) -> None:
+                 num_steps: int, window: int = 5) -> None:
         self.world_size, self.ratio = world_size, ratio
         self._episodes = StragglerDetector(world_size, threshold_s=threshold_s,
                                            num_steps=num_steps)
+        self._recent: list[deque[float]] = [deque(maxlen=window) for _ in range(world_size)]
 
     def update(self, forward_s: list[float],
                cpu_wait_s: list[float] | None = None) -> dict[str, object] | None:
-        """Feed one step's per-rank forward times, and how long each rank waited for a CPU
-        since the previous step's stats all-reduce; the anomaly's fields when a rank is named.
+        """Feed one step's per-rank forward times (and how long each rank waited for a CPU since
+        the previous step's stats all-reduce, kept in the record); the anomaly's fields when a
+        rank is named.
 
-        A rank's forward also holds its waits for its peers in the all-gathers, which its own
-        CPU wait does not explain: a peer the scheduler passed over (a loaded machine) makes it
-        look slow. So the slowest rank counts as slow only by what is left of its forward once
-        the longest CPU wait of its peers is taken off. (Without it, a fault-free golden run
-        under a load of 16 runnable threads on 2 cores named a rank whose forward took 5.9
-        times its peer's, 3 steps in a row.)"""
+        Each rank's forward is the median of its last ``window`` steps, as NVRx's straggler
+        scoring summarizes a section: a tiny model's forward is tens of milliseconds, and on a
+        shared CPU one step of a fault-free rank took 1.5 times its peer's now and then. A
+        rank's forward also holds its waits for its peers in the all-gathers, which its own CPU
+        wait does not explain; taking the peers' whole CPU wait since the last all-reduce off it
+        was tried and removed: it took off waits that overlapped the slow rank's own slowness,
+        and a 3x gpu_slow went unnamed beside two busy loops."""
         if self.ratio <= 0 or self.world_size < 2 or len(forward_s) != self.world_size:
             return None
-        slowest = max(range(self.world_size), key=forward_s.__getitem__)
-        others = max(f for r, f in enumerate(forward_s) if r != slowest)
+        for recent, f in zip(self._recent, forward_s, strict=True):
+            recent.append(f)
+        if len(self._recent[0]) < (self._recent[0].maxlen or 1):
+            return None  # the first steps (warm-up) fill the window; nothing is judged on them
+        median = [statistics.median(recent) for recent in self._recent]
+        slowest = max(range(self.world_size), key=median.__getitem__)
+        others = max(f for r, f in enumerate(median) if r != slowest)
         peers_wait = max((w for r, w in enumerate(cpu_wait_s or []) if r != slowest),
                          default=0.0)
-        own = forward_s[slowest] - peers_wait
-        slow = own >= self.ratio * others and own - others >= self._episodes.threshold_s
+        slow = median[slowest] >= self.ratio * others
         # As waits: the slow rank "waits" least; the gap is how much longer its forward took.
-        named = self._episodes.update([-f for f in forward_s] if slow else
+        named = self._episodes.update([-f for f in median] if slow else
                                       [0.0] * self.world_size)
         if named is None:
             return None
         # Each rank's score, as NVRx's straggler detection scores a rank: the fastest rank's
         # time over its own (1.0 the fastest, 0.5 a rank at half speed).
-        fastest = min(forward_s)
-        scores = [round(fastest / max(f, 1e-9), 3) for f in forward_s]
+        fastest = min(median)
+        scores = [round(fastest / max(f, 1e-9), 3) for f in median]
         return {"straggler_rank": slowest, "cause": "slow_compute", "score": scores[slowest],
                 "scores": scores, "peers_cpu_wait_s": round(peers_wait, 4),
-                "forward_ratio": round(forward_s[slowest] / max(others, 1e-9), 3),
-                "forward_s": [round(f, 4) for f in forward_s]}
+                "forward_ratio": round(median[slowest] / max(others, 1e-9), 3),
+                "forward_s": [round(f, 4) for f in forward_s],
+                "median_forward_s": [round(f, 4) for f in median]}
 
 
 class SlowStepTracker:
