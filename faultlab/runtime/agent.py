@@ -236,7 +236,12 @@ class Agent(NullAgent):
                     "counts": interposer.counts(),
                     "fired": sorted(f"{fid}@{when}" for fid, when in self._fired.mine)}
 
+    closed = False
+    """``close`` ran: the agent keeps no step any more (``faultlab.runtime.gpu`` then counts
+    forwards)."""
+
     def close(self) -> None:
+        self.closed = True
         atexit.unregister(self.close)
         if self._server is not None:
             self._server.close()

@@ -221,12 +221,14 @@ class GpuState:
         self._events: Any = None
 
     def step(self) -> int:
-        """The rank's step: its runtime agent's (the reference trainer's, level 0's), else
-        the number of outermost forwards this process has begun."""
+        """The rank's step: its runtime agent's (the reference trainer's, level 0's) while it
+        is open, else the number of outermost forwards this process has begun."""
         from faultlab import runtime
 
         agent = runtime._current
-        return agent.current_step if agent is not None else self.forwards
+        if agent is None or agent.closed:  # a closed agent's step stands still
+            return self.forwards
+        return agent.current_step
 
     def record(self, kind: str, **fields: Any) -> None:
         """One event record of this process's own (``-gpu`` file, or the node's relay);

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import textwrap
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +35,16 @@ from faultlab.runtime.gpu import GpuState, write_state
 from faultlab.runtime.plan import parse_entry
 from faultlab.runtime.throttle import Phase, phase
 from faultlab.spec import parse_experiment
+
+
+def _this_thread_sleeps(monkeypatch: pytest.MonkeyPatch, record: Any) -> None:
+    """Hand this thread's ``time.sleep`` calls to ``record`` instead of sleeping. The module's
+    ``time`` is the one ``time`` module: patching its ``sleep`` patches every thread's, so only
+    this thread's are recorded, and another thread (a timer or an agent's control thread an
+    earlier test left running) still sleeps for real."""
+    real, me = time.sleep, threading.get_ident()
+    monkeypatch.setattr("faultlab.runtime.actions.gpu.time.sleep",
+                        lambda s: record(s) if threading.get_ident() == me else real(s))
 
 
 def problems(params: str, fault: str = "gpu_slow") -> list[str]:
@@ -136,7 +147,7 @@ def test_steps_episodes_slow_the_rank_record_ground_truth_and_move_nvml(
     assert _view(nvml, 0) == (990, 2619, 1980, 92, 0x68)  # throttled from the injection
     gpu = GpuState(state, 0, 1)
     slept: list[float] = []
-    monkeypatch.setattr("faultlab.runtime.actions.gpu.time.sleep", slept.append)
+    _this_thread_sleeps(monkeypatch, slept.append)
     seen = []
     model = torch.nn.Linear(4, 4)  # a real module, its forward timed by the real hooks
     for _ in range(7):  # no runtime agent here: a step is an outermost forward
@@ -188,7 +199,7 @@ def test_a_seconds_episode_is_recorded_at_its_scheduled_start_and_end(
     now = [1000.5]
     slept: list[float] = []
     monkeypatch.setattr("faultlab.runtime.actions.gpu.time.time", lambda: now[0])
-    monkeypatch.setattr("faultlab.runtime.actions.gpu.time.sleep", slept.append)
+    _this_thread_sleeps(monkeypatch, slept.append)
     action.after_forward(None, 0.1)  # in episode 0: (3 - 1) x 0.1 s
     now[0] = 1001.9
     action.after_forward(None, 0.1)  # 0.1 s of the episode left: held only that long
@@ -249,7 +260,7 @@ def test_forward_and_backward_are_each_stretched_by_their_own_compute(
                                   episodes={"on_steps": 1, "off_steps": 1})])
     gpu = GpuState(state, 0, 0)
     held: list[tuple[str, float]] = []
-    monkeypatch.setattr("faultlab.runtime.actions.gpu.time.sleep", lambda s: held.append(
+    _this_thread_sleeps(monkeypatch, lambda s: held.append(
         ("backward" if torch._C._current_graph_task_id() >= 0 else "forward", s)))
     handles = [register_module_forward_pre_hook(gpu.pre_forward),
                register_module_forward_hook(gpu.post_forward)]
