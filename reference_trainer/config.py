@@ -158,9 +158,9 @@ class TrainConfig:
     """Bytes each rank sends in one probe transfer."""
     compute_straggler_ratio: float = 1.5
     """Name a rank a compute straggler (a slow GPU) when its forward pass (the median of its
-    last 5 steps) takes this many times as long as every other rank's, for
-    ``straggler_steps`` steps in a row (health.ComputeStragglerDetector); a ratio only, no
-    floor in seconds, so it means the same on a fast machine and a slow one; 0 turns it off."""
+    last 5 steps) takes this many times as long as every other rank's, and at least
+    ``straggler_threshold_s`` longer, for ``straggler_steps`` steps in a row
+    (health.ComputeStragglerDetector); 0 turns it off."""
     replicate: int = 1
     """Replicas of the model (HSDP): the ranks form a (replicate, shard) mesh, each replica fully
     sharded over ``world_size / replicate`` ranks; 1 (default) is plain FSDP2, no replicas.

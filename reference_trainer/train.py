@@ -350,9 +350,8 @@ def train(cfg: TrainConfig, *, rank: int, world_size: int, local_rank: int, even
     # no one; a run of slow steps then triggers a timed point-to-point probe of the links.
     slow_steps = SlowStepTracker(factor=cfg.link_probe_slowdown, num_steps=cfg.straggler_steps)
     # A slow GPU slows its own compute, which waits in collectives do not show (health.py).
-    # a ratio of forward times only: a floor in seconds would depend on the machine's speed
     slow_gpus = ComputeStragglerDetector(world_size, ratio=cfg.compute_straggler_ratio,
-                                         threshold_s=0.0,
+                                         threshold_s=cfg.straggler_threshold_s,
                                          num_steps=cfg.straggler_steps)
     oom_retried_step = 0  # an out-of-memory step is retried once
     if watcher is not None:

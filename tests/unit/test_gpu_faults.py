@@ -293,7 +293,7 @@ def test_compute_straggler_is_named_from_forward_times() -> None:
     # its score, NVRx's way: the fastest rank's (median) time over its own
     assert named[3]["score"] == 0.333 and named[3]["scores"] == [1.0, 0.333, 1.0]
     assert d.update([0.1, 0.3, 0.1]) is None  # once per episode
-    # a ratio only: 3x of 10 ms is named as 3x of 100 ms is (no floor in seconds), and the
+    # with no floor (threshold_s 0) 3x of 10 ms is named as 3x of 100 ms is, and the
     # peers' wait for a CPU is kept in the record without taking the slowness away
     # (subtracting it hid a real 3x straggler on a loaded machine)
     fast = ComputeStragglerDetector(2, ratio=1.5, threshold_s=0.0, num_steps=1, window=1)

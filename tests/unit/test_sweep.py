@@ -124,7 +124,7 @@ def _line(prefix: str) -> int:
     ("faults[slow-gpu-rank-2].params.factor", "faults:", "no item named 'slow-gpu-rank-2'"),
     ("faults.0.params", "    params:", "is a mapping, not one value: sweep one of its keys "
                                        "or items (factor)"),
-    ("faults.0.params.factor.x", "    params:", "is a value (3.0), not a mapping or list")])
+    ("faults.0.params.factor.x", "    params:", "is a value (5.0), not a mapping or list")])
 def test_a_path_that_names_nothing_is_located_with_the_valid_keys(path: str, where: str,
                                                                    says: str) -> None:
     (problem,) = _problems(path, [1.2])

@@ -1,5 +1,5 @@
 """`faultlab sweep` end to end: the shipped straggler experiment at two slowdowns, through the
-real CLI and real jobs. The reference trainer's straggler monitor names a 3x straggler, the
+real CLI and real jobs. The reference trainer's straggler monitor names a 5x straggler, the
 curve says where it starts to notice, and the fault-free golden run is computed once, whatever
 the number of points.
 
@@ -30,25 +30,25 @@ def test_a_straggler_sweep_finds_the_monitor_threshold(tmp_path: Path,
     out = tmp_path / "sweep"
     proc = subprocess.run(
         [sys.executable, "-m", "faultlab.cli", "sweep", str(STRAGGLER),
-         "--param", "faults[slow-gpu-rank-1].params.factor", "--values", "1.2,3",
+         "--param", "faults[slow-gpu-rank-1].params.factor", "--values", "1.2,5",
          "--out", str(out), "--golden-cache", str(golden_cache)],
         cwd=REPO, capture_output=True, text=True, timeout=3 * 240 + 60,
         env={**os.environ, "COLUMNS": "200"})
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said  # a measurement: the 1.2x point's failed SLA is no error
     record = json.loads((out / "sweep.json").read_text())
-    assert [p["value"] for p in record["points"]] == [1.2, 3]
+    assert [p["value"] for p in record["points"]] == [1.2, 5]
     journals = [read_journal(out / p["run_folder"]) for p in record["points"]]
     # Each point ran its own value, against one golden run that the second read from the cache.
     assert [j["experiment"]["document"]["faults"][0]["params"]["factor"] for j in journals] \
-        == [1.2, 3.0]
+        == [1.2, 5.0]
     assert journals[0]["golden"]["key"] == journals[1]["golden"]["key"]
     assert journals[1]["golden"]["cached"] is True
     # Both points measured (the fault struck), and each signal's entry is its journal's.
     assert all(p["measured"] for p in record["points"]), record["points"]
     for point, j in zip(record["points"], journals, strict=True):
         assert point["signals"] == j["detection"]["signals"]
-    # The reference trainer's monitor names a 3x straggler, rank 1 exactly. Whether it names a
+    # The reference trainer's monitor names a 5x straggler, rank 1 exactly. Whether it names a
     # 1.2x one depends on the machine's timing noise (its forward-time ratio against the
     # threshold; the same noise made it name rank 0 in a fault-free run here once): the
     # threshold must only agree with what the points say.
@@ -57,9 +57,9 @@ def test_a_straggler_sweep_finds_the_monitor_threshold(tmp_path: Path,
     assert fast["detected"] and fast["attribution"] == "exact" and fast["ranks"] == [1], fast
     assert fast["within_steps"] is not None and fast["within_steps"] >= 0
     (threshold,) = (t for t in record["thresholds"] if t["signal"] == "anomaly:straggler")
-    assert threshold["first_noticed"] == (1.2 if slow["detected"] else 3)
+    assert threshold["first_noticed"] == (1.2 if slow["detected"] else 5)
     assert threshold["monotone"]
-    where = "at every value measured, from 1.2" if slow["detected"] else "from 3 on"
+    where = "at every value measured, from 1.2" if slow["detected"] else "from 5 on"
     assert f"anomaly:straggler: noticed {where}" in said
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
-    assert f"| 3 | {journals[1]['verdict']} | step " in (out / "sweep.md").read_text()
+    assert f"| 5 | {journals[1]['verdict']} | step " in (out / "sweep.md").read_text()
