@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from faultlab.errors import InvalidExperimentError
+from faultlab.fault_api.netns import run_in
 from faultlab.faults import Victim
 from faultlab.faults.network import NetworkFlapFault, NetworkPartitionFault, NetworkThrottleFault
 from faultlab.faults.process import NodePauseFault
 from faultlab.spec import experiment_from_dict, parse_experiment
 from faultlab.targets.docker import DockerTarget
 from faultlab.targets.docker.engine import run_resources
-from faultlab.targets.docker.netns import run_in
 
 REPO = Path(__file__).resolve().parents[2]
 
