@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    BaseModel,
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
@@ -446,9 +447,16 @@ class Topology(SpecModel):
     def valid_keys(cls) -> tuple[str, ...]:
         """The fields, then each registered launcher whose target declares settings (its
         block)."""
-        blocks = [n for n in launcher_names() if n not in cls.model_fields
-                  and getattr(launcher_class(n), "settings", None) is not None]
+        blocks = [n for n in launcher_names() if cls.block_model(n) is not None]
         return (*cls.model_fields, *blocks)
+
+    @classmethod
+    def block_model(cls, key: str) -> type[BaseModel] | None:
+        """The settings model of the block ``key`` (a launcher's name), None if none."""
+        if key in cls.model_fields or key not in launcher_names():
+            return None
+        model = getattr(launcher_class(key), "settings", None)
+        return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
     @property
     def settings(self) -> Any:
