@@ -162,7 +162,8 @@ def golden_key(exp: Experiment) -> str:
                    "launch": t.launch if isinstance(t.launch, str | None) else list(t.launch)},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
         # Where the nodes run and what computes: a reference is of one target (module doc).
-        "topology": exp.topology.model_dump(mode="json"),
+        "topology": {k: v for k, v in exp.topology.model_dump(mode="json").items()
+                     if k != exp.topology.launcher},  # the settings: the bits' own, below
         "settings": _settings_key(exp.topology.settings),
         "site": reference_site(exp),
         "code": code_version(exp),

@@ -20,9 +20,12 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import InitErrorDetails
@@ -442,6 +445,18 @@ class Topology(SpecModel):
     class declares, ``Target.settings``), parsed into ``settings``."""
 
     _settings: Any = PrivateAttr(default=None)
+
+    @model_serializer(mode="wrap")
+    def _with_settings(self, handler: SerializerFunctionWrapHandler,
+                       info: SerializationInfo) -> Any:
+        """The fields, and the settings block under the launcher's name as it was written
+        (a campaign's runs and the journal's document load it back)."""
+        data = handler(self)
+        if self._settings is not None and isinstance(data, dict):
+            data[self.launcher] = self._settings.model_dump(
+                mode=info.mode, exclude_none=info.exclude_none,
+                exclude_defaults=info.exclude_defaults, exclude_unset=info.exclude_unset)
+        return data
 
     @classmethod
     def valid_keys(cls) -> tuple[str, ...]:
