@@ -19,7 +19,8 @@ do nothing. Under faultlab it reads the rank's identity, the launch plan
 environment. Why in-rank faults need code in the rank: a NaN in one rank's gradient shard, or a
 collective that one rank never issues, cannot be produced from outside the process.
 
-Importing this package imports neither torch nor any other part of faultlab; ``install`` and
+Importing this package imports neither torch nor any other part of faultlab but its errors
+(``faultlab.errors``, where every exception faultlab raises is defined); ``install`` and
 ``attach`` import torch when called. The modules: ``plan`` (the shape of a fault entry),
 ``hooks`` (the rank-side API: a fault's action and the hooks it hangs on), ``agent`` (loading
 the actions a plan names, fire-once bookkeeping, events), ``interposer`` (wrapping
