@@ -12,6 +12,8 @@
   them, and import nothing of faultlab but its errors.
 - The data flow spec → engine → targets + faults → observe → judge → report points one way:
   ``ALLOWED`` lists, per package of faultlab, the packages it may import.
+- Each package's ``__init__`` docstring says what it may import, in a sentence that starts
+  "It may import", naming exactly the packages of ``ALLOWED``.
 - No import cycles, between faultlab's packages (``faultlab.spec``, ``faultlab.faults``, ...;
   ``cli``, ``errors`` and the other top-level modules count as packages) or between its files,
   and no list of exceptions (``cycles``). What two packages both need lives beneath both: the
@@ -25,6 +27,7 @@ the top; ``if TYPE_CHECKING:`` imports count too (they are still a dependency of
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -274,6 +277,46 @@ def test_the_tree_keeps_the_import_rules() -> None:
 
 def test_no_import_cycles_between_packages_or_files() -> None:
     assert cycles(REPO) == []
+
+
+_MAY_IMPORT = re.compile(r"\bIt may import (.*?)(?:[.;:](?:\s|$)|$)", re.S)
+
+
+def docstring_drift(root: Path) -> list[str]:
+    """Each package of faultlab whose ``__init__`` docstring does not say, in a sentence that
+    starts "It may import", exactly the packages ``ALLOWED`` lets it import (each written
+    ````faultlab.x````), as ``file: what``."""
+    found = []
+    for init in sorted((root / "faultlab").glob("*/__init__.py")):
+        package = init.parent.name
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        said = _MAY_IMPORT.search(doc)
+        names = set(re.findall(r"``faultlab\.(\w+)``", said.group(1))) if said else None
+        allowed = ALLOWED.get(package, set())
+        if names != allowed:
+            want = ", ".join(f"``faultlab.{n}``" for n in sorted(allowed)) or "nothing"
+            found.append(f"{init.relative_to(root)}: the docstring says "
+                         f"{sorted(names) if names is not None else 'nothing'} of what it may "
+                         f"import; write 'It may import {want}.' (ALLOWED)")
+    return found
+
+
+def test_each_package_docstring_says_what_it_may_import() -> None:
+    assert docstring_drift(REPO) == []
+
+
+def test_a_docstring_that_drifts_from_the_rules_is_reported(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "faultlab/judge/__init__.py": '"""It may import ``faultlab.errors`` and '
+                                      '``faultlab.spec``; never the engine."""\n',
+        "faultlab/sla/__init__.py": '"""The SLAs. It may import ``faultlab.errors`` only."""\n',
+        "faultlab/report/__init__.py": '"""Reports."""\n',
+    })
+    assert [line.split(": ")[0] for line in docstring_drift(root)] == [
+        "faultlab/judge/__init__.py", "faultlab/report/__init__.py"]
+    assert "says ['errors', 'spec'] of what it may import; write 'It may import " \
+           "``faultlab.errors``, ``faultlab.observe``, ``faultlab.sla``, ``faultlab.spec``.'" \
+           in docstring_drift(root)[0]
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
