@@ -301,7 +301,7 @@ def _prop(value: Any) -> object:
 
 def _shown(path: Path, cwd: Path) -> Path:
     """The path as a person would type it: relative to the current folder when inside it
-    (messages then read ``experiments/x.yaml:14 ...``, as from ``faultlab validate``)."""
+    (messages then read ``experiments/rank_kill.yaml:14 ...``, as from ``faultlab validate``)."""
     try:
         return path.relative_to(cwd)
     except ValueError:
