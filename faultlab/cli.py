@@ -785,8 +785,8 @@ def _run_bar_monitors(exp, path: Path, team,  # type: ignore[no-untyped-def]
         bar_journal, where = journal(bar), f"{bar.verdict.upper()}, `{bar.run_folder}`"
         why = None if bar_journal is not None else f"the bar's run failed: {bar.error}"
     team_journal = journal(team) or {}
-    rows = monitor_rows(team_journal, [s.name for s in exp.observe.detections], bar_journal,
-                        why)
+    rows, notes = monitor_rows(team_journal, [s.name for s in exp.observe.detections],
+                               bar_journal, why)
     title = f"{exp.name}: the team's monitors beside the bar's, on the same faults"
     table = Table(title=title)
     for col in MONITORS_HEADER:
@@ -794,10 +794,13 @@ def _run_bar_monitors(exp, path: Path, team,  # type: ignore[no-untyped-def]
     for row in rows:
         table.add_row(*map(escape, row))
     console.print(table)
+    for note in notes:
+        console.print(escape(note))
     onsets = [f"- team: {onset_text((team_journal.get('detection') or {}).get('onset'))}"]
     if bar_journal is not None:
         onsets.append(f"- bar: {onset_text((bar_journal.get('detection') or {}).get('onset'))}")
-    lines = [f"## {title}", "", *monitors_markdown(rows), "", *onsets,
+    lines = [f"## {title}", "", *monitors_markdown(rows), "", *(f"- {n}" for n in notes),
+             *onsets,
              f"- team's run: `{team.run_folder}`", f"- the bar's run: {where}"]
     (team.run_folder / "bar-monitors.md").write_text("\n".join(lines) + "\n")
     report = team.run_folder / "report.md"

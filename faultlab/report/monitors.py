@@ -32,12 +32,13 @@ MONITORS_HEADER = ["side", "monitor", "detected", "steps from onset", "attributi
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one monitor did in one run; ``why``: why nothing could be measured (then the
-    other fields are None)."""
+    other fields are None), and ``detail`` what the run recorded of it."""
 
     detected: bool | None = None
     steps: int | None = None
     attribution: str | None = None
     why: str | None = None
+    detail: str | None = None
 
 
 def outcome(journal: dict[str, Any] | None, signal: str) -> Outcome:
@@ -48,7 +49,7 @@ def outcome(journal: dict[str, Any] | None, signal: str) -> Outcome:
     if not isinstance(det, dict):
         return Outcome(why="not measured (no detection record)")
     if det.get("onset") is None:
-        return Outcome(why=never_struck(journal))
+        return Outcome(why="fault never struck", detail=never_struck(journal) or None)
     s = next((x for x in det.get("signals") or [] if x["name"] == signal), None)
     if s is None or not s.get("detected"):
         return Outcome(detected=False)
@@ -56,13 +57,13 @@ def outcome(journal: dict[str, Any] | None, signal: str) -> Outcome:
 
 
 def never_struck(journal: dict[str, Any]) -> str:
-    """Why a run has no onset: each detectable fault's error, else its ``fault_injected``
-    SLA's note, else that none struck."""
+    """Why a run has no onset, as it recorded it: each fault's error and each failed
+    ``fault_injected`` SLA's note ('' where it recorded none)."""
     why = [f"{f['id']}: {f['error']}" for f in journal.get("faults") or [] if f.get("error")]
     why += [f"{s['name']}: {s['note']}" for s in journal.get("slas") or []
             if str(s.get("name", "")).startswith("fault_injected") and s.get("passed") is False
             and s.get("note")]
-    return "fault never struck" + (f" ({'; '.join(why)})" if why else "")
+    return "; ".join(why)
 
 
 def false_alarms_text(journals: Iterable[dict[str, Any] | None], signal: str) -> str:
@@ -82,30 +83,34 @@ def false_alarms_text(journals: Iterable[dict[str, Any] | None], signal: str) ->
 
 def _cells(o: Outcome) -> list[str]:
     if o.why is not None:
-        return [o.why, "—", "—"]
+        return [o.why + (" (why: below)" if o.detail else ""), "—", "—"]
     if not o.detected:
         return ["not detected", "—", "—"]
     return ["yes", "?" if o.steps is None else str(o.steps), o.attribution or "none"]
 
 
 def monitor_rows(team: dict[str, Any], team_signals: Sequence[str],
-                 bar: dict[str, Any] | None, bar_why: str | None = None) -> list[list[str]]:
-    """The table of ``--bar``'s monitor comparison: each of the team's declared signals, then
-    each bar monitor and any other ``anomaly:`` signal of the bar's run. ``bar``: the bar's
-    journal; ``bar_why``: why the bar could not run the same faults (every bar cell says it)."""
-    rows = [["team", name, *_cells(outcome(team, name)), false_alarms_text([team], name)]
-            for name in team_signals]
+                 bar: dict[str, Any] | None, bar_why: str | None = None
+                 ) -> tuple[list[list[str]], list[str]]:
+    """The table of ``--bar``'s monitor comparison and its notes: each of the team's declared
+    signals, then each bar monitor and any other ``anomaly:`` signal of the bar's run.
+    ``bar``: the bar's journal; ``bar_why``: why the bar could not run the same faults. What
+    made a side's cells unmeasured is said once, as a note, and each such cell points at it."""
+    rows, notes = [], []
+    for name in team_signals:
+        o = outcome(team, name)
+        rows.append(["team", name, *_cells(o), false_alarms_text([team], name)])
+        notes += [f"team: {o.why}: {o.detail}"] if o.detail else []
     known = dict(BAR_MONITORS)
     seen = [s["name"] for s in ((bar or {}).get("detection") or {}).get("signals") or []
             if s["name"].startswith("anomaly:") and s["name"] not in known]
     for signal in [*known, *dict.fromkeys(seen)]:
         label = f"{known.get(signal, signal)} ({signal})"
-        if bar_why is not None:
-            rows.append(["bar", label, f"not run: {bar_why}", "—", "—", "—"])
-        else:
-            rows.append(["bar", label, *_cells(outcome(bar, signal)),
-                         false_alarms_text([bar], signal)])
-    return rows
+        o = outcome(bar, signal) if bar_why is None else Outcome(why="not run", detail=bar_why)
+        alarms = "—" if bar_why is not None else false_alarms_text([bar], signal)
+        rows.append(["bar", label, *_cells(o), alarms])
+        notes += [f"bar: {o.why}: {o.detail}"] if o.detail else []
+    return rows, list(dict.fromkeys(notes))
 
 
 def monitors_markdown(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -87,8 +87,9 @@ def test_bar_without_a_launch_line_or_monitors_is_refused_before_anything_runs(
     line = next(i for i, text in enumerate(exp.read_text().splitlines(), 1)
                 if text.startswith("target:"))  # no launch key: located at target
     assert f"{exp}:{line} target.launch: --bar has nothing to set beside the bar for " \
-        f"'rank_kill': it runs under faultlab's own launcher (no target.launch of the team's), and 'rank_kill' " \
-        f"runs the reference trainer: its monitors are the bar's own;" in err, err
+        f"'rank_kill': it runs under faultlab's own launcher (no target.launch of the " \
+        f"team's), and 'rank_kill' runs the reference trainer: its monitors are the bar's " \
+        f"own;" in err, err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -113,7 +114,8 @@ def test_the_table_sets_each_team_monitor_beside_each_bar_monitor() -> None:
                      _signal("replay", True, 0, "none", false_alarms=None)])
     bar = _journal([_signal("anomaly:sdc_suspected", True, 1, "exact"),
                     _signal("anomaly:checkpoint_invalid", True, 2, "wrong", 1)])
-    rows = monitor_rows(team, ["fingerprint", "spike", "replay"], bar)
+    rows, notes = monitor_rows(team, ["fingerprint", "spike", "replay"], bar)
+    assert notes == []
     assert rows == [
         ["team", "fingerprint", "yes", "3", "exact", "0"],
         ["team", "spike", "not detected", "—", "—", "0"],
@@ -133,12 +135,12 @@ def test_the_table_sets_each_team_monitor_beside_each_bar_monitor() -> None:
 
 def test_a_bar_that_could_not_run_says_why_in_every_bar_cell() -> None:
     team = _journal([_signal("straggler", True, 4, "exact")])
-    rows = monitor_rows(team, ["straggler"], None, "the reference trainer cannot run the same "
-                                                   "faults: exp.yaml:30 faults[1]...")
+    why = "the reference trainer cannot run the same faults: exp.yaml:30 faults[1]..."
+    rows, notes = monitor_rows(team, ["straggler"], None, why)
     assert rows[0] == ["team", "straggler", "yes", "4", "exact", "0"]
     assert [r[0] for r in rows[1:]] == ["bar"] * 4
-    assert all(r[2] == "not run: the reference trainer cannot run the same faults: exp.yaml:30 "
-               "faults[1]..." and r[3:] == ["—", "—", "—"] for r in rows[1:])
+    assert all(r[2:] == ["not run (why: below)", "—", "—", "—"] for r in rows[1:])
+    assert notes == [f"bar: not run: {why}"]  # said once, under the table
 
 
 def test_a_fault_that_never_struck_the_bar_is_said_with_its_reason_not_as_a_miss() -> None:
@@ -148,11 +150,17 @@ def test_a_fault_that_never_struck_the_bar_is_said_with_its_reason_not_as_a_miss
             "rank's outermost module; the modules it saw: '', 'tok_emb'")
     bar = _journal([], onset=False, slas=[{"name": "fault_injected[sdc-x]", "passed": False,
                                            "note": note}])
-    rows = monitor_rows(_journal([_signal("fingerprint", False)]), ["fingerprint"], bar)
+    rows, notes = monitor_rows(_journal([_signal("fingerprint", False)]), ["fingerprint"], bar)
     assert rows[0][2] == "not detected"
-    assert {r[2] for r in rows[1:]} == {f"fault never struck (fault_injected[sdc-x]: {note})"}
+    assert {r[2] for r in rows[1:]} == {"fault never struck (why: below)"}
+    assert notes == [f"bar: fault never struck: fault_injected[sdc-x]: {note}"]
     failed = _journal([], onset=False, faults=[{"id": "slow", "error": "no GPU view"}])
-    assert monitor_rows(failed, [], failed)[0][2] == "fault never struck (slow: no GPU view)"
+    rows, notes = monitor_rows(failed, ["straggler"], failed)
+    assert rows[0][2] == "fault never struck (why: below)"
+    assert notes == ["team: fault never struck: slow: no GPU view",
+                     "bar: fault never struck: slow: no GPU view"]
+    silent = _journal([], onset=False)  # nothing recorded of why: no pointer to a note
+    assert monitor_rows(silent, ["x"], silent)[0][0][2] == "fault never struck"
 
 
 def test_false_alarms_are_never_a_zero_that_was_not_counted() -> None:
@@ -161,5 +169,5 @@ def test_false_alarms_are_never_a_zero_that_was_not_counted() -> None:
     assert false_alarms_text([_journal([])], "anomaly:loss_spike") == "0"
     assert false_alarms_text([_journal([])], "spike") == "not measured"  # declared, not scored
     assert false_alarms_text([None], "anomaly:loss_spike") == "not measured"
-    assert monitor_rows(_journal(None), ["spike"], None)[0][2:] == [
+    assert monitor_rows(_journal(None), ["spike"], None)[0][0][2:] == [
         "not measured (no detection record)", "—", "—", "not measured"]
