@@ -171,3 +171,22 @@ def test_false_alarms_are_never_a_zero_that_was_not_counted() -> None:
     assert false_alarms_text([None], "anomaly:loss_spike") == "not measured"
     assert monitor_rows(_journal(None), ["spike"], None)[0][0][2:] == [
         "not measured (no detection record)", "—", "—", "not measured"]
+
+
+def test_a_launch_line_the_bar_cannot_run_leaves_the_monitors_to_compare(tmp_path: Path) -> None:
+    """An ft_launcher line refuses the launch comparison (tests/unit/test_cli.py), not the
+    monitors': with a team's monitor and a slowing fault, --bar goes ahead for those."""
+    from faultlab.cli import _refuse_bar
+
+    doc = yaml.safe_load((REPO / "examples/nvrx_ft/experiments/rank_kill.yaml").read_text())
+    doc["observe"]["detections"] = [{"name": "straggler",
+                                     "log_pattern": r"straggler: rank (?P<rank>\d+)"}]
+    doc["faults"] = [{"id": "slow", "type": "gpu_slow", "target": {"rank": 1},
+                      "params": {"factor": 3.0}, "trigger": {"at_step": 5}, "duration_s": 60}]
+    doc["expect"] = {"completes": True}
+    path = _write(tmp_path, doc)
+    _refuse_bar([(path, load_experiment(path))])  # no InvalidExperimentError
+    doc["observe"]["detections"] = []
+    path = _write(tmp_path, doc)
+    with pytest.raises(InvalidExperimentError, match="--bar cannot run 'nvrx_ft_rank_kill'"):
+        _refuse_bar([(path, load_experiment(path))])
