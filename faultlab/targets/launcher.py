@@ -56,14 +56,6 @@ from faultlab.targets.services import ServiceError, Services
 __all__ = ["JobResult", "LaunchError", "LocalJob", "main"]
 
 
-def rank_threads(world: int) -> str:
-    """``OMP_NUM_THREADS`` of each rank: faultlab's own, when it is set (a host that runs other
-    jobs beside this one, as the test suite's three workers on two cores do: a lone rank's two
-    OpenMP threads spun against the other jobs and cost three times its CPU), else the host's
-    cores shared among the job's ranks."""
-    return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world))
-
-
 class LaunchError(ValueError):
     """The job cannot be launched as asked; the message names the flag or path and why."""
 
@@ -493,6 +485,14 @@ class LocalJob:
             if n.name == name:
                 return n
         raise KeyError(f"no node {name!r}; nodes are {', '.join(self.node_names())}")
+
+
+def rank_threads(world: int) -> str:
+    """``OMP_NUM_THREADS`` of each rank: faultlab's own, when it is set (a host that runs other
+    jobs beside this one, as the test suite's three workers on two cores do: a lone rank's two
+    OpenMP threads spun against the other jobs and cost three times its CPU), else the host's
+    cores shared among the job's ranks."""
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world))
 
 
 def _free_port(host: str) -> int:
