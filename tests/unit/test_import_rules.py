@@ -8,7 +8,8 @@
 - The plugins (pytest, Chaos Toolkit) import no private name of faultlab: a job starts through
   ``faultlab.engine.session.JobSession``, as every job of the engine does.
 - The SLA declarations (``faultlab.sla``) sit beneath the spec and the judge, which both read
-  them, and import nothing of faultlab but its errors.
+  them, and import nothing of faultlab but its errors and its plugin registry
+  (``faultlab.registry``, which every layer may use to load an entry point).
 - The data flow spec → engine → targets + faults → observe → judge → report points one way:
   ``ALLOWED`` lists, per package of faultlab, the packages it may import.
 - No import cycles, between faultlab's packages (``faultlab.spec``, ``faultlab.faults``, ...;
@@ -34,13 +35,14 @@ REPO = Path(__file__).resolve().parents[2]
 # (cli, errors, reaper, testing) are listed like packages.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
-    "fault_api": {"errors"},
+    "registry": {"errors"},
+    "fault_api": {"errors", "registry"},
     "runtime": set(),
-    "sla": {"errors"},
-    "spec": {"errors", "fault_api", "sla"},
+    "sla": {"errors", "registry"},
+    "spec": {"errors", "registry", "fault_api", "sla"},
     "faults": {"errors", "fault_api", "spec", "runtime", "metadata", "targets", "storage"},
     "storage": {"errors"},
-    "targets": {"errors", "spec", "observe", "runtime"},
+    "targets": {"errors", "registry", "spec", "observe", "runtime"},
     "metadata": {"errors"},
     "observe": {"errors", "spec", "runtime"},
     "judge": {"errors", "sla", "spec", "observe"},
