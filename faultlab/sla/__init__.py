@@ -15,9 +15,9 @@ faultlab's ``pyproject.toml``; a team registers its own there too (``registry.py
 Why a package of its own, beneath ``spec`` and ``judge``: the spec builds ``Expect`` from the
 declarations when it is imported, and the spec may not import the judge (the judge reads
 experiments: imports point one way). So the declarations, a team's included, live where both may
-import them, and import nothing of faultlab but ``faultlab.errors`` and the plugin registry
-(``faultlab.registry``). What a declaration needs to know of a run reaches it as
-:class:`Evidence`, which ``faultlab.judge`` builds from the records and answers with
+import them. It may import ``faultlab.errors`` and ``faultlab.registry`` (the plugin registry,
+which loads the declarations' entry points). What a declaration needs to know of a run reaches
+it as :class:`Evidence`, which ``faultlab.judge`` builds from the records and answers with
 ``faultlab.observe``: one contract, read by the spec for its YAML half and by the judge for its
 verdict half, with no registry of either kept in step by hand.
 

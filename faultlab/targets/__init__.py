@@ -13,8 +13,9 @@ own would be, none importing another's module but through this package's ``make_
 
 What it owns: launching any command (a registered trainer's or a user's), process trees and
 signals (``procs``), node addressing, files on nodes. It may import ``faultlab.errors``,
-``faultlab.spec``, ``faultlab.observe`` and ``faultlab.runtime``; never the engine, the faults,
-the report, or any trainer (a trainer is reached through ``faultlab.spec.trainers``).
+``faultlab.registry``, ``faultlab.spec``, ``faultlab.observe`` and ``faultlab.runtime``; never
+the engine, the faults, the report, or any trainer (a trainer is reached through
+``faultlab.spec.trainers``).
 """
 
 from __future__ import annotations
