@@ -5,9 +5,10 @@ located (``my_job.yaml:14 faults[1].trigger.at_step: expected an integer, got 't
     load_document("experiments/prelaunch.yaml")               # a PlannedSuite: experiments + plan
     describe_schedule(exp)                                    # what a dry run prints
 
-It may import ``faultlab.errors``, ``faultlab.fault_api`` (each ``faults:`` entry is checked
-against its fault's declaration) and ``faultlab.sla`` (the ``Expect`` model is built from the
-SLA declarations); it is the start of the data flow, so nothing downstream of it.
+It may import ``faultlab.errors``, ``faultlab.registry`` (the trainers' and targets' entry
+points), ``faultlab.fault_api`` (each ``faults:`` entry is checked against its fault's
+declaration) and ``faultlab.sla`` (the ``Expect`` model is built from the SLA declarations); it
+is the start of the data flow, so nothing downstream of it.
 """
 
 from faultlab.spec._suite import Plan, PlannedSuite, SuiteSpec

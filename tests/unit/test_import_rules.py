@@ -9,7 +9,8 @@
 - The plugins (pytest, Chaos Toolkit) import no private name of faultlab: a job starts through
   ``faultlab.engine.session.JobSession``, as every job of the engine does.
 - The SLA declarations (``faultlab.sla``) sit beneath the spec and the judge, which both read
-  them, and import nothing of faultlab but its errors.
+  them, and import nothing of faultlab but its errors and its plugin registry
+  (``faultlab.registry``, which every layer may use to load an entry point).
 - The data flow spec → engine → targets + faults → observe → judge → report points one way:
   ``ALLOWED`` lists, per package of faultlab, the packages it may import.
 - Each package's ``__init__`` docstring says what it may import, in a sentence that starts
@@ -38,13 +39,14 @@ REPO = Path(__file__).resolve().parents[2]
 # (cli, errors, reaper, testing) are listed like packages.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
-    "fault_api": {"errors"},
+    "registry": {"errors"},
+    "fault_api": {"errors", "registry"},
     "runtime": {"errors"},
-    "sla": {"errors"},
-    "spec": {"errors", "fault_api", "sla"},
+    "sla": {"errors", "registry"},
+    "spec": {"errors", "registry", "fault_api", "sla"},
     "faults": {"errors", "fault_api", "spec", "runtime", "metadata", "targets", "storage"},
     "storage": {"errors"},
-    "targets": {"errors", "spec", "observe", "runtime"},
+    "targets": {"errors", "registry", "spec", "observe", "runtime"},
     "metadata": {"errors"},
     "observe": {"errors", "spec", "runtime"},
     "judge": {"errors", "sla", "spec", "observe"},
@@ -309,7 +311,8 @@ def test_a_docstring_that_drifts_from_the_rules_is_reported(tmp_path: Path) -> N
     root = _tree(tmp_path, {
         "faultlab/judge/__init__.py": '"""It may import ``faultlab.errors`` and '
                                       '``faultlab.spec``; never the engine."""\n',
-        "faultlab/sla/__init__.py": '"""The SLAs. It may import ``faultlab.errors`` only."""\n',
+        "faultlab/sla/__init__.py": '"""The SLAs. It may import ``faultlab.errors`` and '
+                                    '``faultlab.registry``."""\n',
         "faultlab/report/__init__.py": '"""Reports."""\n',
     })
     assert [line.split(": ")[0] for line in docstring_drift(root)] == [
