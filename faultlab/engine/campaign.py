@@ -99,8 +99,8 @@ def judge_campaign(campaign: Campaign, score: CampaignScore,
     with the run's own units (``units``), and is not measured without them."""
     out = []
     for key, written in campaign.expect.campaign_items():
-        measured = score.metric(key)
         sla = CAMPAIGN_SLAS[key]
+        measured = sla.measure_score(score)
         note, limit = "", None
         bound: Any = written
         if isinstance(written, RelativeSeconds):
@@ -110,25 +110,15 @@ def judge_campaign(campaign: Campaign, score: CampaignScore,
             passed, note = False, (f"not measured: the bound is {RelativeSeconds(**written)}, "
                                    f"and this run measured no such unit")
         elif measured is None:
-            passed, note = False, _why_not_measured(key, score)
+            passed, note = False, sla.unmeasured
         elif isinstance(measured, float) and math.isinf(measured):
             passed, note = False, "an injection that took the job down never recovered"
         else:
             passed = sla.holds(measured, bound)
-        ratio = in_units(measured, units) if key.endswith("_s") and isinstance(
+        ratio = in_units(measured, units) if sla.relative and isinstance(
             measured, int | float) else ""
         out.append(SLAResult(key, written, measured, passed, note, limit, ratio))
     return out
-
-
-def _why_not_measured(key: str, score: CampaignScore) -> str:
-    if key == "attribution_accuracy":
-        return "no detected injection was attributable (each struck every rank)"
-    if key == "recovery_time_p95_s":
-        return "no injection took the job down"
-    if key == "detection_rate":
-        return "no fault was injected"
-    return "not measured"
 
 
 def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | None = None,

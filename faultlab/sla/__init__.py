@@ -6,17 +6,20 @@ measures (a metric of ``faultlab.observe``, or its own :meth:`Sla.measure` over 
 records), how it compares and how its note is written, and its reference text. Everything else
 is derived from the declarations: ``faultlab.spec``'s ``Expect`` model (so the YAML it accepts,
 its error messages and the JSON schema), ``faultlab.judge.judge``'s verdict, ``faultlab list
-slas`` and the SLA reference. The built-ins (``builtin.py``) are ordinary declarations; a team
-registers its own under the entry-point group ``faultlab.slas`` (``registry.py``) and it is
-judged from the same records.
+slas`` and the SLA reference. The built-ins (``builtin.py``, ``detection.py``, ``campaign.py``)
+are ordinary declarations, registered under the entry-point group ``faultlab.slas`` in
+faultlab's ``pyproject.toml``; a team registers its own there too (``registry.py``, through
+``faultlab.registry``) and it is judged from the same records. A campaign's own SLAs
+(``campaign.py``'s ``CampaignSla``) are declarations too, judged against the campaign's score.
 
 Why a package of its own, beneath ``spec`` and ``judge``: the spec builds ``Expect`` from the
 declarations when it is imported, and the spec may not import the judge (the judge reads
-experiments: imports point one way). So the declarations, a team's included, live where both
-may import them, and import nothing of faultlab but ``faultlab.errors``. What a declaration
-needs to know of a run reaches it as :class:`Evidence`, which ``faultlab.judge`` builds from
-the records and answers with ``faultlab.observe``: one contract, read by the spec for its YAML
-half and by the judge for its verdict half, with no registry of either kept in step by hand.
+experiments: imports point one way). So the declarations, a team's included, live where both may
+import them. It may import ``faultlab.errors`` and ``faultlab.registry`` (the plugin registry,
+which loads the declarations' entry points). What a declaration needs to know of a run reaches
+it as :class:`Evidence`, which ``faultlab.judge`` builds from the records and answers with
+``faultlab.observe``: one contract, read by the spec for its YAML half and by the judge for its
+verdict half, with no registry of either kept in step by hand.
 
     from faultlab.sla import Evidence, Sla
 
@@ -33,6 +36,8 @@ half and by the judge for its verdict half, with no registry of either kept in s
 
 from faultlab.sla.base import Evidence, Kind, Outcome, Sla
 from faultlab.sla.builtin import NOISE_K_DEFAULT
-from faultlab.sla.registry import ENTRY_POINT_GROUP, slas
+from faultlab.sla.campaign import CampaignSla
+from faultlab.sla.registry import ENTRY_POINT_GROUP, campaign_slas, slas
 
-__all__ = ["ENTRY_POINT_GROUP", "NOISE_K_DEFAULT", "Evidence", "Kind", "Outcome", "Sla", "slas"]
+__all__ = ["ENTRY_POINT_GROUP", "NOISE_K_DEFAULT", "CampaignSla", "Evidence", "Kind", "Outcome",
+           "Sla", "campaign_slas", "slas"]

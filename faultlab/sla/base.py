@@ -180,6 +180,10 @@ class Sla:
     nothing showed the run wrong, and nothing showed it right. On a run that did not complete
     it fails like any other. The built-in ones: ``bitwise_equal_to_golden``,
     ``matches_golden_within_noise``, ``healed_state_matches_peer``."""
+    order: int = 1000
+    """Where the key is listed among the SLAs: the ``Expect`` fields, the schema, the reference,
+    the verdict and ``faultlab list slas`` sort by ``(order, key)``. The built-ins take 10,
+    20 ...; a team's, by default, come after them, by key."""
 
     # ------------------------------------------------------------------------- the YAML side
 

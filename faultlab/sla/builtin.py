@@ -1,5 +1,8 @@
-"""The SLAs faultlab ships, each one declaration of ``faultlab.sla.Sla``, in the order of the
-``expect`` keys (schema, reference, verdict).
+"""The SLAs faultlab ships, each one declaration of ``faultlab.sla.Sla`` registered under the
+``faultlab.slas`` entry-point group in faultlab's ``pyproject.toml`` (``completes =
+"faultlab.sla.builtin:COMPLETES"``), as a team's are in its own. Each says where it is listed
+(``order``: 10, 20 ...; the schema, the reference, the verdict and ``faultlab list slas``
+follow it); a new one takes a free number where it belongs, and its entry point.
 
 Most read one metric of ``faultlab.observe.Metrics`` and need no code. The others say in
 :meth:`~faultlab.sla.Sla.explain` what their note adds (which checkpoint a job loaded after a
@@ -16,9 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from faultlab.sla.base import Evidence, Outcome, Sla
-from faultlab.sla.detection import DETECTION_SLAS, StragglerDetected
+from faultlab.sla.detection import StragglerDetected
 
-__all__ = ["BUILTIN", "NOISE_K_DEFAULT"]
+__all__ = ["NOISE_K_DEFAULT"]
 
 NOISE_K_DEFAULT = 10.0
 """``matches_golden_within_noise: true``: a run may stray 10 times the fault-free spread."""
@@ -232,174 +235,210 @@ class SameResumePoint(Sla):
         return measured, (_resume_points(ev.metrics) if measured is not None else "")
 
 
-BUILTIN: tuple[Sla, ...] = (
-    Completes(
-        key="completes", value=bool, kind="bool", unit="bool", metric="completes",
-        description="the job reached run.steps and exited cleanly: every rank of its final "
-                    "incarnation, at the topology's world size (an elastic job: less only the "
-                    "nodes a fault struck, not below min_nodes), and every node no fault "
-                    "struck with exit 0",
-        doc="The job must (true) or must not (false) reach run.steps."),
-    MaxRestarts(
-        key="max_restarts", value=int, ge=0, kind="max", unit="restarts", metric="restarts",
-        description="restarts of the job (torchrun restarts of the worker group)",
-        doc="At most this many restarts."),
-    DetectionLatency(
-        key="detection_latency_s", value=float, gt=0, kind="max", unit="s",
-        metric="detection_latency_s",
-        description="fault injected → first sign the job noticed",
-        doc="Upper bound, seconds."),
-    Sla(key="resume_time_s", value=float, gt=0, kind="max", unit="s", metric="resume_time_s",
-        description="fault injected → first completed step after the job came back",
-        doc="Upper bound, seconds."),
-    Sla(key="recovery_time_s", value=float, gt=0, kind="max", unit="s",
-        metric="recovery_time_s",
-        description="fault injected → the job is back at its highest step before the fault",
-        doc="Upper bound, seconds."),
-    Sla(key="lost_steps", value=int, ge=0, kind="max", unit="steps", metric="lost_steps",
-        description="highest step before the fault − step it resumed from",
-        doc="Upper bound, steps."),
-    Sla(key="goodput", value=float, gt=0, le=1, kind="min", unit="ratio (0-1)",
-        metric="goodput",
-        description="useful step time ÷ wall time over the run",
-        doc="Lower bound, a fraction in (0, 1]."),
-    BitwiseEqual(
-        key="bitwise_equal_to_golden", value=bool, kind="bool", unit="bool",
-        metric="bitwise_equal_to_golden", correctness=True,
-        description="final digest equals the fault-free golden run's",
-        doc="""Final state bitwise equal (or not) to the fault-free golden run's. With ``golden:
-        {runs: 2}`` and two fault-free runs that differ, not measured: the verdict is
-        inconclusive, unless ``matches_golden_within_noise`` is measured in the same
-        experiment, which then judges in its place."""),
-    WithinNoise(
-        key="matches_golden_within_noise", value=float, kind="max", unit="noise units",
-        metric="matches_golden_within_noise", correctness=True,
-        description="largest distance to the golden run (per-step loss, final weights) in "
-                    "units of two fault-free runs' spread",
-        doc="""``k``: the run's losses at every step, and its final weights, stay within ``k`` times
-        the spread of two fault-free runs (``true``: 10). For trainers that are not bitwise
-        reproducible; runs the golden run twice. A NaN or Inf in the run's losses or final
-        weights, or a tensor of the golden run's missing from its final checkpoint or of
-        another shape, fails it (named); a NaN in the golden runs makes it inconclusive."""),
-    Sla(key="samples_exactly_once", value=bool, kind="bool", unit="bool",
-        metric="samples_exactly_once",
-        description="every sample was trained on exactly once",
-        doc="Every sample trained on exactly once (or not)."),
-    NeverLoaded(
-        key="corrupt_checkpoint_never_loaded", value=bool, kind="bool", unit="bool",
-        metric="corrupt_checkpoint_never_loaded",
-        description="no checkpoint damaged by a storage fault was loaded",
-        doc="No checkpoint a storage fault damaged was ever loaded (or, if false, one was)."),
-    Sla(key="emergency_checkpoint_before_deadline", value=bool, kind="bool", unit="bool",
-        metric="emergency_checkpoint_before_deadline",
-        description="after a preemption notice, an emergency checkpoint was committed before "
-                    "the termination deadline",
-        doc="""After a preemption notice, an emergency checkpoint was (or was not) committed before
-        the deadline."""),
-    Sla(key="emergency_checkpoint_s", value=float, gt=0, kind="max", unit="s",
-        metric="emergency_checkpoint_s",
-        description="preemption notice → emergency checkpoint committed",
-        doc="Upper bound, seconds from the notice to the committed emergency checkpoint."),
-    Sla(key="checkpoints_all_finite", value=bool, kind="bool", unit="bool",
-        metric="checkpoints_all_finite",
-        description="every checkpoint the job left holds only finite values (read back after "
-                    "the run)",
-        doc="Every checkpoint left in the job's folder holds (or not) only finite values; keep "
-            "them\nall with ``target.overrides.keep_checkpoints`` to cover every checkpoint ever "
-            "saved."),
-    Sla(key="requeue_latency_s", value=float, gt=0, kind="max", unit="s",
-        metric="requeue_latency_s",
-        description="fault injected → the scheduler requeued the job → running again "
-                    "(slurm)",
-        doc="""Upper bound, seconds from the fault to the job running again after the scheduler
-        requeued it (``topology.launcher: slurm``); a job never requeued fails it."""),
-    StragglerDetected(
-        key="straggler_detected_within_s", value=float, gt=0, kind="max", unit="s",
-        metric="straggler_detected_within_s",
-        description="a rank slowed down → the trainer names it in an anomaly, or a declared "
-                    "detection signal names it (its rank or node)",
-        doc="""Upper bound, seconds from slowing a rank down to the trainer naming it (a
-        straggler anomaly) or a declared signal of ``observe.detections`` naming it (or those
-        of ``detected_by``)."""),
-    Sla(key="max_slowdown", value=float, gt=0, kind="max", unit="ratio (x)", metric="slowdown",
-        description="median step time while a slowing fault is in force ÷ the median before "
-                    "it",
-        doc="Upper bound on the slowdown a slowing fault causes (step time during ÷ before)."),
-    SaveFailureDetected(
-        key="save_failure_detected", value=bool, kind="bool", unit="bool",
-        metric="save_failure_detected",
-        description="a save that io_error, disk_full or io_hang made fail was noticed (an "
-                    "anomaly, a watchdog, a rank that failed), not taken for saved",
-        doc="A save that a storage fault made fail was (or was not) noticed by the job."),
-    NeverLoaded(
-        key="failed_save_never_loaded", value=bool, kind="bool", unit="bool",
-        metric="failed_save_never_loaded", save_failure=True,
-        description="no checkpoint whose save failed or was cut short (or that a storage "
-                    "fault damaged) was loaded",
-        doc="""No checkpoint whose save failed, was cut short or was damaged was ever loaded (or, if
-        false, one was)."""),
-    TrainedThroughSaveFailure(
-        key="training_continued_through_save_failure", value=bool, kind="bool", unit="bool",
-        metric="training_continued_through_save_failure",
-        description="after a failed save the same processes trained on, without a restart",
-        doc="After a failed save the same processes trained on (or did not)."),
-    SaveFailureSla(
-        key="save_hang_detected_within_s", value=float, gt=0, kind="max", unit="s",
-        metric="save_hang_detected_within_s",
-        description="io_hang struck a save → the job noticed (detection_latency_s, counting "
-                    "only signs of a failed save)",
-        doc="Upper bound, seconds from a hung save (``io_hang``) to the job noticing it."),
-    Exclusion(
-        key="faulty_node_excluded", value=bool, kind="bool", unit="bool",
-        metric="faulty_node_excluded",
-        description="the job finished without the node whose GPU stayed failed (sticky "
-                    "gpu_error; faultlab.observe.exclusion)",
-        doc="""The job finished without (true) the node whose GPU stayed failed (``gpu_error`` with
-        ``sticky: true``), or did not (false)."""),
-    Exclusion(
-        key="restarts_until_excluded", value=int, ge=1, kind="max", unit="restarts",
-        metric="restarts_until_excluded",
-        description="GPU failed for good → restarts until the job ran without its node",
-        doc="Upper bound on the restarts from a GPU that stayed failed until the job ran "
-            "without its\nnode; a job that never excluded it fails it."),
-    Healing(
-        key="survivor_restarts", value=int, ge=0, kind="max", unit="restarts",
-        metric="survivor_restarts", counts_restarts=True,
-        description="restarts of the ranks no fault struck, after the first fault "
-                    "(faultlab.observe.healing)",
-        doc="""Upper bound on the restarts of the ranks a fault did not strike (torchft: the other
-        replica groups step on without one: 0)."""),
-    Healing(
-        key="survivor_lost_steps", value=int, ge=0, kind="max", unit="steps",
-        metric="survivor_lost_steps",
-        description="steps the ranks no fault struck redid or lost",
-        doc="""Upper bound on the steps the ranks a fault did not strike redid or lost (0 expected
-        where the stack recovers per step)."""),
-    Healing(
-        key="healed_by_step", value=int, ge=1, kind="max", unit="step", metric="healed_at_step",
-        description="the step at which the struck ranks stepped again (healed)",
-        doc="The struck ranks stepped again (healed) at or before this step."),
-    Healing(
-        key="heal_time_s", value=float, gt=0, kind="max", unit="s", metric="heal_time_s",
-        description="fault injected (or undone) → the struck ranks' first committed step",
-        doc="Upper bound, seconds from the fault to the struck ranks' first committed step."),
-    Healing(
-        key="healed_state_matches_peer", value=bool, kind="bool", unit="bool",
-        metric="healed_state_matches_peer", correctness=True,
-        description="the healed ranks' weights equal a survivor's at every step both "
-                    "recorded (observe.step_digest)",
-        doc="The healed ranks' weights equal (or not) a surviving peer's at every step both "
-            "recorded\nfrom the heal on (needs ``observe.step_digest``)."),
-    SameResumePoint(
-        key="same_resume_point", value=bool, kind="bool", unit="bool",
-        metric="same_resume_point",
-        description="every rank of each restart resumed from the same checkpoint step",
-        doc="""Every rank of each restart resumed from the same checkpoint step (or, if false, some
-        did not): one node with an older view of the checkpoint directory (``stale_shared_fs``)
-        must not make its ranks load another checkpoint than the rest."""),
-    *DETECTION_SLAS,
-)
-"""The built-in SLAs, in the order of the ``expect`` keys."""
+COMPLETES = Completes(
+    key="completes", order=10, value=bool, kind="bool", unit="bool", metric="completes",
+    description="the job reached run.steps and exited cleanly: every rank of its final "
+                "incarnation, at the topology's world size (an elastic job: less only the "
+                "nodes a fault struck, not below min_nodes), and every node no fault "
+                "struck with exit 0",
+    doc="The job must (true) or must not (false) reach run.steps.")
+
+MAX_RESTARTS = MaxRestarts(
+    key="max_restarts", order=20, value=int, ge=0, kind="max", unit="restarts", metric="restarts",
+    description="restarts of the job (torchrun restarts of the worker group)",
+    doc="At most this many restarts.")
+
+DETECTION_LATENCY_S = DetectionLatency(
+    key="detection_latency_s", order=30, value=float, gt=0, kind="max", unit="s",
+    metric="detection_latency_s",
+    description="fault injected → first sign the job noticed",
+    doc="Upper bound, seconds.")
+
+RESUME_TIME_S = Sla(
+    key="resume_time_s", order=40, value=float, gt=0, kind="max", unit="s", metric="resume_time_s",
+    description="fault injected → first completed step after the job came back",
+    doc="Upper bound, seconds.")
+
+RECOVERY_TIME_S = Sla(
+    key="recovery_time_s", order=50, value=float, gt=0, kind="max", unit="s",
+    metric="recovery_time_s",
+    description="fault injected → the job is back at its highest step before the fault",
+    doc="Upper bound, seconds.")
+
+LOST_STEPS = Sla(
+    key="lost_steps", order=60, value=int, ge=0, kind="max", unit="steps", metric="lost_steps",
+    description="highest step before the fault − step it resumed from",
+    doc="Upper bound, steps.")
+
+GOODPUT = Sla(
+    key="goodput", order=70, value=float, gt=0, le=1, kind="min", unit="ratio (0-1)",
+    metric="goodput",
+    description="useful step time ÷ wall time over the run",
+    doc="Lower bound, a fraction in (0, 1].")
+
+BITWISE_EQUAL_TO_GOLDEN = BitwiseEqual(
+    key="bitwise_equal_to_golden", order=80, value=bool, kind="bool", unit="bool",
+    metric="bitwise_equal_to_golden", correctness=True,
+    description="final digest equals the fault-free golden run's",
+    doc="""Final state bitwise equal (or not) to the fault-free golden run's. With ``golden:
+    {runs: 2}`` and two fault-free runs that differ, not measured: the verdict is
+    inconclusive, unless ``matches_golden_within_noise`` is measured in the same
+    experiment, which then judges in its place.""")
+
+MATCHES_GOLDEN_WITHIN_NOISE = WithinNoise(
+    key="matches_golden_within_noise", order=90, value=float, kind="max", unit="noise units",
+    metric="matches_golden_within_noise", correctness=True,
+    description="largest distance to the golden run (per-step loss, final weights) in "
+                "units of two fault-free runs' spread",
+    doc="""``k``: the run's losses at every step, and its final weights, stay within ``k`` times
+    the spread of two fault-free runs (``true``: 10). For trainers that are not bitwise
+    reproducible; runs the golden run twice. A NaN or Inf in the run's losses or final
+    weights, or a tensor of the golden run's missing from its final checkpoint or of
+    another shape, fails it (named); a NaN in the golden runs makes it inconclusive.""")
+
+SAMPLES_EXACTLY_ONCE = Sla(
+    key="samples_exactly_once", order=100, value=bool, kind="bool", unit="bool",
+    metric="samples_exactly_once",
+    description="every sample was trained on exactly once",
+    doc="Every sample trained on exactly once (or not).")
+
+CORRUPT_CHECKPOINT_NEVER_LOADED = NeverLoaded(
+    key="corrupt_checkpoint_never_loaded", order=110, value=bool, kind="bool", unit="bool",
+    metric="corrupt_checkpoint_never_loaded",
+    description="no checkpoint damaged by a storage fault was loaded",
+    doc="No checkpoint a storage fault damaged was ever loaded (or, if false, one was).")
+
+EMERGENCY_CHECKPOINT_BEFORE_DEADLINE = Sla(
+    key="emergency_checkpoint_before_deadline", order=120, value=bool, kind="bool", unit="bool",
+    metric="emergency_checkpoint_before_deadline",
+    description="after a preemption notice, an emergency checkpoint was committed before "
+                "the termination deadline",
+    doc="""After a preemption notice, an emergency checkpoint was (or was not) committed before
+    the deadline.""")
+
+EMERGENCY_CHECKPOINT_S = Sla(
+    key="emergency_checkpoint_s", order=130, value=float, gt=0, kind="max", unit="s",
+    metric="emergency_checkpoint_s",
+    description="preemption notice → emergency checkpoint committed",
+    doc="Upper bound, seconds from the notice to the committed emergency checkpoint.")
+
+CHECKPOINTS_ALL_FINITE = Sla(
+    key="checkpoints_all_finite", order=140, value=bool, kind="bool", unit="bool",
+    metric="checkpoints_all_finite",
+    description="every checkpoint the job left holds only finite values (read back after "
+                "the run)",
+    doc="Every checkpoint left in the job's folder holds (or not) only finite values; keep "
+        "them\nall with ``target.overrides.keep_checkpoints`` to cover every checkpoint ever "
+        "saved.")
+
+REQUEUE_LATENCY_S = Sla(
+    key="requeue_latency_s", order=150, value=float, gt=0, kind="max", unit="s",
+    metric="requeue_latency_s",
+    description="fault injected → the scheduler requeued the job → running again "
+                "(slurm)",
+    doc="""Upper bound, seconds from the fault to the job running again after the scheduler
+    requeued it (``topology.launcher: slurm``); a job never requeued fails it.""")
+
+STRAGGLER_DETECTED_WITHIN_S = StragglerDetected(
+    key="straggler_detected_within_s", order=160, value=float, gt=0, kind="max", unit="s",
+    metric="straggler_detected_within_s",
+    description="a rank slowed down → the trainer names it in an anomaly, or a declared "
+                "detection signal names it (its rank or node)",
+    doc="""Upper bound, seconds from slowing a rank down to the trainer naming it (a
+    straggler anomaly) or a declared signal of ``observe.detections`` naming it (or those
+    of ``detected_by``).""")
+
+MAX_SLOWDOWN = Sla(
+    key="max_slowdown",
+    order=170, value=float, gt=0, kind="max", unit="ratio (x)", metric="slowdown",
+    description="median step time while a slowing fault is in force ÷ the median before "
+                "it",
+    doc="Upper bound on the slowdown a slowing fault causes (step time during ÷ before).")
+
+SAVE_FAILURE_DETECTED = SaveFailureDetected(
+    key="save_failure_detected", order=180, value=bool, kind="bool", unit="bool",
+    metric="save_failure_detected",
+    description="a save that io_error, disk_full or io_hang made fail was noticed (an "
+                "anomaly, a watchdog, a rank that failed), not taken for saved",
+    doc="A save that a storage fault made fail was (or was not) noticed by the job.")
+
+FAILED_SAVE_NEVER_LOADED = NeverLoaded(
+    key="failed_save_never_loaded", order=190, value=bool, kind="bool", unit="bool",
+    metric="failed_save_never_loaded", save_failure=True,
+    description="no checkpoint whose save failed or was cut short (or that a storage "
+                "fault damaged) was loaded",
+    doc="""No checkpoint whose save failed, was cut short or was damaged was ever loaded (or, if
+    false, one was).""")
+
+TRAINING_CONTINUED_THROUGH_SAVE_FAILURE = TrainedThroughSaveFailure(
+    key="training_continued_through_save_failure", order=200, value=bool, kind="bool", unit="bool",
+    metric="training_continued_through_save_failure",
+    description="after a failed save the same processes trained on, without a restart",
+    doc="After a failed save the same processes trained on (or did not).")
+
+SAVE_HANG_DETECTED_WITHIN_S = SaveFailureSla(
+    key="save_hang_detected_within_s", order=210, value=float, gt=0, kind="max", unit="s",
+    metric="save_hang_detected_within_s",
+    description="io_hang struck a save → the job noticed (detection_latency_s, counting "
+                "only signs of a failed save)",
+    doc="Upper bound, seconds from a hung save (``io_hang``) to the job noticing it.")
+
+FAULTY_NODE_EXCLUDED = Exclusion(
+    key="faulty_node_excluded", order=220, value=bool, kind="bool", unit="bool",
+    metric="faulty_node_excluded",
+    description="the job finished without the node whose GPU stayed failed (sticky "
+                "gpu_error; faultlab.observe.exclusion)",
+    doc="""The job finished without (true) the node whose GPU stayed failed (``gpu_error`` with
+    ``sticky: true``), or did not (false).""")
+
+RESTARTS_UNTIL_EXCLUDED = Exclusion(
+    key="restarts_until_excluded", order=230, value=int, ge=1, kind="max", unit="restarts",
+    metric="restarts_until_excluded",
+    description="GPU failed for good → restarts until the job ran without its node",
+    doc="Upper bound on the restarts from a GPU that stayed failed until the job ran "
+        "without its\nnode; a job that never excluded it fails it.")
+
+SURVIVOR_RESTARTS = Healing(
+    key="survivor_restarts", order=240, value=int, ge=0, kind="max", unit="restarts",
+    metric="survivor_restarts", counts_restarts=True,
+    description="restarts of the ranks no fault struck, after the first fault "
+                "(faultlab.observe.healing)",
+    doc="""Upper bound on the restarts of the ranks a fault did not strike (torchft: the other
+    replica groups step on without one: 0).""")
+
+SURVIVOR_LOST_STEPS = Healing(
+    key="survivor_lost_steps", order=250, value=int, ge=0, kind="max", unit="steps",
+    metric="survivor_lost_steps",
+    description="steps the ranks no fault struck redid or lost",
+    doc="""Upper bound on the steps the ranks a fault did not strike redid or lost (0 expected
+    where the stack recovers per step).""")
+
+HEALED_BY_STEP = Healing(
+    key="healed_by_step",
+    order=260, value=int, ge=1, kind="max", unit="step", metric="healed_at_step",
+    description="the step at which the struck ranks stepped again (healed)",
+    doc="The struck ranks stepped again (healed) at or before this step.")
+
+HEAL_TIME_S = Healing(
+    key="heal_time_s", order=270, value=float, gt=0, kind="max", unit="s", metric="heal_time_s",
+    description="fault injected (or undone) → the struck ranks' first committed step",
+    doc="Upper bound, seconds from the fault to the struck ranks' first committed step.")
+
+HEALED_STATE_MATCHES_PEER = Healing(
+    key="healed_state_matches_peer", order=280, value=bool, kind="bool", unit="bool",
+    metric="healed_state_matches_peer", correctness=True,
+    description="the healed ranks' weights equal a survivor's at every step both "
+                "recorded (observe.step_digest)",
+    doc="The healed ranks' weights equal (or not) a surviving peer's at every step both "
+        "recorded\nfrom the heal on (needs ``observe.step_digest``).")
+
+SAME_RESUME_POINT = SameResumePoint(
+    key="same_resume_point", order=290, value=bool, kind="bool", unit="bool",
+    metric="same_resume_point",
+    description="every rank of each restart resumed from the same checkpoint step",
+    doc="""Every rank of each restart resumed from the same checkpoint step (or, if false, some
+    did not): one node with an older view of the checkpoint directory (``stale_shared_fs``)
+    must not make its ranks load another checkpoint than the rest.""")
 
 
 # ------------------------------------------------------------ what the notes read in the records

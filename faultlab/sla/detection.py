@@ -23,7 +23,7 @@ from typing import Any
 
 from faultlab.sla.base import Evidence, Outcome, Sla
 
-__all__ = ["DETECTION_KEYS", "DETECTION_SLAS", "StragglerDetected", "counted_names"]
+__all__ = ["DETECTION_KEYS", "StragglerDetected", "counted_names"]
 
 NOT_STRUCK = ("not measured: no fault that slows the job or corrupts silently struck (no "
               "fault_struck or fault_injected record of one)")
@@ -225,41 +225,46 @@ class StragglerDetected(Sla):
 
 _DETECTION_DOC = "Counts every declared signal (or those of ``detected_by``); "
 
-DETECTION_SLAS: tuple[Sla, ...] = (
-    WithinSteps(
-        key="detected_within_steps", value=int, ge=0, kind="max", unit="steps",
-        description="the first fault that slows the job or corrupts silently struck → the "
-                    "first detection by a counted signal, in steps",
-        doc=_DETECTION_DOC + """upper bound in steps from the fault's onset (its first
-        strike) to the first detection. A fault that struck and was not detected fails it."""),
-    WithinSeconds(
-        key="detected_within_s", value=float, gt=0, kind="max", unit="s",
-        description="the first fault that slows the job or corrupts silently struck → the "
-                    "first detection by a counted signal",
-        doc=_DETECTION_DOC + """upper bound in seconds from the onset to the first detection
-        (or relative: ``{step_times: 20}``)."""),
-    Attributed(
-        key="detection_attributed", value=bool, kind="bool", unit="bool",
-        description="a counted signal named exactly the victim ranks (or nodes), and none "
-                    "named anyone else",
-        doc=_DETECTION_DOC + """the detection named exactly the victims (``true``); extra
-        ranks named count against it, a detection that names nobody is "detected, not
-        attributed"."""),
-    FalseAlarms(
-        key="false_alarms", value=int, ge=0, kind="max", unit="alarms",
-        description="detections by the counted signals in the fault-free golden run(s)",
-        doc=_DETECTION_DOC + """upper bound on their detections in the fault-free golden
-        run(s) (runs one)."""),
-    Contaminated(
-        key="contaminated_checkpoints", value=int, ge=0, kind="max", unit="checkpoints",
-        description="checkpoints saved at or after the onset's step",
-        doc="Upper bound on the checkpoints saved from the fault's onset on."),
-    ResumedClean(
-        key="resumed_from_clean_state", value=bool, kind="bool", unit="bool",
-        description="every checkpoint loaded after the onset was saved before it",
-        doc="""The job resumed (``true``) only from checkpoints saved before the onset; a job
-        that never resumed after it fails it (not measured)."""),
-)
-"""The detection SLAs, in the order of their ``expect`` keys."""
+DETECTED_WITHIN_STEPS = WithinSteps(
+    key="detected_within_steps", order=300, value=int, ge=0, kind="max", unit="steps",
+    description="the first fault that slows the job or corrupts silently struck → the "
+                "first detection by a counted signal, in steps",
+    doc=_DETECTION_DOC + """upper bound in steps from the fault's onset (its first
+    strike) to the first detection. A fault that struck and was not detected fails it.""")
 
-DETECTION_KEYS = frozenset(s.key for s in DETECTION_SLAS)
+DETECTED_WITHIN_S = WithinSeconds(
+    key="detected_within_s", order=310, value=float, gt=0, kind="max", unit="s",
+    description="the first fault that slows the job or corrupts silently struck → the "
+                "first detection by a counted signal",
+    doc=_DETECTION_DOC + """upper bound in seconds from the onset to the first detection
+    (or relative: ``{step_times: 20}``).""")
+
+DETECTION_ATTRIBUTED = Attributed(
+    key="detection_attributed", order=320, value=bool, kind="bool", unit="bool",
+    description="a counted signal named exactly the victim ranks (or nodes), and none "
+                "named anyone else",
+    doc=_DETECTION_DOC + """the detection named exactly the victims (``true``); extra
+    ranks named count against it, a detection that names nobody is "detected, not
+    attributed".""")
+
+FALSE_ALARMS = FalseAlarms(
+    key="false_alarms", order=330, value=int, ge=0, kind="max", unit="alarms",
+    description="detections by the counted signals in the fault-free golden run(s)",
+    doc=_DETECTION_DOC + """upper bound on their detections in the fault-free golden
+    run(s) (runs one).""")
+
+CONTAMINATED_CHECKPOINTS = Contaminated(
+    key="contaminated_checkpoints", order=340, value=int, ge=0, kind="max", unit="checkpoints",
+    description="checkpoints saved at or after the onset's step",
+    doc="Upper bound on the checkpoints saved from the fault's onset on.")
+
+RESUMED_FROM_CLEAN_STATE = ResumedClean(
+    key="resumed_from_clean_state", order=350, value=bool, kind="bool", unit="bool",
+    description="every checkpoint loaded after the onset was saved before it",
+    doc="""The job resumed (``true``) only from checkpoints saved before the onset; a job
+    that never resumed after it fails it (not measured).""")
+
+DETECTION_KEYS = frozenset(s.key for s in (
+    DETECTED_WITHIN_STEPS, DETECTED_WITHIN_S, DETECTION_ATTRIBUTED, FALSE_ALARMS,
+    CONTAMINATED_CHECKPOINTS, RESUMED_FROM_CLEAN_STATE))
+"""The detection SLAs' ``expect`` keys (each registered in the ``faultlab.slas`` group)."""

@@ -56,21 +56,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
-from faultlab.sla.base import relative_bound
-from faultlab.sla.timing import RelativeSeconds
+from faultlab.sla import campaign_slas
 from faultlab.spec._base import SpecModel, as_tuple, located, relocate, spec_error
-from faultlab.spec.expect import Expect
+from faultlab.spec.expect import Expect, expect_model
 from faultlab.spec.faults import Selector
 from faultlab.spec.model import Experiment, JobSpec
 
-__all__ = ["CAMPAIGN_SLAS", "Campaign", "CampaignExpect", "CampaignSpec", "MixEntry",
-           "Planned", "campaign_schedule", "compile_campaign"]
+__all__ = ["Campaign", "CampaignExpect", "CampaignSpec", "MixEntry", "Planned",
+           "campaign_schedule", "compile_campaign"]
 
 MAX_INJECTIONS = 1000
 """Most arrivals a campaign may schedule (a tiny ``mtbf_s`` must not make an endless list)."""
@@ -185,38 +184,27 @@ class CampaignSpec(SpecModel):
         return self
 
 
-CAMPAIGN_SLAS = ("ettr", "detection_rate", "attribution_accuracy", "false_positives_per_hour",
-                 "recovery_time_p95_s")
-"""The campaign's own ``expect`` keys, judged by ``faultlab.observe.campaign``."""
-
-
-class CampaignExpect(Expect):
-    """A campaign's SLAs: every experiment key, and the campaign's own."""
-
-    ettr: float | None = Field(default=None, gt=0, le=1)
-    """Lower bound on the effective training time ratio: useful step time ÷ wall time."""
-    detection_rate: float | None = Field(default=None, ge=0, le=1)
-    """Lower bound on the fraction of injections the job detected."""
-    attribution_accuracy: float | None = Field(default=None, ge=0, le=1)
-    """Lower bound on the fraction of attributable detected injections whose victim the job
-    named."""
-    false_positives_per_hour: float | None = Field(default=None, ge=0)
-    """Upper bound on the golden run's detections, restarts and anomalies per hour."""
-    recovery_time_p95_s: Annotated[float, Field(gt=0)] | RelativeSeconds | None = None
-    """Upper bound on the 95th percentile of the injections' recovery time, seconds, or in the
-    job's own units (``{cold_starts: 3}``: ``faultlab.sla.timing``)."""
-
-    @field_validator("recovery_time_p95_s", mode="before")
-    @classmethod
-    def _relative_p95(cls, value: Any) -> Any:
-        return relative_bound(value) if isinstance(value, dict) else value
+class _CampaignExpectBase(Expect):
+    """What a campaign's ``expect`` has besides the fields of its own SLAs."""
 
     def experiment_part(self) -> Expect:
         return Expect(**{k: getattr(self, k) for k in Expect.model_fields
                          if getattr(self, k) is not None})
 
-    def campaign_items(self) -> list[tuple[str, float]]:
-        return [(k, getattr(self, k)) for k in CAMPAIGN_SLAS if getattr(self, k) is not None]
+    def campaign_items(self) -> list[tuple[str, Any]]:
+        """``(key, bound)`` of each campaign SLA that is set, in the declarations' order."""
+        return [(k, getattr(self, k)) for k in campaign_slas() if getattr(self, k) is not None]
+
+
+if TYPE_CHECKING:
+    class CampaignExpect(_CampaignExpectBase):
+        """A campaign's SLAs: every experiment key, and one field per campaign SLA."""
+
+        def __getattr__(self, key: str) -> Any: ...
+else:
+    CampaignExpect = expect_model(campaign_slas(), "CampaignExpect", _CampaignExpectBase,
+                                  "A campaign's SLAs: every experiment key, and the campaign's "
+                                  "own.")
 
 
 class Campaign(JobSpec):

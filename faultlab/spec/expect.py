@@ -1,10 +1,11 @@
 """The ``expect`` section: the service-level assertions an experiment states.
 
-The ``Expect`` model is built from the SLA declarations (``faultlab.sla``): one optional field
-per SLA, in the registry's order (the built-ins, then each team's registered under the
-``faultlab.slas`` entry-point group), typed and bounded as the declaration says, described by
-its ``doc``. A key no declaration names is refused with the closest valid one, as for every
-model of the spec.
+The ``Expect`` model is built from the SLA declarations (``faultlab.sla``, the built-ins and each
+team's, all registered under the ``faultlab.slas`` entry-point group): one optional field per
+SLA, in the declarations' order (``Sla.order``), typed and bounded as the declaration says,
+described by its ``doc``. A campaign's ``CampaignExpect`` (``faultlab.spec.campaign``) is built
+the same way, on ``Expect``, from the campaign SLAs. A key no declaration names is refused with
+the closest valid one, as for every model of the spec.
 
 The declarations live in ``faultlab.sla``, beneath both the spec and the judge, because the spec
 may not import the judge: the spec reads the YAML half of each declaration (key, value type,
@@ -21,7 +22,7 @@ from pydantic import BeforeValidator, Field, create_model, field_validator
 from faultlab.sla import NOISE_K_DEFAULT, Sla, slas
 from faultlab.spec._base import SpecModel, as_tuple
 
-__all__ = ["NOISE_K_DEFAULT", "Expect", "ExpectBase"]
+__all__ = ["NOISE_K_DEFAULT", "Expect", "ExpectBase", "expect_model"]
 
 
 class ExpectBase(SpecModel):
@@ -48,16 +49,16 @@ def _parser(sla: Sla) -> Any:
     return field_validator(sla.key, mode="before")(parse)
 
 
-def _expect_model(declared: dict[str, Sla]) -> type[ExpectBase]:
+def expect_model(declared: dict[str, Sla], name: str, base: type[ExpectBase], doc: str
+                 ) -> type[ExpectBase]:
+    """A model ``name`` on ``base`` with one optional field per declaration, in their order."""
     fields: dict[str, Any] = {
         key: (sla.annotation(), Field(default=None, description=sla.field_doc(),
                                       **sla.field_bounds()))
         for key, sla in declared.items()}
     parsers = {f"_parse_{key}": _parser(sla) for key, sla in declared.items()
                if type(sla).parse is not Sla.parse or sla.relative}
-    return create_model("Expect", __base__=ExpectBase, __module__=__name__,
-                        __doc__="Service-level assertions judged after the run; unset keys are "
-                                "not judged.",
+    return create_model(name, __base__=base, __module__=base.__module__, __doc__=doc,
                         __validators__=parsers, **fields)
 
 
@@ -67,4 +68,5 @@ if TYPE_CHECKING:
 
         def __getattr__(self, key: str) -> Any: ...
 else:
-    Expect = _expect_model(slas())
+    Expect = expect_model(slas(), "Expect", ExpectBase, "Service-level assertions judged after "
+                          "the run; unset keys are not judged.")

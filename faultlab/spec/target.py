@@ -30,7 +30,6 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
-from faultlab.errors import PluginError
 from faultlab.fault_api.context import declared_capabilities, unmet
 from faultlab.spec._base import (
     SpecModel,
@@ -360,28 +359,21 @@ def launcher_names() -> list[str]:
     """The names ``topology.launcher`` takes: the ``faultlab.targets`` entry points (read,
     not imported: the spec imports no target module of its own accord; ``launcher_offers``
     loads one through its entry point)."""
-    from importlib.metadata import entry_points
+    from faultlab import registry
 
-    return sorted({ep.name for ep in entry_points(group="faultlab.targets")})
+    return list(registry.registered("target"))
 
 
 @cache
 def launcher_class(name: str) -> type:
     """The target class registered as ``name`` in the ``faultlab.targets`` entry-point group,
-    its module imported now (``faultlab.targets.target_class`` checks it is a ``Target``); a
-    name nobody registered, or a plugin that fails to import, is a PluginError that names it,
-    never skipped."""
-    from importlib.metadata import entry_points
+    its module imported now through ``faultlab.registry`` (``faultlab.targets.target_class``
+    checks it is a ``Target``); a name nobody registered, or a plugin that fails to import, is
+    the registry's PluginError, never skipped."""
+    from faultlab import registry
 
-    eps = {ep.name: ep for ep in entry_points(group="faultlab.targets")}
-    if name not in eps:
-        raise PluginError(f"no target registered as {name!r} (the faultlab.targets entry "
-                          f"points: {', '.join(sorted(eps)) or 'none'}; is faultlab installed?)")
-    try:
-        cls: type = eps[name].load()
-    except Exception as e:  # a plugin's import error must be seen, not swallowed
-        raise PluginError(f"target plugin {name!r} ({eps[name].value}) failed to import: "
-                          f"{type(e).__name__}: {e}") from e
+    cls: type = registry.load("target", name, check=lambda obj: None if isinstance(obj, type)
+                              else "is not a class (a faultlab.targets.base.Target)")
     return cls
 
 
@@ -391,9 +383,11 @@ def launcher_offers(name: str) -> frozenset[str]:
     ``name`` offers: its class's ``offers``, the core only where it declares none. Its module
     is loaded (``launcher_class``) only when a fault needs something beyond the core; offering
     what is no capability is a PluginError that names it."""
+    from faultlab import registry
+
     cls = launcher_class(name)
     return declared_capabilities(getattr(cls, "offers", frozenset()),
-                                 f"target plugin {name!r} ({cls.__module__}:{cls.__qualname__})",
+                                 registry.describe("target", registry.registered("target")[name]),
                                  "offers")
 
 

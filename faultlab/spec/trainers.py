@@ -37,15 +37,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from functools import cache
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from faultlab.errors import PluginError
+from faultlab import registry
 
 __all__ = ["ENTRY_POINT_GROUP", "TrainerPlugin", "config_settings", "get_trainer", "trainers"]
 
-ENTRY_POINT_GROUP = "faultlab.trainers"
+ENTRY_POINT_GROUP = registry.GROUPS["trainer"]
 
 
 @runtime_checkable
@@ -68,28 +67,26 @@ class TrainerPlugin(Protocol):
 
 @cache
 def trainers() -> dict[str, TrainerPlugin]:
-    """Every registered trainer by name. A broken plugin is an error, never skipped."""
-    found: dict[str, TrainerPlugin] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            obj = ep.load()
-        except Exception as e:  # a plugin's import error must be seen, not swallowed
-            raise PluginError(f"trainer plugin {ep.name!r} ({ep.value}) failed to import: "
-                              f"{type(e).__name__}: {e}") from e
+    """Every registered trainer by name (``faultlab.registry``). A broken plugin is an error,
+    never skipped."""
+    return {name: registry.load("trainer", name, check=_checker(name))
+            for name in registry.registered("trainer")}
+
+
+def _checker(name: str) -> Any:
+    def check(obj: Any) -> str | None:
         missing = [a for a in ("name", "presets", "config_class", "numerics_neutral",
                                "make_config", "command", "preflight", "source_files")
                    if not hasattr(obj, a)]
         if missing:
-            raise PluginError(f"trainer plugin {ep.name!r} ({ep.value}) lacks "
-                              f"{', '.join(missing)} (see faultlab.spec.trainers)")
+            return f"lacks {', '.join(missing)} (see faultlab.spec.trainers)"
         if not dataclasses.is_dataclass(obj.config_class):
-            raise PluginError(f"trainer plugin {ep.name!r} ({ep.value}): config_class "
-                              f"{obj.config_class!r} is not a dataclass")
-        if obj.name != ep.name:
-            raise PluginError(f"trainer plugin {ep.name!r} ({ep.value}) declares "
-                              f"name={obj.name!r}; they must match")
-        found[ep.name] = obj
-    return dict(sorted(found.items()))
+            return f"has config_class {obj.config_class!r}, which is not a dataclass"
+        if obj.name != name:
+            return f"declares name={obj.name!r}; they must match"
+        return None
+
+    return check
 
 
 def get_trainer(name: str) -> TrainerPlugin:

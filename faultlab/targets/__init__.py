@@ -13,18 +13,18 @@ own would be, none importing another's module but through this package's ``make_
 
 What it owns: launching any command (a registered trainer's or a user's), process trees and
 signals (``procs``), node addressing, files on nodes. It may import ``faultlab.errors``,
-``faultlab.spec``, ``faultlab.observe`` and ``faultlab.runtime``; never the engine, the faults,
-the report, or any trainer (a trainer is reached through ``faultlab.spec.trainers``).
+``faultlab.registry``, ``faultlab.spec``, ``faultlab.observe`` and ``faultlab.runtime``; never
+the engine, the faults, the report, or any trainer (a trainer is reached through
+``faultlab.spec.trainers``).
 """
 
 from __future__ import annotations
 
 from functools import cache
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultlab.errors import PluginError
+from faultlab import registry
 
 if TYPE_CHECKING:
     from faultlab.spec import Experiment
@@ -32,29 +32,30 @@ if TYPE_CHECKING:
 
 __all__ = ["ENTRY_POINT_GROUP", "make_target", "target_class", "target_type", "target_types"]
 
-ENTRY_POINT_GROUP = "faultlab.targets"
+ENTRY_POINT_GROUP = registry.GROUPS["target"]
 """``topology.launcher`` names an entry point of this group (name = the launcher, value =
 ``module:Class``); the built-ins ``local``, ``docker`` and ``slurm`` register here as a team's
 target would."""
 
 
-@cache
 def target_types() -> dict[str, Any]:
     """Every registered target's entry point by launcher name (nothing is imported here)."""
-    return {ep.name: ep for ep in sorted(entry_points(group=ENTRY_POINT_GROUP),
-                                         key=lambda ep: ep.name)}
+    return registry.registered("target")
 
 
 @cache
 def _load(name: str) -> type[Target]:
-    from faultlab.spec.target import launcher_class  # not at import: agents load this package
+    """The target class registered as ``name``, checked to implement ``base.Target``."""
+    def check(cls: Any) -> str | None:
+        if not isinstance(cls, type):
+            return "is not a class (a faultlab.targets.base.Target)"
+        lacks = [n for n in ("prepare_run_dir", "start", "finished", "result", "stop")
+                 if not hasattr(cls, n)]
+        return f"has no {', '.join(f'{n}()' for n in lacks)}: it does not implement " \
+               f"faultlab.targets.base.Target" if lacks else None
 
-    cls = launcher_class(name)  # the entry point's lookup and import, and their errors
-    for need in ("prepare_run_dir", "start", "finished", "result", "stop"):
-        if not hasattr(cls, need):
-            raise PluginError(f"target plugin {name!r} ({target_types()[name].value}) has no "
-                              f"{need}(): it does not implement faultlab.targets.base.Target")
-    return cls  # type: ignore[no-any-return]
+    cls: type[Target] = registry.load("target", name, check=check)
+    return cls
 
 
 def target_type(name: str) -> type[Target]:

@@ -302,15 +302,16 @@ def test_a_plugin_that_offers_or_lists_what_faultlab_does_not_read_is_an_error(
     out = run_with(site, "-m", "faultlab.cli", "validate", "x.yaml", check=False)
     said = " ".join((out.stdout + out.stderr).split())
     assert out.returncode != 0
-    assert "target plugin 'typo' (team_broken:TypoTarget) offers 'node_netwrk', which is no " \
-           "context capability" in said
+    assert "target plugin 'team-broken 0.1' (entry point typo = team_broken:TypoTarget in " \
+           "faultlab.targets) offers 'node_netwrk', which is no context capability" in said
     info = site / "team_broken-0.1.dist-info" / "entry_points.txt"
     info.write_text("[faultlab.faults]\nteam_old = team_broken:OldFault\n")
     out = run_with(site, "-m", "faultlab.cli", "list", "faults", check=False)
     said = " ".join((out.stdout + out.stderr).split())
     assert out.returncode != 0
-    assert "fault plugin 'team_old' (team_broken:OldFault) declares launchers, which faultlab " \
-           "no longer reads: declare what it needs of the target instead" in said
+    assert "fault plugin 'team-broken 0.1' (entry point team_old = team_broken:OldFault in " \
+           "faultlab.faults) declares launchers, which faultlab no longer reads: declare what " \
+           "it needs of the target instead" in said
 
 
 def test_the_launchers_are_the_registered_targets() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.sla import Sla, slas
-from faultlab.sla.builtin import BUILTIN
+from faultlab import registry
+from faultlab.sla import Sla, campaign_slas, slas
 from faultlab.spec import Expect
 from faultlab.spec.expect import ExpectBase
 from tests.unit.team_site import run_with, team_package
@@ -110,10 +110,22 @@ def experiment(site: Path, name: str, expect: str) -> Path:
     return path
 
 
-def test_the_builtins_are_declarations_in_the_order_of_expect() -> None:
-    # the built-ins first, in their order; then what is installed (the venv has
-    # examples/plugin's peers_released_within_s)
-    assert list(slas())[:len(BUILTIN)] == [s.key for s in BUILTIN]
+def test_the_builtins_are_entry_points_listed_in_their_declared_order() -> None:
+    # every built-in SLA, a campaign's too, is an entry point of faultlab's own distribution
+    eps = registry.registered("sla")
+    builtin = {k for k, ep in eps.items() if ep.dist is not None and ep.dist.name == "faultlab"}
+    declared = {**slas(), **campaign_slas()}
+    assert builtin == {k for k, s in declared.items() if type(s).__module__.startswith(
+        "faultlab.")} and len(builtin) == 40
+    # the order is the declarations' own (order, then key), the built-ins first: no two share
+    # a number (the key would then decide, silently)
+    for table in (slas(), campaign_slas()):
+        assert list(table) == sorted(table, key=lambda k: (table[k].order, k))
+    assert len({declared[k].order for k in builtin}) == len(builtin)
+    assert list(slas())[:3] == ["completes", "max_restarts", "detection_latency_s"]
+    assert list(slas())[-1] == "peers_released_within_s"  # examples/plugin's, after them
+    assert list(campaign_slas()) == ["ettr", "detection_rate", "attribution_accuracy",
+                                     "false_positives_per_hour", "recovery_time_p95_s"]
     # besides one field per SLA, Expect has detected_by (which signals the detection SLAs count)
     assert list(slas()) == [k for k in Expect.model_fields if k not in ExpectBase.model_fields]
     assert list(ExpectBase.model_fields) == ["detected_by"]
@@ -177,6 +189,10 @@ def test_a_broken_team_sla_is_an_error(team_site: Path, tmp_path: Path, entry: s
     (site / "broken-0.1.dist-info" / "entry_points.txt").write_text(f"[faultlab.slas]\n{entry}\n")
     out = run(site, "-c", "from faultlab.sla import slas; slas()", check=False)
     assert out.returncode != 0 and message in out.stderr
+    # one error path (faultlab.registry): the plugin's distribution, its entry point, the fix
+    said = " ".join(out.stderr.split())
+    assert f"SLA plugin 'broken 0.1' (entry point {entry} in faultlab.slas)" in said
+    assert "or uninstall broken" in said
 
 
 def test_a_team_sla_may_not_take_a_builtin_key(tmp_path: Path) -> None:
@@ -186,4 +202,7 @@ def test_a_team_sla_may_not_take_a_builtin_key(tmp_path: Path) -> None:
     (tmp_path / "t-0.1.dist-info" / "entry_points.txt").write_text(
         "[faultlab.slas]\ngoodput = team_slas:MAX_LOSS\n")
     out = run(tmp_path, "-c", "from faultlab.sla import slas; slas()", check=False)
-    assert "SLA 'goodput' is registered twice" in out.stderr
+    said = " ".join(out.stderr.split())
+    assert "SLA 'goodput' is registered twice: by SLA plugin 'faultlab " in said
+    assert "(entry point goodput = faultlab.sla.builtin:GOODPUT in faultlab.slas) and by SLA " \
+           "plugin 't 0.1' (entry point goodput = team_slas:MAX_LOSS" in said
