@@ -52,12 +52,12 @@ class NetnsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     subnet: ipaddress.IPv4Network = Field(
-        ipaddress.IPv4Network("10.213.0.0/16"),
+        default=ipaddress.IPv4Network("10.213.0.0/16"),
         description="where the run's addresses come from: its first /24 (or the whole subnet, "
                     "if smaller) that no interface of this host is on; .1 is the bridge, "
                     "where faultlab's store listens, node N is .N+2")
     prefix: str = Field(
-        "fl", pattern=r"^[a-z][a-z0-9]{0,3}$",
+        default="fl", pattern=r"^[a-z][a-z0-9]{0,3}$",
         description="the first letters of every name the run creates: namespaces "
                     "PREFIX-RUN-nodeN, the bridge PREFIXRUNb, veths PREFIXRUNvN (1-4 lower-case "
                     "letters or digits, a letter first: an interface name has 15 characters)")

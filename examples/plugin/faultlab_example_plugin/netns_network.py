@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IFNAME", "NetworkError", "RunNetwork", "ip", "node_ipv4", "remove"]
+__all__ = ["IFNAME", "NetworkError", "RunNetwork", "ip", "node_ipv4", "present", "remove"]
 
 _TIMEOUT_S = 10.0
 IFNAME = "eth0"
@@ -163,6 +163,18 @@ def node_ipv4(namespace: str) -> str | None:
         if len(fields) > 3 and fields[2] == "inet":
             return fields[3].split("/")[0]
     return None
+
+
+def present(record: dict[str, Any]) -> dict[str, list[str]]:
+    """What of ``record`` exists now: namespaces, links (veths, bridge), iptables rules."""
+    namespaces = set(_run(["ip", "netns", "list"], check=False).stdout.split())
+    links = {line.split(":")[1].strip().split("@")[0]
+             for line in _run(["ip", "-o", "link"]).stdout.splitlines() if ":" in line}
+    rules = _run(["iptables", "-w", "5", "-S"]).stdout.splitlines()
+    return {"namespaces": [ns for ns in record["namespaces"] if ns in namespaces],
+            "links": [link for link in [*record["veths"], record["bridge"]] if link in links],
+            "iptables": [" ".join(r) for r in record["iptables"]
+                         if any(f"-A {' '.join(r)}" == line for line in rules)]}
 
 
 def remove(record: dict[str, Any]) -> list[str]:
