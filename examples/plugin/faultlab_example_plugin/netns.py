@@ -23,6 +23,8 @@ Needs root (namespaces, links, iptables) and iproute2 and iptables on the host.
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -202,6 +204,9 @@ class NetnsTarget(LocalTarget):
     loopback), ``host_loopback`` (a node's loopback is its own), ``node_gpu_state`` or
     ``node_storage_view`` (not wired here)."""
     settings: ClassVar[type[BaseModel] | None] = NetnsSettings
+    launch_lines: ClassVar[bool] = False
+    """Its nodes start with faultlab's launcher only (its store outside them, on the bridge):
+    a command with no ``launch`` runs under it too."""
 
     def __init__(self, exp: Experiment, run_dir: Path,
                  node_env: dict[str, dict[str, str]] | None = None) -> None:
@@ -212,7 +217,7 @@ class NetnsTarget(LocalTarget):
     def check_launch(cls, target: Any, topology: Any) -> list[tuple[tuple[str | int, ...], str]]:
         """Refuses a team's own launch line, and more nodes than the subnet holds."""
         problems: list[tuple[tuple[str | int, ...], str]] = []
-        if target.launch_line(topology.launcher) is not None:
+        if target.launch not in (None, "faultlab"):
             problems.append((("target", "launch"), NO_LINE))
         subnet = getattr(getattr(topology, "settings", None), "subnet", None)
         if isinstance(subnet, ipaddress.IPv4Network):
@@ -222,6 +227,18 @@ class NetnsTarget(LocalTarget):
                                  f"{str(subnet)!r} holds {room} node(s) beside the gateway, "
                                  f"not topology.nodes {topology.nodes}: give a larger subnet"))
         return problems
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why no job of it can start here (faultlab.testing.require_target): not root, or a
+        tool missing."""
+        if os.geteuid() != 0:
+            return "the netns target needs root (network namespaces, links, iptables)"
+        missing = [t for t in ("ip", "iptables", "nsenter", "tc")
+                   if shutil.which(t, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+                   is None]
+        return f"not installed: {', '.join(missing)} (iproute2, iptables, util-linux)" \
+            if missing else None
 
     def guard_record(self) -> dict[str, Any] | None:
         return self.job.network.record()
