@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -51,7 +52,7 @@ __all__ = ["NetnsJob", "NetnsSettings", "NetnsTarget"]
 class NetnsSettings(BaseModel):
     """``topology.netns:``, the netns target's own settings (every one optional)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     subnet: ipaddress.IPv4Network = Field(
         default=ipaddress.IPv4Network("10.213.0.0/16"),
@@ -59,17 +60,33 @@ class NetnsSettings(BaseModel):
                     "if smaller) that no interface of this host is on; .1 is the bridge, "
                     "where faultlab's store listens, node N is .N+2")
     prefix: str = Field(
-        default="fl", pattern=r"^[a-z][a-z0-9]{0,3}$",
+        default="fl",
         description="the first letters of every name the run creates: namespaces "
                     "PREFIX-RUN-nodeN, the bridge PREFIXRUNb, veths PREFIXRUNvN (1-4 lower-case "
                     "letters or digits, a letter first: an interface name has 15 characters)")
 
-    @field_validator("subnet")
+    @field_validator("subnet", mode="before")
     @classmethod
-    def _room(cls, value: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
-        if value.prefixlen > 29:
-            raise ValueError(f"{str(value)!r} has room for {max(0, value.num_addresses - 2)} "
+    def _subnet(cls, value: Any) -> ipaddress.IPv4Network:
+        try:
+            if not isinstance(value, str | ipaddress.IPv4Network):
+                raise TypeError("not a string")
+            net = ipaddress.IPv4Network(value)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{value!r} is not an IPv4 subnet ({e}): give one such as "
+                             f"'10.213.0.0/16'") from None
+        if net.prefixlen > 29:
+            raise ValueError(f"{value!r} has room for {max(0, net.num_addresses - 2)} "
                              f"address(es): give a /29 or larger (a gateway and the nodes)")
+        return net
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,3}", value):
+            raise ValueError(f"{value!r}: give 1-4 lower-case letters or digits, a letter "
+                             f"first, such as 'fl' (every interface name the run creates "
+                             f"must fit in 15 characters)")
         return value
 
 
