@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faultlab_example_plugin.netns import NetnsTarget
+from faultlab_example_plugin.netns import NetnsSettings, NetnsTarget
 from faultlab_example_plugin.netns_network import present
 
 from faultlab.cli import main
+from faultlab.errors import InvalidExperimentError
 from faultlab.fault_api import Victim
 from faultlab.faults.network import NetworkPartitionFault, NetworkThrottleFault
+from faultlab.spec import load_experiment
 from faultlab.spec.loader import parse_experiment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +63,33 @@ def test_faultlab_list_shows_the_target_what_it_offers_and_its_settings(
     [partition] = [line for line in capsys.readouterr().out.splitlines()
                    if line.startswith("network_partition  ")]
     assert "(topology.launcher: docker or netns)" in partition
+
+
+def test_its_settings_and_launch_check_are_judged_with_locations(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ntarget: {trainer: reference, preset: tiny}\n"
+                   "topology:\n  nodes: 2\n  launcher: netns\n  netns:\n"
+                   "    prefix: Team-A\n    subnet: 10.213.0.5/16\n    bridge: br0\n")
+    with pytest.raises(InvalidExperimentError) as e:
+        load_experiment(bad)
+    said = str(e.value)
+    assert f"{bad}:7 topology.netns.prefix: 'Team-A': give 1-4 lower-case letters" in said
+    assert f"{bad}:8 topology.netns.subnet: '10.213.0.5/16' is not an IPv4 subnet " \
+           f"(10.213.0.5/16 has host bits set): give one such as '10.213.0.0/16'" in said
+    assert f"{bad}:9 topology.netns.bridge: unknown key" in said
+    # a team's own launch line: refused where it is written
+    line = tmp_path / "line.yaml"
+    line.write_text("name: line\ntarget:\n  command: [python, train.py]\n  launch: torchrun\n"
+                    "topology: {nodes: 2, launcher: netns}\n")
+    with pytest.raises(InvalidExperimentError) as e:
+        load_experiment(line)
+    assert f"{line}:4 target.launch: " in str(e.value)
+    assert "runs faultlab's own launcher only" in str(e.value)
+    # no block: the defaults; a command with no launch runs under faultlab's launcher
+    good = parse_experiment(SLEEPERS.replace(", netns: {prefix: flt}", ""),
+                            tmp_path / "good.yaml")
+    assert good.topology.settings == NetnsSettings()
+    assert good.target.launch_line(good.topology.launcher) is None
 
 
 @pytest.mark.integration
