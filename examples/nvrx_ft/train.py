@@ -6,7 +6,8 @@
 
 The model, the data and the checkpoints are examples/fsdp2_dcp/train.py's (imported from there,
 so both stacks train exactly the same work). What NVIDIA Resiliency Extension 0.4.1 adds, as its
-heartbeats integration guide (docs/source/fault_tolerance/integration/heartbeats.rst) lays out:
+heartbeats integration guide (docs/source/fault_tolerance/integration/heartbeats.rst in
+NVIDIA/nvidia-resiliency-ext) lays out:
 
 1. ``RankMonitorClient().init_workload_monitoring()`` on every rank: it connects to the rank
    monitor that ``ft_launcher`` started beside this rank and receives the FT configuration

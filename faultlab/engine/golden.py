@@ -61,7 +61,7 @@ from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.engine.golden_site import golden_cache_dir, golden_cache_for, reference_site
 from faultlab.engine.shared_checkpoints import SharedCheckpoint
 from faultlab.engine.view import NullView
-from faultlab.errors import TargetError
+from faultlab.errors import GoldenRunFailed
 from faultlab.judge.timing import cold_start_s, step_time_s
 from faultlab.observe import compute_metrics
 from faultlab.observe.checkpoint_origin import foreign_resumes, outside_saves
@@ -78,10 +78,6 @@ from faultlab.targets import target_class
 __all__ = ["GoldenRun", "GoldenRunFailed", "code_version", "golden_cache_dir", "golden_cache_for",
            "golden_key", "golden_run", "reference_site"]
 
-
-class GoldenRunFailed(TargetError):
-    """The fault-free run failed or timed out: there is no reference, and the experiment is
-    not launched."""
 
 
 @dataclass(frozen=True, slots=True)

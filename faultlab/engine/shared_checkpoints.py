@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from faultlab.errors import FaultlabError
+from faultlab.errors import SharedCheckpoint, SharedCheckpointStop
 from faultlab.judge import SLAResult
 from faultlab.observe.checkpoint_origin import (
     ForeignResume,
@@ -64,16 +64,6 @@ write (it appears only then, like a located error)."""
 
 _KEPT = "faultlab deleted nothing"
 
-
-class SharedCheckpoint(FaultlabError):
-    """The golden run resumed from checkpoints it did not write (``resumes``); the engine
-    words it with the experiment's location (:func:`golden_resumed_message`)."""
-
-    def __init__(self, resumes: list[ForeignResume], run_dir: Path) -> None:
-        self.resumes = resumes
-        self.run_dir = run_dir
-        super().__init__(f"the golden run in {run_dir} resumed from "
-                         f"{_loads(resumes)}, which it did not write")
 
 
 def _culprit(exp: Experiment, paths: Iterable[str]) -> CheckpointArg | None:
@@ -176,10 +166,6 @@ def own_checkpoints_check(exp: Experiment, source: Path | None,
             f"proves nothing; {_where(exp, source, arg)}: {_fix(arg, checkpoint_roots(paths))}")
     return SLAResult(OWN_CHECKPOINTS_CHECK, True, False, False, note)
 
-
-class SharedCheckpointStop(FaultlabError):
-    """The engine stopped before the experiment ran, for checkpoints shared between runs; the
-    message is located and says the fix."""
 
 
 def before_golden(exp: Experiment, source: Path | None) -> list[str]:

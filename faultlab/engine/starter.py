@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from faultlab.errors import FaultlabError, InvalidExperimentError
+from faultlab.errors import InitError, InvalidExperimentError
 from faultlab.faults.process import RankKillFault
 from faultlab.judge.noise import CAUSES, Reproducibility, compare_runs
 from faultlab.observe.checkpoint_origin import checkpoint_roots, foreign_resumes, outside_saves
@@ -62,9 +62,6 @@ RESUME_COLD_STARTS = 3
 _LOSS_GUESS = (r"step[\s:=#]*(?P<step>\d+)\b.*?\bloss[\s:=]*"
                r"(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
 
-
-class InitError(FaultlabError):
-    """The command cannot be turned into an experiment; the message says why."""
 
 
 @dataclass

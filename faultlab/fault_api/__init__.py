@@ -8,8 +8,8 @@ Why a package of its own, beneath ``spec`` and ``faults``: the spec checks each 
 entry against its fault's declaration (``Params``, the targets it accepts, the capabilities it
 needs of the launcher's target, whether it is reversible), and the faults read the spec (a
 storage fault finds the trainer's checkpoint directory in it): imports point one way, so the
-contract and the registry live where both may import them, and import nothing of faultlab but
-``faultlab.errors``. The built-in faults are ordinary implementations of it, in
+contract and the registry live where both may import them. It may import ``faultlab.errors``
+only. The built-in faults are ordinary implementations of it, in
 ``faultlab.faults``, which also offers these names to a team's fault package (``from
 faultlab.faults import Fault, FaultParams``).
 """

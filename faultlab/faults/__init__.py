@@ -6,6 +6,10 @@ The contract they implement and the registry that finds them live beneath the sp
 ``faultlab.fault_api``; this package offers the same names, so a team's fault package writes
 ``from faultlab.faults import Fault, FaultParams`` (and, for a fault that needs a context
 capability, ``require`` and its protocol: ``NodeNetwork`` ...).
+
+It may import ``faultlab.errors``, ``faultlab.fault_api``, ``faultlab.spec``,
+``faultlab.runtime``, ``faultlab.metadata``, ``faultlab.targets`` and ``faultlab.storage``; never
+the engine, the judge or the report.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ is tested with.
 
 From a shell: ``faultlab metadata serve --provider aws`` prints the URL, the ``export`` lines
 and a control token for ``POST /_faultlab/preempt`` (see ``faultlab.metadata.server``).
+
+It may import ``faultlab.errors`` only: the faults and the engine start it, and
+``faultlab metadata serve`` runs it on its own.
 """
 
 from faultlab.metadata._board import DEFAULT_NOTICE_S, PROVIDERS

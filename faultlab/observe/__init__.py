@@ -6,6 +6,9 @@
 latency, resume and recovery time, lost steps, goodput, sample accounting — with
 every definition spelled out in ``faultlab.observe.timeline`` (per fault) and
 ``faultlab.observe.metrics`` (run level).
+
+It may import ``faultlab.errors``, ``faultlab.spec`` and ``faultlab.runtime`` (the event
+protocol); never the targets, the faults, the judge or the engine, which all read it.
 """
 
 from faultlab.observe.metrics import FaultMetrics, FaultRecord, Metrics, compute_metrics

@@ -19,13 +19,14 @@ do nothing. Under faultlab it reads the rank's identity, the launch plan
 environment. Why in-rank faults need code in the rank: a NaN in one rank's gradient shard, or a
 collective that one rank never issues, cannot be produced from outside the process.
 
-Importing this package imports neither torch nor any other part of faultlab; ``install`` and
-``attach`` import torch when called. The modules: ``plan`` (the shape of a fault entry),
-``hooks`` (the rank-side API: a fault's action and the hooks it hangs on), ``agent`` (loading
-the actions a plan names, fire-once bookkeeping, events), ``interposer`` (wrapping
-``torch.distributed``), ``actions`` (the built-in faults' actions, each module imported only
-when a plan or a live inject names one of them), ``control`` (the listener) and ``client`` (the
-faultlab side of the channel). Level 0 (no code in the trainer at all): ``bootstrap`` (the
+It may import ``faultlab.errors`` only (where every exception faultlab raises is defined; it needs
+the standard library only), so a rank loads nothing of faultlab's own side. Importing this package
+does not import torch; ``install`` and ``attach`` import torch when called. The modules: ``plan``
+(the shape of a fault entry), ``hooks`` (the rank-side API: a fault's action and the hooks it hangs
+on), ``agent`` (loading the actions a plan names, fire-once bookkeeping, events), ``interposer``
+(wrapping ``torch.distributed``), ``actions`` (the built-in faults' actions, each module imported
+only when a plan or a live inject names one of them), ``control`` (the listener) and ``client``
+(the faultlab side of the channel). Level 0 (no code in the trainer at all): ``bootstrap`` (the
 directory faultlab puts first on a rank's ``PYTHONPATH``; its ``sitecustomize`` activates in
 torchrun workers) and ``auto`` (what then follows the trainer through torch's global hooks and
 drives the agent).

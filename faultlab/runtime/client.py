@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from faultlab.errors import RuntimeControlError
 from faultlab.runtime.plan import write_plan
 
 __all__ = ["RuntimeControlError", "address_file", "exchange", "new_secret", "read_secret", "send",
@@ -28,9 +29,6 @@ __all__ = ["RuntimeControlError", "address_file", "exchange", "new_secret", "rea
 
 _MAX_REPLY_BYTES = 4 * 1024 * 1024
 
-
-class RuntimeControlError(ValueError):
-    """No answer from a rank's runtime agent; the message names the rank and the run dir."""
 
 
 def new_secret() -> str:

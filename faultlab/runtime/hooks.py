@@ -93,7 +93,8 @@ import importlib
 import threading
 from typing import Any, ClassVar, Protocol
 
-from faultlab.runtime.plan import FaultEntry, PlanError
+from faultlab.errors import ActionError, PlanError
+from faultlab.runtime.plan import FaultEntry
 
 __all__ = ["HOOKS", "ActionError", "Rank", "RankAction", "load_action", "uses"]
 
@@ -102,10 +103,6 @@ HOOKS = ("on_step_start", "grads_to_watch", "on_grads_ready", "on_loss",
          "after_module_forward", "grads_before_reduce", "on_local_grad", "before_collective",
          "before_forward", "after_forward", "after_backward")
 
-
-class ActionError(ValueError):
-    """The action cannot strike on this rank (no such parameter, no model): reported as the
-    fault's ``fault_failed`` event, the job goes on."""
 
 
 class Rank(Protocol):

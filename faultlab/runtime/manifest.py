@@ -9,7 +9,8 @@ stores no content hash, so without such a manifest a flipped bit loads silently.
 This is in-rank code: a trainer writes the manifest when it commits a checkpoint (the reference
 trainer does, through this module), and faultlab verifies the same manifests after a run and
 from its probes. Checkpoints live as ``step_NNNNNNNN`` directories under one root
-(``list_checkpoints``). It imports nothing of faultlab outside ``faultlab.runtime``.
+(``list_checkpoints``). It imports nothing of faultlab outside ``faultlab.runtime`` but its
+errors.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from faultlab.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
@@ -46,9 +49,6 @@ MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _CHUNK = 1 << 20
 
-
-class CheckpointError(RuntimeError):
-    """No checkpoint can be loaded, or one cannot be written; the message says which and why."""
 
 
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from faultlab.errors import PlanError
+
 __all__ = [
     "FaultEntry",
     "PlanError",
@@ -38,9 +40,6 @@ __all__ = [
     "write_plan",
 ]
 
-
-class PlanError(ValueError):
-    """A runtime plan or a live-inject entry is invalid; the message says where and why."""
 
 
 @dataclass(frozen=True, slots=True)

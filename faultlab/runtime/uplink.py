@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from faultlab.errors import RelayDown
 from faultlab.runtime.identity import Identity
 
 if TYPE_CHECKING:
@@ -42,9 +43,6 @@ def socket_name(run_dir: str | os.PathLike[str], node: str) -> bytes:
     key = hashlib.sha256(f"{os.fspath(run_dir)}\0{node}".encode()).hexdigest()[:24]
     return f"\0faultlab-relay-{key}".encode()
 
-
-class RelayDown(OSError):
-    """The node's relay cannot be reached (and could not be started)."""
 
 
 class Uplink:

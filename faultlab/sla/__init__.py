@@ -13,7 +13,7 @@ judged from the same records.
 Why a package of its own, beneath ``spec`` and ``judge``: the spec builds ``Expect`` from the
 declarations when it is imported, and the spec may not import the judge (the judge reads
 experiments: imports point one way). So the declarations, a team's included, live where both
-may import them, and import nothing of faultlab but ``faultlab.errors``. What a declaration
+may import them. It may import ``faultlab.errors`` only. What a declaration
 needs to know of a run reaches it as :class:`Evidence`, which ``faultlab.judge`` builds from
 the records and answers with ``faultlab.observe``: one contract, read by the spec for its YAML
 half and by the judge for its verdict half, with no registry of either kept in step by hand.

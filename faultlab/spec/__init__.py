@@ -1,9 +1,13 @@
 """The experiment schema and its YAML loader: documents validated as a whole, every error
-located (``experiments/x.yaml:14 faults[1].trigger.at_step: expected an integer, got 'ten'``).
+located (``my_job.yaml:14 faults[1].trigger.at_step: expected an integer, got 'ten'``).
 
-    load_experiments(["experiments/suite.yaml"], seed=7)   # suites expanded, all validated
-    load_document("experiments/prelaunch.yaml")             # a PlannedSuite: experiments + plan
-    describe_schedule(exp)                                   # what a dry run prints
+    load_experiments(["experiments/prelaunch.yaml"], seed=7)  # suites expanded, all validated
+    load_document("experiments/prelaunch.yaml")               # a PlannedSuite: experiments + plan
+    describe_schedule(exp)                                    # what a dry run prints
+
+It may import ``faultlab.errors``, ``faultlab.fault_api`` (each ``faults:`` entry is checked
+against its fault's declaration) and ``faultlab.sla`` (the ``Expect`` model is built from the
+SLA declarations); it is the start of the data flow, so nothing downstream of it.
 """
 
 from faultlab.spec._suite import Plan, PlannedSuite, SuiteSpec

@@ -9,8 +9,8 @@ lookups, close-to-open; its caches are ``nfs_client``), one ``NfsView`` per simu
 (issue 37). Import it from ``faultlab.storage.nfs``: it is not re-exported here, so that
 ``python -m faultlab.storage.nfs`` does not find itself imported before it runs.
 
-Imports nothing of faultlab but ``faultlab.errors``: the faults, the engine and the reaper use
-it, and the server process loads only this package (and mfusepy).
+It may import ``faultlab.errors`` only: the faults, the engine and the reaper use it, and the
+server process loads only this package (and mfusepy).
 """
 
 from faultlab.storage.mount import (

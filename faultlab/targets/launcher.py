@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from faultlab.errors import LaunchError
 from faultlab.runtime.relay import HUB_ENV
 from faultlab.spec.launch import (
     TORCHRUN_DEFAULT,
@@ -55,9 +56,6 @@ from faultlab.targets.services import ServiceError, Services
 
 __all__ = ["JobResult", "LaunchError", "LocalJob", "main"]
 
-
-class LaunchError(ValueError):
-    """The job cannot be launched as asked; the message names the flag or path and why."""
 
 
 @dataclass(slots=True)

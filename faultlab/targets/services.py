@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from faultlab.errors import ServiceError
 from faultlab.spec.launch import fill, placeholders_in, program, service_placeholder
 from faultlab.targets.procs import (
     die_with_parent,
@@ -34,9 +35,6 @@ from faultlab.targets.procs import (
 
 __all__ = ["ServiceError", "Services"]
 
-
-class ServiceError(ValueError):
-    """A service could not be started; the message names it, its log and why."""
 
 
 @dataclass(slots=True)

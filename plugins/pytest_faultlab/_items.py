@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from faultlab.errors import InvalidExperimentError
+from faultlab.errors import FaultlabError, InvalidExperimentError
 from pytest_faultlab._messages import (
     INCONCLUSIVE,
     INVALID_EXPERIMENT,
@@ -41,10 +41,11 @@ def looks_like_experiment(path: Path) -> bool:
     return isinstance(data, dict) and "name" in data and ("faults" in data or "suite" in data)
 
 
-class ExperimentFailed(Exception):
+class ExperimentFailed(FaultlabError):
     """An experiment ran and an SLA failed, the run broke, or it was inconclusive (a
     correctness SLA not measured: not a pass); carries the ``RunResult`` (a ``RepeatResult``
-    under ``faultlab_repeat``)."""
+    under ``faultlab_repeat``). In ``faultlab.errors``' tree, though defined here: faultlab never
+    imports its plugins, and the message is this plugin's table."""
 
     def __init__(self, result: Any, notes: list[str]) -> None:
         self.result = result
@@ -300,7 +301,7 @@ def _prop(value: Any) -> object:
 
 def _shown(path: Path, cwd: Path) -> Path:
     """The path as a person would type it: relative to the current folder when inside it
-    (messages then read ``experiments/x.yaml:14 ...``, as from ``faultlab validate``)."""
+    (messages then read ``experiments/rank_kill.yaml:14 ...``, as from ``faultlab validate``)."""
     try:
         return path.relative_to(cwd)
     except ValueError:

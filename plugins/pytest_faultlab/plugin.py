@@ -4,7 +4,7 @@ Experiments as test items::
 
     pytest experiments/rank_kill.yaml                 # a YAML file given on the command line
     pytest --faultlab-experiments experiments -n 2    # every experiment under these paths
-    pytest experiments/suite.yaml                     # a suite: one item per member
+    pytest experiments/prelaunch.yaml                 # a suite: one item per member
 
 An item is named after its experiment and passes when every SLA holds. A failing item shows
 the SLA table (SLA, bound, measured, result, note), what the engine did and the journal path,

@@ -2,7 +2,8 @@
 
 - No module of faultlab or of its plugins imports ``reference_trainer``: the reference trainer is
   one trainer among any, reached through the ``faultlab.trainers`` entry point.
-- ``faultlab.runtime`` (the in-rank API) imports nothing else of faultlab.
+- ``faultlab.runtime`` (the in-rank API) imports nothing else of faultlab but its errors
+  (``faultlab.errors``, the standard library only), so a rank's exceptions are in the tree.
 - ``reference_trainer`` imports nothing of faultlab but ``faultlab.runtime``, as a user's trainer
   would.
 - The plugins (pytest, Chaos Toolkit) import no private name of faultlab: a job starts through
@@ -11,6 +12,8 @@
   them, and import nothing of faultlab but its errors.
 - The data flow spec → engine → targets + faults → observe → judge → report points one way:
   ``ALLOWED`` lists, per package of faultlab, the packages it may import.
+- Each package's ``__init__`` docstring says what it may import, in a sentence that starts
+  "It may import", naming exactly the packages of ``ALLOWED``.
 - No import cycles, between faultlab's packages (``faultlab.spec``, ``faultlab.faults``, ...;
   ``cli``, ``errors`` and the other top-level modules count as packages) or between its files,
   and no list of exceptions (``cycles``). What two packages both need lives beneath both: the
@@ -24,6 +27,7 @@ the top; ``if TYPE_CHECKING:`` imports count too (they are still a dependency of
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -35,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "fault_api": {"errors"},
-    "runtime": set(),
+    "runtime": {"errors"},
     "sla": {"errors"},
     "spec": {"errors", "fault_api", "sla"},
     "faults": {"errors", "fault_api", "spec", "runtime", "metadata", "targets", "storage"},
@@ -275,6 +279,46 @@ def test_no_import_cycles_between_packages_or_files() -> None:
     assert cycles(REPO) == []
 
 
+_MAY_IMPORT = re.compile(r"\bIt may import (.*?)(?:[.;:](?:\s|$)|$)", re.S)
+
+
+def docstring_drift(root: Path) -> list[str]:
+    """Each package of faultlab whose ``__init__`` docstring does not say, in a sentence that
+    starts "It may import", exactly the packages ``ALLOWED`` lets it import (each written
+    ````faultlab.x````), as ``file: what``."""
+    found = []
+    for init in sorted((root / "faultlab").glob("*/__init__.py")):
+        package = init.parent.name
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        said = _MAY_IMPORT.search(doc)
+        names = set(re.findall(r"``faultlab\.(\w+)``", said.group(1))) if said else None
+        allowed = ALLOWED.get(package, set())
+        if names != allowed:
+            want = ", ".join(f"``faultlab.{n}``" for n in sorted(allowed)) or "nothing"
+            found.append(f"{init.relative_to(root)}: the docstring says "
+                         f"{sorted(names) if names is not None else 'nothing'} of what it may "
+                         f"import; write 'It may import {want}.' (ALLOWED)")
+    return found
+
+
+def test_each_package_docstring_says_what_it_may_import() -> None:
+    assert docstring_drift(REPO) == []
+
+
+def test_a_docstring_that_drifts_from_the_rules_is_reported(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "faultlab/judge/__init__.py": '"""It may import ``faultlab.errors`` and '
+                                      '``faultlab.spec``; never the engine."""\n',
+        "faultlab/sla/__init__.py": '"""The SLAs. It may import ``faultlab.errors`` only."""\n',
+        "faultlab/report/__init__.py": '"""Reports."""\n',
+    })
+    assert [line.split(": ")[0] for line in docstring_drift(root)] == [
+        "faultlab/judge/__init__.py", "faultlab/report/__init__.py"]
+    assert "says ['errors', 'spec'] of what it may import; write 'It may import " \
+           "``faultlab.errors``, ``faultlab.observe``, ``faultlab.sla``, ``faultlab.spec``.'" \
+           in docstring_drift(root)[0]
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for name in ("faultlab/__init__.py", "plugins/p/__init__.py",
                  "reference_trainer/__init__.py", *files):
@@ -290,7 +334,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("faultlab/targets/y.py", "def f():\n    from reference_trainer import launch\n",
      "faultlab/targets/y.py:2: imports reference_trainer: faultlab never imports a trainer"),
     ("faultlab/runtime/z.py", "from faultlab.spec import Experiment\n",
-     "faultlab/runtime/z.py:1: imports faultlab.spec: faultlab.runtime may import only itself"),
+     "faultlab/runtime/z.py:1: imports faultlab.spec: faultlab.runtime may import only errors"),
     ("faultlab/spec/w.py", "from faultlab.engine import run_experiment\n",
      "faultlab/spec/w.py:1: imports faultlab.engine: faultlab.spec may import only errors, "
      "fault_api"),

@@ -515,13 +515,13 @@ def test_runtime_faults_inject_and_undo_through_the_context(make_agent, tmp_path
         nan.inject(object(), Victim("rank", 0))  # type: ignore[arg-type]
 
 
-def test_importing_the_runtime_pulls_in_no_other_faultlab_module_nor_torch() -> None:
+def test_importing_the_runtime_pulls_in_nothing_else_of_faultlab_but_errors_nor_torch() -> None:
     code = ("import json, sys, faultlab.runtime, faultlab.runtime.client; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('faultlab', 'reference_trainer', 'torch'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
-    assert json.loads(out) == sorted(["faultlab", "faultlab.runtime", *(
+    assert json.loads(out) == sorted(["faultlab", "faultlab.errors", "faultlab.runtime", *(
         f"faultlab.runtime.{m}" for m in ("agent", "client", "control", "gates", "hooks",
                                           "identity", "records", "events", "interposer", "plan",
                                           "site", "uplink", "watch"))])

@@ -1,6 +1,6 @@
 """`faultlab sweep`: the path and range of ``--param``, its located errors, the thresholds of
 the detection curve (monotone, not, never, everywhere, false alarms) and the files a sweep
-writes, on hand-built journals (no job; the real sweep is tests/integration/test_sweep.py)."""
+writes, on hand-built journals (no job; the real sweep is tests/integration/test_sweep_job.py)."""
 
 from __future__ import annotations
 

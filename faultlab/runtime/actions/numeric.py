@@ -35,14 +35,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from faultlab.runtime.hooks import ActionError, RankAction
+from faultlab.errors import NoParameterError
+from faultlab.runtime.hooks import RankAction
 
 __all__ = ["GradCorruption", "GradInf", "GradNan", "LossSpike", "NoParameterError",
            "WeightBitflip", "choose_params", "flip_bits", "local_shard"]
 
-
-class NoParameterError(ActionError):
-    """``param_glob`` selects no parameter with a non-empty local shard on this rank."""
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faultlab.errors import TargetError
+from faultlab.errors import NotShared
 from faultlab.runtime.site import COMPARED
 from faultlab.spec import Experiment
 from faultlab.targets.slurm.slurmcli import SlurmError, run
@@ -47,9 +47,6 @@ _SELECTING = {"--partition": "-p", "--account": "-A", "--constraint": "-C", "--g
 """sbatch options that choose which nodes a job gets (their short forms): the probe passes
 them to ``srun``, and they tell one selection's site file from another's."""
 
-
-class NotShared(TargetError):
-    """The nodes do not see the runs root (``topology.slurm.run_dir``) that faultlab writes."""
 
 
 def cluster_name() -> str | None:

@@ -13,6 +13,8 @@ import shlex
 import subprocess
 from collections.abc import Mapping
 
+from faultlab.errors import SlurmError
+
 __all__ = ["TERMINAL", "SlurmError", "exit_code", "hostnames", "run", "show_job"]
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -21,9 +23,6 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"
 
 _FIELD = re.compile(r"(?:^| )([A-Za-z][\w:/]*)=")
 
-
-class SlurmError(RuntimeError):
-    """A Slurm command failed: the command line and what Slurm said."""
 
 
 def run(args: list[str], *, timeout_s: float = 30.0, env: Mapping[str, str] | None = None,
