@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from faultlab.errors import FaultError
+from faultlab.errors import FaultError, LaunchError
 from faultlab.spec import Experiment
-from faultlab.targets.launcher import LaunchError, LocalJob
+from faultlab.targets.launcher import LocalJob
 from faultlab.targets.local import LocalTarget
 from faultlab_example_plugin.netns_network import (
     IFNAME,
