@@ -794,6 +794,7 @@ def fixed_target(exp, findings: list[dict[str, Any]]  # type: ignore[no-untyped-
     """``exp``'s target with the fix of every finding that has one applied in turn, the
     causes applied, and why each other finding's fix was not (``--with-fix``)."""
     from faultlab.observe.launch_fixes import apply_fix
+    from faultlab.spec.target import launcher_offers, launchers_offering
 
     line = exp.target.launch_line(exp.topology.launcher)
     services = dict(exp.target.services)
@@ -806,10 +807,13 @@ def fixed_target(exp, findings: list[dict[str, Any]]  # type: ignore[no-untyped-
         fixed = apply_fix(cause, line, services)
         if fixed is None:  # nothing left to change in the line as the fixes before left it
             continue
-        if set(fixed.services) - set(services) and exp.topology.launcher != "local":
+        if set(fixed.services) - set(services) and \
+                "services" not in launcher_offers(exp.topology.launcher):
             skipped.append(f"{cause}: its fix adds a service, and faultlab runs target.services "
-                           f"beside local nodes only (this experiment's nodes are "
-                           f"{exp.topology.launcher}): paste it on the cluster")
+                           f"beside the nodes only where the target offers services "
+                           f"({', '.join(launchers_offering(['services']))}; this "
+                           f"experiment's nodes are {exp.topology.launcher}): paste it on the "
+                           f"cluster")
             continue
         if cause not in applied:
             applied.append(cause)

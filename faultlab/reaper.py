@@ -4,16 +4,18 @@ The engine starts it in a session of its own and keeps ``--pidfile`` current wit
 the job. When the engine's process disappears without having stopped the guard, the guard
 continues every listed process (a SIGSTOPped rank or node must not be left frozen) and kills it
 and its descendants (a storage passthrough's mount, ``--storage-guard``, is removed first: its
-hung operations are released, so no process of the job is left in the kernel); for a job of the
-docker target (``--docker-run``) it then removes that run's containers, network and image; for a
-job with gpu faults (``--gpu-dir``, the job's ``gpu/`` directory) it removes every node's GPU
-state file, so a sticky GPU failure never outlives faultlab (the Xid logs stay, as evidence);
-for a job of the slurm target (``--slurm-guard``, the state file the target keeps current) it
-cancels the job and returns to service every node a fault set down or killed. On a normal exit
-the engine terminates the guard first.
+hung operations are released, so no process of the job is left in the kernel); it then hands
+what the target made outside the job (``--target-guard``, the record ``Target.guard_record``
+keeps current, with the launcher's name) to the class registered as that launcher
+(``Target.undo_from_guard``: the docker target removes the run's containers, network and image,
+the slurm target cancels the job and returns to service every node a fault set down or killed;
+a team's target undoes what it recorded). For a job with gpu faults (``--gpu-dir``, the job's
+``gpu/`` directory) it removes every node's GPU state file, so a sticky GPU failure never
+outlives faultlab (the Xid logs stay, as evidence). On a normal exit the engine terminates the
+guard first.
 
-    python -m faultlab.reaper --parent PID --pidfile FILE [--docker-run RUN_ID]
-                              [--slurm-guard FILE] [--gpu-dir DIR] [--storage-guard FILE]
+    python -m faultlab.reaper --parent PID --pidfile FILE [--target-guard FILE]
+                              [--gpu-dir DIR] [--storage-guard FILE]
 """
 
 from __future__ import annotations
@@ -56,26 +58,26 @@ def _reap(pidfile: Path) -> int:
     return continue_and_kill(pids)
 
 
-def _remove_docker_run(run_id: str) -> None:
+def undo_target(guard: Path) -> list[str]:
+    """What the target recorded for the guard (``--target-guard``: ``{"launcher": name,
+    "record": ...}``, ``Target.guard_record``), undone by the class registered as that
+    launcher (``Target.undo_from_guard``): one line per thing done."""
+    doc = json.loads(guard.read_text())
+    if doc.get("record") is None:
+        return []
+    from faultlab.targets import target_type
+
+    return list(target_type(doc["launcher"]).undo_from_guard(doc["record"]))
+
+
+def _undo_target(guard: Path) -> None:
     try:
-        from faultlab.targets.docker.engine import connect, remove_run
-
-        removed = remove_run(connect(), run_id)
-        print(f"faultlab reaper: removed docker run {run_id}: {removed}", file=sys.stderr)
-    except Exception as e:  # noqa: BLE001 - report, never crash the guard
-        print(f"faultlab reaper: could not remove docker run {run_id}: {e}; run "
-              f"`faultlab docker clean`", file=sys.stderr)
-
-
-def _restore_slurm(guard: Path) -> None:
-    try:
-        from faultlab.targets.slurm import restore_from_guard
-
-        done = restore_from_guard(json.loads(guard.read_text()))
-        print(f"faultlab reaper: slurm: {'; '.join(done) or 'nothing to undo'}", file=sys.stderr)
-    except Exception as e:  # noqa: BLE001 - report, never crash the guard
-        print(f"faultlab reaper: could not restore the Slurm cluster from {guard}: {e}",
+        done = undo_target(guard)
+        print(f"faultlab reaper: target: {'; '.join(done) or 'nothing to undo'}",
               file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - report, never crash the guard
+        print(f"faultlab reaper: could not undo what the target left ({guard}): "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
 
 
 def clear_gpu_state(gpu_dir: Path) -> list[str]:
@@ -114,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--pidfile", type=Path, required=True)
     parser.add_argument("--interval-s", type=float, default=0.5)
-    parser.add_argument("--docker-run", default=None, help="the docker target's run id")
-    parser.add_argument("--slurm-guard", type=Path, default=None,
-                        help="the slurm target's guard state file")
+    parser.add_argument("--target-guard", type=Path, default=None,
+                        help="the target's guard record (launcher and what it made)")
     parser.add_argument("--gpu-dir", type=Path, default=None,
                         help="the job's gpu/ directory (GPU state files to clear)")
     parser.add_argument("--storage-guard", type=Path, default=None,
@@ -137,10 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             n = _reap(args.pidfile)
             print(f"faultlab reaper: engine {args.parent} died; killed {n} process(es) of "
                   f"the job", file=sys.stderr)
-            if args.docker_run:
-                _remove_docker_run(args.docker_run)
-            if args.slurm_guard is not None and args.slurm_guard.exists():
-                _restore_slurm(args.slurm_guard)
+            if args.target_guard is not None and args.target_guard.exists():
+                _undo_target(args.target_guard)
             if args.gpu_dir is not None:
                 cleared = clear_gpu_state(args.gpu_dir)
                 print(f"faultlab reaper: cleared {len(cleared)} GPU state file(s) under "

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 __all__ = ["assert_no_job_processes", "job_processes", "require_docker_engine",
-           "stopped_job_processes"]
+           "require_target", "stopped_job_processes"]
 
 
 def job_processes(folder: Path) -> list[psutil.Process]:
@@ -71,19 +71,31 @@ def stopped_job_processes(folder: Path, timeout_s: float = 10.0) -> list[psutil.
         time.sleep(0.05)
 
 
-def require_docker_engine() -> None:
-    """Skip the calling test (with the reason) where no Docker engine answers; fail it instead
-    where the environment sets ``FAULTLAB_REQUIRE_DOCKER=1`` (``make test`` does under CI)."""
+def require_target(launcher: str) -> None:
+    """Skip the calling test (with the reason) where the target registered as ``launcher``
+    says no job of it can start on this machine (its class's optional ``unavailable()``: the
+    docker target's, where no Docker engine answers); fail it instead where the environment
+    sets ``FAULTLAB_REQUIRE_<LAUNCHER>=1`` (``make test`` sets ``FAULTLAB_REQUIRE_DOCKER`` under
+    CI)."""
     import pytest
 
-    from faultlab.targets.docker.engine import engine_problem
+    from faultlab.targets import target_type
 
-    problem = engine_problem()
+    check = getattr(target_type(launcher), "unavailable", None)
+    problem = None if check is None else check()
     if problem is None:
         return
-    if os.environ.get("FAULTLAB_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"FAULTLAB_REQUIRE_DOCKER=1 but {problem}{_engine_log_tail()}", pytrace=False)
-    pytest.skip(f"docker launcher: {problem}")
+    required = f"FAULTLAB_REQUIRE_{launcher.upper()}"
+    if os.environ.get(required) == "1":
+        pytest.fail(f"{required}=1 but {problem}{_engine_log_tail()}", pytrace=False)
+    pytest.skip(f"{launcher} launcher: {problem}")
+
+
+def require_docker_engine() -> None:
+    """``require_target`` of the docker target: skip where no Docker engine answers, fail
+    where ``FAULTLAB_REQUIRE_DOCKER=1`` (the local Slurm test cluster's nodes are containers
+    too)."""
+    require_target("docker")
 
 
 # Where scripts/docker-engine.sh (``make test``) sends containerd's and dockerd's output.

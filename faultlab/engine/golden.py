@@ -158,12 +158,22 @@ def golden_key(exp: Experiment) -> str:
                    "launch": t.launch if isinstance(t.launch, str | None) else list(t.launch)},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
         # Where the nodes run and what computes: a reference is of one target (module doc).
-        "topology": exp.topology.model_dump(mode="json", exclude={"slurm": {
-            "time_limit", "run_dir", "allow_node_state_changes"}}),  # the bits' own: not these
+        "topology": {k: v for k, v in exp.topology.model_dump(mode="json").items()
+                     if k != exp.topology.launcher},  # the settings: the bits' own, below
+        "settings": _settings_key(exp.topology.settings),
         "site": reference_site(exp),
         "code": code_version(exp),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _settings_key(settings: Any) -> Any:
+    """The target's settings (``exp.topology.settings``) that decide the bits: all but those
+    its model names ``outside_the_bits`` (Slurm's time limit, run directory ...)."""
+    if settings is None:
+        return None
+    return settings.model_dump(mode="json",
+                               exclude=set(getattr(settings, "outside_the_bits", ())))
 
 
 def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int = 1,

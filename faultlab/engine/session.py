@@ -16,7 +16,9 @@ The phases:
 - ``start()``: the guard process first (``faultlab.reaper``: should this process die, it
   continues every stopped process and kills the job), then the launch;
 - ``tick()`` in the caller's poll loop, or ``guard_in_background()`` for a caller without one,
-  keeps the guard's list of pids current (workers change on every restart);
+  keeps the guard's list of pids current (workers change on every restart), and the target's
+  ``guard_record`` (what it made outside the job: containers, a Slurm job, nodes set down),
+  which the guard hands to the target class's ``undo_from_guard`` should this process die;
 - ``watch(timeout_s)``: poll until every node exited, or training completed and the nodes
   lingered ``LINGER_S``, or the timeout passed (a caller that injects nothing: the golden run);
 - ``stop(undo)``: the gates opened, the caller's faults undone, every process continued and
@@ -75,6 +77,10 @@ class JobSession:
         except TargetError as e:
             raise FaultlabError(f"{source or exp.name}: {e}") from None
         self.pidfile = pidfile or folder / ".job-pids.json"
+        self.target_guard = self.pidfile.with_name(self.pidfile.stem + "-target-guard.json")
+        """The target's ``guard_record`` and launcher, for the guard (``--target-guard``)."""
+        self._guard_written: str | None = None
+        self._guard_lock = threading.Lock()
         self.target: Target | None = None
         self.runtime: RuntimeSetup | None = None
         self.hub: Hub | None = None
@@ -129,8 +135,9 @@ class JobSession:
         assert target is not None, "prepare() first"
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         self.pidfile.write_text("[]")
-        extra = ["--docker-run", target.run_id] if target.run_id else []
-        extra += ["--slurm-guard", str(target.guard_path)] if target.guard_path else []
+        target.guard_writer = self.write_target_guard
+        self.write_target_guard()  # what the target may create, known before it starts
+        extra = ["--target-guard", str(self.target_guard)]
         extra += ["--gpu-dir", str(self.gpu_dir)] if self.gpu_dir else []
         extra += ["--storage-guard", str(self.storage.guard_path)] if self.storage else []
         self.reaper = subprocess.Popen(
@@ -156,8 +163,24 @@ class JobSession:
         try:
             tmp.write_text(json.dumps(sorted(self.target.pids())))
             os.replace(tmp, self.pidfile)
+            self.write_target_guard()
         except OSError:
             pass  # a failed write must not end the run; the next one may succeed
+
+    def write_target_guard(self) -> None:
+        """Write the target's ``guard_record`` for the guard (``--target-guard``), with the
+        launcher that undoes it, when it changed: from ``tick``, and at once when the target
+        asks (``guard_now``, before it changes something outside the job)."""
+        assert self.target is not None
+        doc = json.dumps({"launcher": self.exp.topology.launcher,
+                          "record": self.target.guard_record()})
+        with self._guard_lock:
+            if doc == self._guard_written:
+                return
+            tmp = self.target_guard.with_suffix(f".{threading.get_ident()}.tmp")
+            tmp.write_text(doc)
+            os.replace(tmp, self.target_guard)
+            self._guard_written = doc
 
     def guard_in_background(self) -> None:
         """``tick`` from a thread of its own, for a caller with no poll loop (Chaos Toolkit)."""

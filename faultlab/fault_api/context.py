@@ -28,12 +28,13 @@ import random
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from faultlab.errors import FaultError, PluginError
 
 __all__ = ["CONTEXT_CAPABILITIES", "ContextCapability", "FaultContext", "NodeFreezer",
-           "NodeMachine", "NodeNetwork", "NodeRestart", "Services", "SlurmController",
+           "NodeMachine", "NodeNetwork", "NodeRestart", "Services", "SharedRunsRoot",
+           "SlurmController",
            "declared_capabilities", "not_offered", "require", "unknown_capabilities", "unmet"]
 
 
@@ -183,6 +184,18 @@ class SlurmController(FaultContext, Protocol):
 
     def requeue(self) -> str:
         """``scontrol requeue``; returns the job's state after it."""
+
+
+@runtime_checkable
+class SharedRunsRoot(Protocol):
+    """A target's settings (``Target.settings``, ``exp.topology.settings``) whose nodes see the
+    run directories on a filesystem they mount themselves (Slurm's): a fault that serves the
+    run directory through this host (the storage passthrough) reaches those nodes only where
+    that directory propagates mounts to them."""
+
+    def runs_root(self) -> Path:
+        """The directory the job's run directories go in; ValueError where none is set yet
+        (checked when the run starts)."""
 
 
 # -- the vocabulary ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Network faults: kernel-level partitions, throttles and flaps between nodes.
 
-They need nodes with a network stack of their own (``topology.launcher: docker``): on one
-host, nodes that are processes share one stack, and cutting "node 1" would cut everyone. Rules
-go into the victim nodes' own network namespaces (``faultlab.targets.docker.netns``), one
+They need nodes with a network stack of their own (the ``node_network`` capability: the docker
+target's containers, or a team's target that offers it): on one host, nodes that are processes
+share one stack, and cutting "node 1" would cut everyone. Rules go into the victim nodes' own
+network namespaces (``faultlab.fault_api.netns``, reached through ``NodeNetwork``), one
 chain per fault, so undoing a fault removes exactly its rules; they also die with the
 container. Every fault here is reversible and undone on every exit path.
 
@@ -29,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 
 from faultlab.errors import FaultError
 from faultlab.fault_api import Fault, FaultContext, FaultParams, NodeNetwork, Victim, require
-from faultlab.targets.docker.netns import (
+from faultlab.fault_api.netns import (
     add_drop_chain,
     host_veth,
     remove_drop_chain,

@@ -78,8 +78,8 @@ class SlurmNodeDownFault(Fault):
 
     @classmethod
     def refuses(cls, topology: Any) -> str | None:
-        slurm = getattr(topology, "slurm", None)
-        if slurm is not None and not slurm.allow_node_state_changes:
+        settings = getattr(topology, "settings", None)  # the Slurm target's (slurm: block)
+        if settings is not None and not getattr(settings, "allow_node_state_changes", True):
             return ("it changes the node for every user of the cluster: set "
                     "topology.slurm.allow_node_state_changes: true (and run as a Slurm "
                     "operator)")

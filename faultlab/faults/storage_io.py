@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 
 from faultlab.errors import FaultError
 from faultlab.fault_api import Fault, FaultContext, FaultParams, Victim, require
+from faultlab.fault_api.context import SharedRunsRoot
 from faultlab.spec._base import show, unknown
 from faultlab.storage.mount import fuse_unavailable, mount_for, propagates
 from faultlab.storage.rules import ERRNOS, OPS
@@ -101,17 +102,19 @@ class _IoFault(Fault):
         why = fuse_unavailable()
         if why is not None:
             return f"cannot mount the storage passthrough: {why}"
-        if topology.launcher == "slurm":
+        settings = getattr(topology, "settings", None)
+        if isinstance(settings, SharedRunsRoot):  # the nodes mount the runs' directory
             try:
-                shared = topology.slurm.runs_root()
-            except (AttributeError, ValueError):
+                shared = settings.runs_root()
+            except ValueError:
                 return None  # where the runs go is checked when the run starts
             if not propagates(shared):
                 return (f"the job's directory {str(shared)!r} is not on a shared mount of this "
-                        f"host, so the passthrough mounted there would not reach the Slurm "
-                        f"nodes; the local test cluster makes its shared directory one "
-                        f"(scripts/slurm-cluster.sh up), a real cluster's nodes mount theirs "
-                        f"themselves: run storage faults on local or docker nodes there")
+                        f"host, so the passthrough mounted there would not reach the "
+                        f"{topology.launcher} nodes, which mount it themselves; the local "
+                        f"Slurm test cluster makes its shared directory one "
+                        f"(scripts/slurm-cluster.sh up): run storage faults on nodes that see "
+                        f"this host's files there")
         return None
 
     @classmethod
@@ -132,12 +135,9 @@ class _IoFault(Fault):
         rule = {**self.rule(), "id": self._rule_id,
                 "seed": ctx.rng(f"{self.type}/{victim}").randrange(2**31)}
         where: dict[str, Any] = {}
-        if victim.kind == "node":  # that node's view: its processes only
-            from faultlab.targets.slurm import SlurmTarget
-
-            if isinstance(ctx, SlurmTarget):
-                raise FaultError("{node: N} is not supported on Slurm nodes (their pids are "
-                                 "not this host's): use target: all")
+        if victim.kind == "node":  # that node's view: its processes only, by this host's pids
+            require(ctx, "node_storage_view", f"{self.type} on one node ({{node: N}}; "
+                    f"target: all needs nothing more)")
             node = ctx.node_names()[victim.value or 0]
             rule["pids"] = ctx.node_pids(node)
             if not rule["pids"]:

@@ -173,6 +173,9 @@ def _valid_keys(key: Key, data: Any, root: type[BaseModel]) -> tuple[str, ...]:
                 fault_type = cur.get("type")
                 fault = fault_types().get(fault_type) if isinstance(fault_type, str) else None
                 ann = fault.Params if fault else None
+            elif isinstance(part, str) and part not in ann.model_fields and \
+                    hasattr(ann, "block_model"):  # a target's settings block (Topology)
+                ann = ann.block_model(part)
             else:
                 field = ann.model_fields.get(part) if isinstance(part, str) else None
                 ann = field.annotation if field else None

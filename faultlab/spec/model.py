@@ -14,7 +14,7 @@ Every model is frozen, rejects unknown keys and does not coerce (``"10"`` is not
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 from pydantic_core import InitErrorDetails
@@ -26,16 +26,15 @@ from faultlab.spec._trainer import check_train_config
 from faultlab.spec.checkpoint_args import steps_of_command
 from faultlab.spec.expect import Expect
 from faultlab.spec.faults import FaultSpec, Selector, Trigger
-from faultlab.spec.launch import (
-    NODE_WORLD_PLACEHOLDERS,
-    addressing_problem,
-    docker_problems,
-    node_worlds,
-    service_problem,
-    store_problem,
-)
 from faultlab.spec.observation import ObserveSpec
-from faultlab.spec.target import RunSpec, TargetSpec, Topology, launcher_offers, launchers_offering
+from faultlab.spec.target import (
+    RunSpec,
+    TargetSpec,
+    Topology,
+    launcher_class,
+    launcher_offers,
+    launchers_offering,
+)
 from faultlab.spec.trainers import get_trainer
 
 __all__ = ["Experiment", "GoldenSpec", "JobSpec", "Suite"]
@@ -55,7 +54,7 @@ class JobSpec(SpecModel):
     seed: int = Field(default=0, ge=0, lt=2**63)
     """Seed of the trainer and of every random choice of faultlab (targets, MTBF draws, a
     campaign's schedule)."""
-    topology: Topology = Topology()
+    topology: Topology = Field(default_factory=Topology)
     """Nodes, ranks per node, elasticity and backend of the job."""
     run: RunSpec = RunSpec()
     """Steps, checkpoint interval and the timeout."""
@@ -92,42 +91,12 @@ class JobSpec(SpecModel):
                                       f"the target offers them ({what}): topology.launcher "
                                       f"{topology.launcher!r} does not; launchers that do: "
                                       f"{', '.join(hosts)}", list(value.services))])
-        if topology is None or (value.launch is None and topology.launcher != "docker"):
-            return value  # (docker: a command's default torchrun must be inside the nodes too)
-        why = None
-        if topology.launcher == "slurm":
-            why = ("on Slurm the batch script starts the nodes: faultlab's, or your own "
-                   "(topology.slurm.script), submitted unchanged; leave launch unset")
-        else:
-            line = value.launch_line(topology.launcher)
-            why = None if line is None else addressing_problem(line, topology.nodes)
-            store = None if line is None or why is not None else store_problem(line)
-            if store is not None:
-                own = isinstance(value.launch, tuple)
-                raise located([spec_error(("launch", store[0]) if own else ("launch",),
-                                          store[1], line[store[0]])])
-            unanswered = None if line is None or why is not None else service_problem(
-                line, value.services)
-            if unanswered is not None:
-                at, problem = unanswered
-                shown: object = (line[at[1]] if at[0] == "launch" else  # type: ignore[index]
-                                 value.services[str(at[1])][int(at[2])])
-                raise located([spec_error(at, problem, shown)])
-            if line is not None and why is None and topology.launcher == "docker":
-                own = isinstance(value.launch, tuple)  # else a named line: torchrun
-                if node_worlds(line):
-                    at = next(i for i, a in enumerate(line)
-                              if any(f"{{{n}}}" in a for n in NODE_WORLD_PLACEHOLDERS))
-                    raise located([spec_error(("launch", at), "a torchrun world per node "
-                                              "(torchft's replica groups) runs on local nodes "
-                                              "only (topology.launcher: local)", line[at])])
-                errors = [spec_error(("launch", i) if own else ("launch",), problem, line[i])
-                          for i, problem in docker_problems(line)]
-                if errors:
-                    raise located(errors)
-        if why is not None:
-            raise located([spec_error(("launch",), why, value.launch if isinstance(
-                value.launch, str) else list(value.launch))])
+        if topology is None:
+            return value
+        check = getattr(launcher_class(topology.launcher), "check_launch", None)
+        problems = [] if check is None else check(value, topology)  # Target.check_launch
+        if problems:
+            raise located([_launch_error(path, message, value) for path, message in problems])
         return value
 
     @field_validator("target")
@@ -266,6 +235,24 @@ def _launcher_fits(i: int, fault: FaultSpec, topology: Topology) -> list[InitErr
     where = f"{those}: {', '.join(hosts)}" if hosts else "no registered launcher does"
     return [spec_error((i, "type"), f"{fault.type} needs {what}, which launcher "
                        f"{topology.launcher!r} does not offer; {where}", fault.type)]
+
+
+def _launch_error(path: tuple[str | int, ...], message: str, target: TargetSpec
+                  ) -> InitErrorDetails:
+    """A ``check_launch`` problem (a path under the experiment) as an error of the ``target``
+    field, showing the value found there; a path outside ``target`` is named in the message."""
+    if not path or path[0] != "target":
+        return spec_error((), f"{'.'.join(map(str, path))}: {message}", None)
+    value: Any = target
+    for key in path[1:]:
+        try:
+            value = value[key] if isinstance(value, tuple | list | dict) else getattr(value, key)
+        except (LookupError, AttributeError, TypeError):
+            value = None
+            break
+    if isinstance(value, tuple):
+        value = list(value)
+    return spec_error(path[1:], message, value)
 
 
 def _count(n: int, noun: str) -> str:

@@ -8,8 +8,10 @@ form in YAML than in Python:
   YAML forms, not its ``kind``/``value`` fields);
 - a fault's ``type`` is one of the registered fault types, and its ``params`` are that type's
   own ``Params`` (one ``if``/``then`` per type), so an editor completes and checks them too;
-- a command, a launch line, a service's line and ``sbatch_args`` may be one string (split like
-  a shell would) as well as a list.
+- a command, a launch line and a service's line may be one string (split like a shell would)
+  as well as a list;
+- ``topology`` has the settings block of each registered target that declares one
+  (``topology.slurm:``, the model ``Target.settings`` names).
 
 The schema is what an editor can check as you type. ``faultlab validate`` stays the judge: the
 rules that span sections (a rank inside the world size, a trigger inside the run, a trainer's
@@ -33,7 +35,6 @@ SCHEMA_ID = "urn:faultlab:schema:document"
 
 _ONE_STRING_OR_LIST = {
     "TargetSpec": ("command", "launch"),
-    "SlurmSpec": ("sbatch_args",),
 }
 """Fields whose before-validator also splits one string into a list (``shlex``)."""
 
@@ -51,6 +52,7 @@ def document_schema() -> dict[str, Any]:
     _yaml_selector(defs)
     _string_or_list(defs)
     _fault_types(defs)
+    _target_settings(defs)
     out: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
@@ -112,6 +114,24 @@ def _fault_types(defs: dict[str, Any]) -> None:
                            "type": "object"}
         defs[model]["allOf"] = copy.deepcopy(branches)
     defs.pop("FaultParams", None)
+
+
+def _target_settings(defs: dict[str, Any]) -> None:
+    """``topology.<launcher>:``, the settings block of each registered target that declares a
+    model (``Target.settings``: ``slurm:``), by that model's schema."""
+    from faultlab.spec.target import launcher_class, launcher_names
+
+    props = defs["Topology"]["properties"]
+    for name in launcher_names():
+        model = getattr(launcher_class(name), "settings", None)
+        if model is None or name in props:
+            continue
+        settings = model.model_json_schema(ref_template="#/$defs/{model}")
+        for sub, body in settings.pop("$defs", {}).items():
+            defs.setdefault(sub, body)
+        settings["description"] = (f"The {name} target's own settings (launcher: {name} "
+                                   f"only). " + settings.get("description", ""))
+        props[name] = settings
 
 
 def markdown(text: str) -> str:

@@ -15,11 +15,32 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 
 from faultlab.errors import PluginError
 from faultlab.fault_api.context import declared_capabilities, unmet
-from faultlab.spec._base import SpecModel, as_tuple, located, show, spec_error, unknown
+from faultlab.spec._base import (
+    SpecModel,
+    as_tuple,
+    located,
+    relocate,
+    show,
+    spec_error,
+    unknown,
+)
 from faultlab.spec._trainer import check_overrides
 from faultlab.spec.launch import (
     LAUNCHERS,
@@ -36,7 +57,7 @@ from faultlab.spec.launch import (
 )
 from faultlab.spec.trainers import get_trainer, trainers
 
-__all__ = ["PYTHON_NAMES", "RunSpec", "SlurmSpec", "TargetSpec", "Topology", "launcher_names",
+__all__ = ["PYTHON_NAMES", "RunSpec", "TargetSpec", "Topology", "launcher_class", "launcher_names",
            "launcher_offers", "launchers_offering"]
 
 PYTHON_NAMES = ("python", "python3")
@@ -305,16 +326,19 @@ class TargetSpec(SpecModel):
     def is_reference(self) -> bool:
         return self.command is None
 
-    def launch_line(self, launcher: str = "local") -> tuple[str, ...] | None:
-        """The line that starts each node on ``topology.launcher``: None for faultlab's tuned
-        launcher (``launch: faultlab``, the reference trainer's default; on Slurm the batch
-        script starts the nodes), else the line with its placeholders (``launch: torchrun`` is
-        ``TORCHRUN_DEFAULT``, with ``--no-python`` for a command that is not a Python script).
-        A command with no ``launch`` runs under plain torchrun on local and docker nodes alike:
-        inside a container it is the same line the team runs on a machine."""
+    def launch_line(self, launcher: str | None = None) -> tuple[str, ...] | None:
+        """The line that starts each node on ``topology.launcher`` (None: a target whose nodes
+        start with a line): None for faultlab's tuned launcher (``launch: faultlab``, the
+        reference trainer's default; on a target whose class says ``launch_lines = False``,
+        Slurm's, its own way starts the nodes), else the line with its placeholders (``launch:
+        torchrun`` is ``TORCHRUN_DEFAULT``, with ``--no-python`` for a command that is not a
+        Python script). A command with no ``launch`` runs under plain torchrun on local and
+        docker nodes alike: inside a container it is the same line the team runs on a
+        machine."""
         launch = self.launch
         if launch is None:
-            launch = "faultlab" if self.is_reference or launcher == "slurm" else "torchrun"
+            lines = launcher is None or getattr(launcher_class(launcher), "launch_lines", True)
+            launch = "faultlab" if self.is_reference or not lines else "torchrun"
         if launch == "faultlab":
             return None
         if launch == "torchrun":
@@ -330,74 +354,6 @@ class TargetSpec(SpecModel):
 
 
 # -------------------------------------------------------------------------- topology, run
-
-
-SLURM_SHARED_ENV = "FAULTLAB_SLURM_SHARED"
-"""A directory every node of the Slurm cluster sees at the same path (the local test cluster's
-``scripts/slurm-cluster.sh env`` sets it): ``slurm.run_dir``'s default is ``runs/`` in it."""
-
-
-class SlurmSpec(SpecModel):
-    """How the job is submitted to Slurm (``topology.launcher: slurm``). faultlab runs where
-    the Slurm commands work (a login node): ``SLURM_CONF`` or the host's own configuration."""
-
-    partition: str | None = None
-    """``sbatch --partition``; the cluster's default partition if unset."""
-    account: str | None = None
-    """``sbatch --account``."""
-    time_limit: str | None = None
-    """``sbatch --time`` (``MM``, ``HH:MM:SS`` or ``D-HH``); the partition's default if unset."""
-    sbatch_args: tuple[str, ...] = ()
-    """More ``sbatch`` options, as given (``--exclusive``, ``--no-requeue``, ``--signal=...``)."""
-    run_dir: Annotated[Path, Field(strict=False)] | None = None
-    """Where the job's run directories go, on a filesystem every node sees at the same path
-    (events, logs, checkpoints); default ``$FAULTLAB_SLURM_SHARED/runs``."""
-    script: Annotated[Path, Field(strict=False)] | None = None
-    """Your own sbatch script, submitted unchanged (faultlab's own environment exported to it:
-    ``FAULTLAB_RUN_DIR``, ``FAULTLAB_PYTHON``, and for a ``target.command`` the runtime agent's
-    bootstrap); ``target`` then says what the script runs, for the golden run. Unset:
-    faultlab's batch script, one torchrun agent per node with the c10d rendezvous on the first
-    node, running ``target``."""
-    allow_node_state_changes: bool = False
-    """Allow faults that change a node's state for every user of the cluster
-    (``slurm_node_down``); the node is always resumed on undo and by the guard."""
-
-    @field_validator("sbatch_args", mode="before")
-    @classmethod
-    def _args(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(shlex.split(value))
-        return as_tuple(value)
-
-    @field_validator("script")
-    @classmethod
-    def _script(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"{show(str(value))}: no such file (relative paths start from the "
-                             f"directory faultlab runs in, {show(str(Path.cwd()))})")
-        return value
-
-    @field_validator("run_dir")
-    @classmethod
-    def _run_dir(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_absolute():
-            raise ValueError(f"{show(str(value))} is relative: give the absolute path every "
-                             f"node sees")
-        return value
-
-    def runs_root(self) -> Path:
-        """Where this experiment's run directories go (``run_dir`` or the shared default);
-        ValueError when neither is set (checked when the run starts: a file that names no
-        directory still validates on a machine that is not the cluster's login node)."""
-        import os
-
-        if self.run_dir is not None:
-            return self.run_dir
-        shared = os.environ.get(SLURM_SHARED_ENV)
-        if not shared:
-            raise ValueError(f"slurm.run_dir: not set, and neither is ${SLURM_SHARED_ENV}; give "
-                             f"a directory every node sees at the same path")
-        return Path(shared) / "runs"
 
 
 def launcher_names() -> list[str]:
@@ -447,6 +403,25 @@ def launchers_offering(needs: Iterable[str]) -> list[str]:
     return [n for n in launcher_names() if not unmet(needs, launcher_offers(n))]
 
 
+def _parse_settings(launcher: Any, block: Any) -> tuple[Any, list[InitErrorDetails]]:
+    """``block`` parsed by the settings model of the target registered as ``launcher``
+    (``Target.settings``; ``{}`` where absent), with its errors located under its key; None
+    where the class declares no model (a block for it is then an error)."""
+    if not isinstance(launcher, str) or launcher not in launcher_names():
+        return None, []  # the launcher's own error says so
+    model = getattr(launcher_class(launcher), "settings", None)
+    if model is None:
+        if block is None:
+            return None, []
+        return None, [spec_error((launcher,), f"the {launcher} target declares no settings "
+                                 f"(its class has no settings model): remove the block",
+                                 block)]
+    try:
+        return model.model_validate({} if block is None else block), []
+    except ValidationError as e:
+        return None, relocate(e, (launcher,))
+
+
 class Topology(SpecModel):
     """Shape of the job: ``nodes`` torchrun agents with ``procs_per_node`` ranks each."""
 
@@ -465,10 +440,45 @@ class Topology(SpecModel):
     group. Built in: ``local`` (torchrun agents on this host, sharing its network), ``docker``
     (one container per node on a bridge network of its own; needs a Docker engine, and is what
     the ``network`` faults and ``node_pause`` act on) or ``slurm`` (a batch job on a Slurm
-    cluster, one node per allocated host; see ``slurm``); a team's own is named the same
-    way."""
-    slurm: SlurmSpec | None = None
-    """How the job is submitted (``launcher: slurm`` only); the defaults if unset."""
+    cluster, one node per allocated host); a team's own is named the same way. A target's own
+    settings go in a block named after it (``slurm:`` for ``launcher: slurm``: the model its
+    class declares, ``Target.settings``), parsed into ``settings``."""
+
+    _settings: Any = PrivateAttr(default=None)
+
+    @model_serializer(mode="wrap")
+    def _with_settings(self, handler: SerializerFunctionWrapHandler,
+                       info: SerializationInfo) -> Any:
+        """The fields, and the settings block under the launcher's name as it was written
+        (a campaign's runs and the journal's document load it back)."""
+        data = handler(self)
+        if self._settings is not None and isinstance(data, dict):
+            data[self.launcher] = self._settings.model_dump(
+                mode=info.mode, exclude_none=info.exclude_none,
+                exclude_defaults=info.exclude_defaults, exclude_unset=info.exclude_unset)
+        return data
+
+    @classmethod
+    def valid_keys(cls) -> tuple[str, ...]:
+        """The fields, then each registered launcher whose target declares settings (its
+        block)."""
+        blocks = [n for n in launcher_names() if cls.block_model(n) is not None]
+        return (*cls.model_fields, *blocks)
+
+    @classmethod
+    def block_model(cls, key: str) -> type[BaseModel] | None:
+        """The settings model of the block ``key`` (a launcher's name), None if none."""
+        if key in cls.model_fields or key not in launcher_names():
+            return None
+        model = getattr(launcher_class(key), "settings", None)
+        return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+    @property
+    def settings(self) -> Any:
+        """The target's own settings: its block ``topology.<launcher>:`` (``slurm:`` ...)
+        parsed by the model its class declares (``Target.settings``), the defaults where the
+        block is absent; None where the class declares no model."""
+        return self._settings
 
     @field_validator("launcher")
     @classmethod
@@ -484,13 +494,37 @@ class Topology(SpecModel):
         if self.min_nodes is not None and self.min_nodes > self.nodes:
             raise located([spec_error(("min_nodes",), f"min_nodes ({self.min_nodes}) cannot "
                                       f"exceed nodes ({self.nodes})", self.min_nodes)])
-        if self.slurm is not None and self.launcher != "slurm":
-            raise located([spec_error(("slurm",), f"a slurm block needs launcher: slurm "
-                                      f"(this topology's launcher is {self.launcher!r})",
-                                      "slurm")])
-        if self.launcher == "slurm" and self.slurm is None:
-            object.__setattr__(self, "slurm", SlurmSpec())  # frozen: set once, here
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _settings_block(cls, data: Any, handler: ModelWrapValidatorHandler[Topology]
+                        ) -> Topology:
+        """Take the settings block out (its key is a launcher's name, not a field), validate
+        the rest, then the block by its target's model: the errors of both at once."""
+        if not isinstance(data, dict):
+            return handler(data)
+        names = set(launcher_names()) - set(cls.model_fields)
+        blocks = {k: v for k, v in data.items() if k in names}
+        errors: list[InitErrorDetails] = []
+        topology = None
+        try:
+            topology = handler({k: v for k, v in data.items() if k not in blocks})
+        except ValidationError as e:
+            errors += relocate(e, ())
+        launcher = data.get("launcher", cls.model_fields["launcher"].default)
+        for name in blocks:
+            if name != launcher:
+                errors.append(spec_error((name,), f"a {name} block is the settings of "
+                                         f"launcher {name!r}; this topology's launcher is "
+                                         f"{launcher!r}: set launcher: {name}, or remove the "
+                                         f"block", blocks[name]))
+        settings, problems = _parse_settings(launcher, blocks.get(launcher))
+        errors += problems
+        if errors or topology is None:
+            raise located(errors, "Topology")
+        topology._settings = settings
+        return topology
 
     @property
     def world_size(self) -> int:

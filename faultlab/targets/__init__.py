@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from faultlab.spec import Experiment
     from faultlab.targets.base import Target
 
-__all__ = ["ENTRY_POINT_GROUP", "make_target", "target_class", "target_types"]
+__all__ = ["ENTRY_POINT_GROUP", "make_target", "target_class", "target_type", "target_types"]
 
 ENTRY_POINT_GROUP = "faultlab.targets"
 """``topology.launcher`` names an entry point of this group (name = the launcher, value =
@@ -55,6 +55,12 @@ def _load(name: str) -> type[Target]:
             raise PluginError(f"target plugin {name!r} ({target_types()[name].value}) has no "
                               f"{need}(): it does not implement faultlab.targets.base.Target")
     return cls  # type: ignore[no-any-return]
+
+
+def target_type(name: str) -> type[Target]:
+    """The target class registered as launcher ``name`` (the guard loads a dead run's by the
+    name its record carries)."""
+    return _load(name)
 
 
 def target_class(exp: Experiment) -> type[Target]:

@@ -25,6 +25,8 @@ import psutil
 
 from faultlab.errors import TargetError
 from faultlab.observe import EventStream
+from faultlab.spec.launch_check import Problems, line_problems
+from faultlab.spec.target import TargetSpec, Topology
 from faultlab.targets.base import JobContext
 from faultlab.targets.procs import process_tree
 
@@ -58,6 +60,10 @@ def read_launch_info(run_dir: Path) -> dict[str, Any]:
 
 class AttachedTarget(JobContext):
     """``FaultContext`` for a running job found by its run directory."""
+
+    @classmethod
+    def check_launch(cls, target: TargetSpec, topology: Topology) -> Problems:
+        return line_problems(target, topology)  # as a line of local nodes
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir).resolve()

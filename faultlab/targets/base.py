@@ -25,10 +25,12 @@ import os
 import random
 import signal
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import psutil
+from pydantic import BaseModel
 
 from faultlab.errors import FaultError
 from faultlab.observe import EventStream
@@ -36,6 +38,7 @@ from faultlab.targets.procs import process_tree, send_pid, signal_tree
 
 if TYPE_CHECKING:
     from faultlab.spec import Experiment
+    from faultlab.spec.target import TargetSpec, Topology
 
 __all__ = ["JobContext", "JobResult", "Target"]
 
@@ -54,6 +57,29 @@ class Target(Protocol):
     that offer it. For each capability that has a protocol (``NodeNetwork`` ...) the target
     implements its methods. A subclass inherits its base's: a target that cannot keep one of
     them sets its own. Empty (``JobContext``'s): the core only."""
+
+    settings: ClassVar[type[BaseModel] | None]
+    """The model of the target's own settings (as ``Fault.Params`` is a fault's), written in
+    the experiment as the block ``topology.<launcher name>:`` (Slurm's ``topology.slurm:``,
+    ``SlurmSettings``): parsed when the experiment loads, its errors located at file:line like
+    every spec error, into ``exp.topology.settings`` (the defaults where the block is absent).
+    A block for another launcher than the one named is a located error. None
+    (``JobContext``'s): the target has no settings, and a block for it is an error."""
+
+    launch_lines: ClassVar[bool]
+    """Whether the nodes start with a launch line (``target.launch``, or faultlab's launcher
+    for the reference trainer). False: the target starts them its own way (Slurm's batch
+    script), ``TargetSpec.launch_line`` is None and ``check_launch`` refuses a ``launch``."""
+
+    @classmethod
+    def check_launch(cls, target: TargetSpec, topology: Topology
+                     ) -> list[tuple[tuple[str | int, ...], str]]:
+        """The problems of the experiment's launch line (``target.launch``, ``services``) for
+        this target, known when the experiment loads: ``(yaml path under the experiment,
+        message)`` each, e.g. ``(("target", "launch", 3), "...")``; the loader locates them
+        at file:line. ``JobContext``'s: none. The built-ins check what their nodes need of a
+        line (``faultlab.spec.launch.line_problems``: addressing, the store, the services'
+        ports; docker: a line that runs inside a container)."""
 
     # -- where events and logs are -------------------------------------------------------------
 
@@ -100,7 +126,9 @@ class Target(Protocol):
         Optional too: ``preflight(cls, exp) -> list[(yaml path, message)]``, what stops a job
         of ``exp`` before it runs, known without launching anything (``faultlab validate`` and
         ``faultlab run`` refuse it, located: Slurm's run directory the nodes do not share, a
-        partition too small ...)."""
+        partition too small ...). And ``unavailable(cls) -> str | None``: why no job of this
+        target can start on this machine at all (docker: no engine answers), for tests
+        (``faultlab.testing.require_target`` skips with it)."""
 
     @classmethod
     def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:
@@ -183,12 +211,25 @@ class Target(Protocol):
 
     # -- what the engine asks of every target (``JobContext`` answers "nothing") ----------------
 
-    run_id: str | None
-    """The label of what the target made outside this process tree (docker: its containers
-    and network), for the guard to remove if faultlab dies; None: nothing."""
-    guard_path: Path | None
-    """A file the guard reads to undo what the target changed on a cluster (Slurm: drained
-    nodes, held jobs); None: nothing."""
+    def guard_record(self) -> dict[str, Any] | None:
+        """What the guard (``faultlab.reaper``) must remove or undo if faultlab itself dies,
+        JSON-able (docker: the run's label, naming its containers, network and image; Slurm:
+        the job id and the nodes a fault set down); None: nothing outside the job's process
+        tree. Asked before ``start`` and kept current by the engine's tick after it, so it
+        names everything the target may create that is known before start; a target that
+        changes something outside the job mid-run calls ``guard_now()`` before the change,
+        so the record is written at once rather than at the next tick."""
+
+    guard_writer: Callable[[], None] | None
+    """Set by the engine before ``start``: writes ``guard_record()`` for the guard now. A
+    ``JobContext`` calls it through ``guard_now()``."""
+
+    @classmethod
+    def undo_from_guard(cls, record: dict[str, Any]) -> list[str]:
+        """Remove and undo what ``record`` (a ``guard_record``) names. Run by the guard in a
+        fresh process of its own after faultlab died (nothing of the run's objects is left
+        but the record): idempotent, never raises for what is already gone, and returns one
+        line per thing it did, for the guard's report."""
 
     def launch_summary(self) -> dict[str, Any] | None:
         """Which launch line started the nodes and what faultlab filled in (the journal's
@@ -250,8 +291,28 @@ class JobContext(ABC):
 
     # -- what the engine asks of every target (``Target``), with the answer "nothing" --------
 
-    run_id: str | None = None
-    guard_path: Path | None = None
+    settings: ClassVar[type[BaseModel] | None] = None
+    launch_lines: ClassVar[bool] = True
+    guard_writer: Callable[[], None] | None = None
+    """Set by the engine before ``start``: writes the guard's record now (``guard_now``)."""
+
+    @classmethod
+    def check_launch(cls, target: TargetSpec, topology: Topology
+                     ) -> list[tuple[tuple[str | int, ...], str]]:
+        return []
+
+    def guard_record(self) -> dict[str, Any] | None:
+        return None
+
+    @classmethod
+    def undo_from_guard(cls, record: dict[str, Any]) -> list[str]:
+        return []
+
+    def guard_now(self) -> None:
+        """Have the engine write ``guard_record()`` for the guard at once (before a change
+        outside the job), not at its next tick; nothing outside the engine."""
+        if self.guard_writer is not None:
+            self.guard_writer()
 
     def launch_summary(self) -> dict[str, Any] | None:
         return None

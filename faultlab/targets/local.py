@@ -19,7 +19,8 @@ from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
 from faultlab.runtime.bootstrap import bootstrap_env
 from faultlab.spec import Experiment
-from faultlab.spec.target import PYTHON_NAMES
+from faultlab.spec.launch_check import Problems, line_problems
+from faultlab.spec.target import PYTHON_NAMES, TargetSpec, Topology
 from faultlab.spec.trainers import config_settings, get_trainer
 from faultlab.targets.base import JobContext
 from faultlab.targets.launcher import JobResult, LaunchError, LocalJob
@@ -80,6 +81,12 @@ class LocalTarget(JobContext):
         "node_gpu_state",  # they read the GPU state files where this host writes them
         "node_storage_view",  # and reach the shared directory through its passthrough
     })
+
+    @classmethod
+    def check_launch(cls, target: TargetSpec, topology: Topology) -> Problems:
+        """A line of the team's own must address every node, dial its own store and name the
+        services' ports it uses (``line_problems``)."""
+        return line_problems(target, topology)
 
     def __init__(self, exp: Experiment, run_dir: Path,
                  node_env: dict[str, dict[str, str]] | None = None) -> None:

@@ -97,11 +97,9 @@ class ExperimentItem(pytest.Item):
         if self.problem is not None:
             raise self.problem
         from faultlab.engine import run_experiment
+        from faultlab.testing import require_target
 
-        if self.experiment.topology.launcher == "docker":
-            from faultlab.testing import require_docker_engine
-
-            require_docker_engine()
+        require_target(self.experiment.topology.launcher)  # docker: skip without an engine
         settings = self.config.stash[settings_key]
         view = NotesView()
         if settings.repeat > 1:

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from faultlab.errors import InvalidExperimentError
+from faultlab.fault_api.netns import run_in
 from faultlab.faults import Victim
 from faultlab.faults.network import NetworkFlapFault, NetworkPartitionFault, NetworkThrottleFault
 from faultlab.faults.process import NodePauseFault
 from faultlab.spec import experiment_from_dict, parse_experiment
 from faultlab.targets.docker import DockerTarget
 from faultlab.targets.docker.engine import run_resources
-from faultlab.targets.docker.netns import run_in
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,6 +214,11 @@ def test_killed_faultlab_leaves_no_container_network_or_image(docker_client: Any
                 break
             time.sleep(0.2)
         assert paused, f"node_pause never struck\n{said()}"
+        # What the guard will undo, kept by the engine: DockerTarget.guard_record (the run's
+        # label), known before the containers were created, and the launcher that undoes it.
+        [kept] = (tmp_path / "reports").glob("*/.job-pids-target-guard.json")
+        assert json.loads(kept.read_text()) == {"launcher": "docker",
+                                                "record": {"run_id": run_id}}
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         left: dict[str, list[str]] = {}

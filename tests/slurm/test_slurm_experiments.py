@@ -222,9 +222,12 @@ def test_killing_faultlab_midway_leaves_no_job_no_down_node_and_no_process(
             break
     else:
         pytest.fail("the fault never fired:\n" + "".join(out))
-    [link] = tmp_path.glob("slurm_node_down-*/job")
-    guard = json.loads((link / "slurm" / "guard.json").read_text())
-    assert guard["nodes_down"], guard
+    # What the engine keeps for the guard: the launcher and SlurmTarget.guard_record, written
+    # before the node went down (guard_now), not at the engine's next tick.
+    [kept] = tmp_path.glob("slurm_node_down-*/.job-pids-target-guard.json")
+    doc = json.loads(kept.read_text())
+    guard = doc["record"]
+    assert doc["launcher"] == "slurm" and guard["nodes_down"], doc
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     _wait_ended(guard["job_id"])

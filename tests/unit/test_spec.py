@@ -184,7 +184,8 @@ def test_all_is_the_public_api() -> None:
     # distribution, since it ships a pytest11 plugin.)
     public = {n for n in vars(spec) if not n.startswith(("_", "@"))} - {
         "loader", "model", "schedule", "target", "faults", "expect", "trainers", "observation",
-        "checkpoint_args", "campaign", "campaign_starter", "launch", "schema", "sweep"}
+        "checkpoint_args", "campaign", "campaign_starter", "launch", "launch_check", "schema",
+            "sweep"}
     assert set(spec.__all__) == public
     assert {"load_document", "load_experiments", "parse_experiment", "Experiment", "Suite",
             "FaultSpec", "Selector", "Trigger", "Expect", "Topology", "RunSpec",
@@ -558,3 +559,22 @@ def test_seed_override() -> None:
                                                      r"must be an integer in \[0, 2\*\*63\), "
                                                      r"got -1"):
         parse_experiment("name: t\n", seed=-1)
+
+
+def test_the_slurm_block_is_the_slurm_targets_settings_and_survives_a_dump() -> None:
+    """``topology.slurm:`` is parsed by ``SlurmTarget.settings`` into ``topology.settings``
+    (the defaults where absent, None for a target without settings), and a dump (a
+    campaign's runs, the journal's document) writes it back under its key."""
+    from faultlab.targets.slurm.settings import SlurmSettings
+
+    exp = spec.experiment_from_dict({"name": "s", "topology": {
+        "launcher": "slurm", "slurm": {"time_limit": "5:00", "sbatch_args": "--exclusive"}}})
+    assert exp.topology.settings == SlurmSettings(time_limit="5:00",
+                                                  sbatch_args=("--exclusive",))
+    dumped = exp.model_dump(mode="json")
+    assert dumped["topology"]["slurm"]["sbatch_args"] == ["--exclusive"]
+    assert spec.experiment_from_dict(dumped) == exp
+    bare = spec.experiment_from_dict({"name": "s", "topology": {"launcher": "slurm"}})
+    assert bare.topology.settings == SlurmSettings()
+    local = spec.experiment_from_dict({"name": "s"})
+    assert local.topology.settings is None and "slurm" not in local.model_dump()["topology"]

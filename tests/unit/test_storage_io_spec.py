@@ -76,10 +76,10 @@ def test_slurm_is_refused_where_the_shared_directory_does_not_propagate(
     line, path, message = one_problem(doc(fault("type: disk_full"), topology=slurm))
     assert (path, message) == ("faults[0].type", (
         f"disk_full: the job's directory {str(tmp_path)!r} is not on a shared mount of this "
-        f"host, so the passthrough mounted there would not reach the Slurm nodes; the local "
-        f"test cluster makes its shared directory one (scripts/slurm-cluster.sh up), a real "
-        f"cluster's nodes mount theirs themselves: run storage faults on local or docker nodes "
-        f"there"))
+        f"host, so the passthrough mounted there would not reach the slurm nodes, which "
+        f"mount it themselves; the local Slurm test cluster makes its shared directory one "
+        f"(scripts/slurm-cluster.sh up): run storage faults on nodes that see this host's "
+        f"files there"))
 
 
 def test_no_fuse_is_one_located_line_that_says_how_to_get_it(

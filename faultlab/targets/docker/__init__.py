@@ -15,7 +15,10 @@ from typing import Any, ClassVar
 
 from faultlab.errors import FaultError
 from faultlab.spec import Experiment
-from faultlab.targets.docker.engine import connect, remove_run, run_resources
+from faultlab.spec.launch import NODE_WORLD_PLACEHOLDERS, docker_problems, node_worlds
+from faultlab.spec.launch_check import Problems, line_problems
+from faultlab.spec.target import TargetSpec, Topology
+from faultlab.targets.docker.engine import connect, engine_problem, remove_run, run_resources
 from faultlab.targets.docker.job import DockerJob
 from faultlab.targets.launcher import LaunchError
 from faultlab.targets.local import LocalTarget
@@ -42,9 +45,47 @@ class DockerTarget(LocalTarget):
                  node_env: dict[str, dict[str, str]] | None = None) -> None:
         super().__init__(exp, run_dir.resolve(), node_env=node_env)
 
+    @classmethod
+    def check_launch(cls, target: TargetSpec, topology: Topology) -> Problems:
+        """``line_problems`` of the line each container starts with, a command's default
+        torchrun line included (it runs inside the container too), then what a container
+        lacks: a torchrun world per node, programs and paths it does not have."""
+        problems = line_problems(target, topology, default_line=True)
+        line = target.launch_line(topology.launcher)
+        if problems or line is None:
+            return problems
+        own = isinstance(target.launch, tuple)  # else a named line: torchrun
+        if node_worlds(line):
+            at = next(i for i, a in enumerate(line)
+                      if any(f"{{{n}}}" in a for n in NODE_WORLD_PLACEHOLDERS))
+            return [(("target", "launch", at), "a torchrun world per node (torchft's replica "
+                     "groups) runs on local nodes only (topology.launcher: local)")]
+        return [(("target", "launch", i) if own else ("target", "launch"), problem)
+                for i, problem in docker_problems(line)]
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why no job of this target can start here: no Docker engine answers (None: one
+        does)."""
+        return engine_problem()
+
     @property
     def run_id(self) -> str:
         return self.job.run_id
+
+    # -- the guard: the run's containers, network and image, by their label ----------------
+
+    def guard_record(self) -> dict[str, Any]:
+        """The run's label (``faultlab.run=RUN_ID``), known before anything is created."""
+        return {"run_id": self.job.run_id}
+
+    @classmethod
+    def undo_from_guard(cls, record: dict[str, Any]) -> list[str]:
+        """Remove the run's containers, network and image (``remove_run``: idempotent)."""
+        removed = remove_run(connect(), str(record["run_id"]))
+        return [f"removed docker run {record['run_id']}'s {kind}: {', '.join(names)}"
+                for kind, names in removed.items() if names] or \
+            [f"docker run {record['run_id']}: nothing left to remove"]
 
     # -- FaultContext: ranks log their pid in their container's PID namespace ---------------
 

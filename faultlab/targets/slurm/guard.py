@@ -2,25 +2,22 @@
 
 A node set down (``scontrol update``, which needs ``slurm.allow_node_state_changes``) or a test
 cluster's machine killed (``docker kill`` of a container labelled ``LAB_LABEL``) changes the
-cluster for everyone, not only the job. Each change is written to the guard's state file
-(``slurm/guard.json``) before it is made, and removed from it once undone; ``restore_cluster``
-undoes what is left when the run stops, and the guard process (``faultlab.reaper``) calls
-``restore_from_guard`` with the file's last state if faultlab itself dies: the job is cancelled
-(unless attached), the nodes resumed, the machines started. ``ClusterChanges`` is that part of
-``SlurmTarget``.
+cluster for everyone, not only the job. Each change enters the guard's record
+(``guard_record``; ``guard_now`` has the engine write it for the guard at once) before it is
+made, and leaves it once undone; ``restore_cluster`` undoes what is left when the run stops,
+and the guard process (``faultlab.reaper``) calls ``undo_from_guard`` with the record's last
+state if faultlab itself dies: the job is cancelled (unless attached), the nodes resumed, the
+machines started. ``ClusterChanges`` is that part of ``SlurmTarget``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from faultlab.errors import FaultError
-from faultlab.spec.target import SlurmSpec
+from faultlab.targets.slurm.settings import SlurmSettings
 from faultlab.targets.slurm.slurmcli import SlurmError, run
 
 __all__ = ["LAB_LABEL", "ClusterChanges", "restore_from_guard"]
@@ -34,16 +31,16 @@ class ClusterChanges:
     """``SlurmTarget``'s changes to the cluster (nodes set down, machines killed), each
     recorded in the guard's state file first, and their undoing."""
 
-    spec: SlurmSpec | None
+    spec: SlurmSettings | None
     job_id: int | None
     attached: bool
-    guard_path: Path
     _nodes_down: list[str]
     _machines: list[str]
     _lost: set[str]
 
     if TYPE_CHECKING:
         def _node(self, node: str) -> str: ...  # SlurmTarget's: FaultError unless the job's
+        def guard_now(self) -> None: ...  # JobContext's: the engine writes guard_record now
 
     def set_node_state(self, node: str, state: str, reason: str) -> None:
         """``scontrol update nodename=NODE state=down|drain``; recorded for the guard first."""
@@ -52,7 +49,7 @@ class ClusterChanges:
             raise FaultError(f"setting {node} {state} changes it for every user of the cluster: "
                              f"allow it with slurm.allow_node_state_changes: true")
         self._nodes_down.append(node)
-        self._write_guard()
+        self.guard_now()
         try:
             run(["scontrol", "update", f"nodename={node}", f"state={state}",
                  f"reason={reason}"])
@@ -68,7 +65,7 @@ class ClusterChanges:
             run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
         finally:
             self._nodes_down.remove(node)
-            self._write_guard()
+            self.guard_now()
         return True
 
     def kill_machine(self, node: str) -> list[str]:
@@ -84,7 +81,7 @@ class ClusterChanges:
                              f"node_kill with method: processes")
         self._machines.append(node)
         self._lost.add(node)
-        self._write_guard()
+        self.guard_now()
         proc = _docker(["kill", node])
         if proc.returncode != 0:
             raise FaultError(f"docker kill {node}: {proc.stderr.strip()}")
@@ -97,7 +94,7 @@ class ClusterChanges:
             _docker(["start", node])
         finally:
             self._machines.remove(node)
-            self._write_guard()
+            self.guard_now()
         return True
 
     def restore_cluster(self) -> dict[str, list[str]]:
@@ -111,18 +108,16 @@ class ClusterChanges:
                 out["machines_started"].append(node)
         return out
 
-    # -- the guard -----------------------------------------------------------------------------
+    # -- the guard (``Target.guard_record``, ``undo_from_guard``) -----------------------------
 
-    def guard_state(self) -> dict[str, Any]:
+    def guard_record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "cancel": not self.attached,
                 "nodes_down": list(self._nodes_down), "machines": list(self._machines),
                 "slurm_conf": os.environ.get("SLURM_CONF")}
 
-    def _write_guard(self) -> None:
-        self.guard_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.guard_path.with_suffix(f".{uuid.uuid4().hex[:6]}.tmp")
-        tmp.write_text(json.dumps(self.guard_state()))
-        os.replace(tmp, self.guard_path)
+    @classmethod
+    def undo_from_guard(cls, record: dict[str, Any]) -> list[str]:
+        return restore_from_guard(record)
 
 
 def _docker(args: list[str]) -> subprocess.CompletedProcess[str]:

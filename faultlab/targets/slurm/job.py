@@ -18,7 +18,7 @@ from pathlib import Path
 
 from faultlab.runtime.bootstrap import bootstrap_env
 from faultlab.spec import Experiment
-from faultlab.spec.target import SlurmSpec
+from faultlab.targets.slurm.settings import SlurmSettings
 
 __all__ = ["JobSubmission", "prepare_job_dir"]
 
@@ -26,8 +26,8 @@ __all__ = ["JobSubmission", "prepare_job_dir"]
 def prepare_job_dir(exp: Experiment, run_folder: Path) -> Path:
     """The run's job directory on the shared filesystem (``slurm.run_dir``), named after the
     run folder, with ``run_folder/job`` a link to it; returns the shared path."""
-    assert exp.topology.slurm is not None
-    shared = (exp.topology.slurm.runs_root() / run_folder.name).resolve()
+    assert exp.topology.settings is not None
+    shared = (exp.topology.settings.runs_root() / run_folder.name).resolve()
     shared.mkdir(parents=True, exist_ok=True)
     os.chmod(shared, 0o755)
     link = run_folder / "job"
@@ -41,7 +41,7 @@ class JobSubmission:
     environment (``start`` submits them)."""
 
     exp: Experiment
-    spec: SlurmSpec | None
+    spec: SlurmSettings | None
     run_dir: Path
     env: dict[str, str]
 

@@ -27,8 +27,8 @@ import shutil
 from pathlib import Path
 
 from faultlab.spec import Experiment
-from faultlab.spec.target import SLURM_SHARED_ENV
 from faultlab.targets.slurm import site
+from faultlab.targets.slurm.settings import SLURM_SHARED_ENV
 from faultlab.targets.slurm.slurmcli import SlurmError, run
 
 __all__ = ["NODE_LOCAL", "preflight"]
@@ -51,7 +51,7 @@ Problems = list[tuple[tuple[str | int, ...], str]]
 
 def preflight(exp: Experiment) -> Problems:
     """Every problem of ``exp``'s Slurm job that is known before it runs (module docstring)."""
-    spec = exp.topology.slurm
+    spec = exp.topology.settings
     assert spec is not None
     out: Problems = []
     if spec.run_dir is not None and (local := _node_local(spec.run_dir)):
@@ -110,7 +110,7 @@ def _script(script: Path) -> Problems:
 
 
 def _cluster(exp: Experiment, cluster: str) -> Problems:
-    spec = exp.topology.slurm
+    spec = exp.topology.settings
     assert spec is not None
     out: Problems = []
     if spec.run_dir is None and not os.environ.get(SLURM_SHARED_ENV):

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.errors import FaultError, TargetError
-from faultlab.spec.target import SlurmSpec
 from faultlab.targets.slurm.exits import node_exits
+from faultlab.targets.slurm.settings import SlurmSettings
 from faultlab.targets.slurm.slurmcli import (
     TERMINAL,
     SlurmError,
@@ -56,7 +56,7 @@ class SchedulerView:
 
     job_id: int | None
     attached: bool
-    spec: SlurmSpec | None
+    spec: SlurmSettings | None
     run_dir: Path
     view: list[dict[str, Any]]
     _last: dict[str, str] | None

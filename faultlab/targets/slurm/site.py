@@ -66,7 +66,7 @@ def selection(exp: Experiment) -> list[str]:
     """The options that choose ``exp``'s nodes, as ``srun`` takes them: partition, account,
     and those of ``sbatch_args`` and of the team script's ``#SBATCH`` lines (command line
     last: it overrides the script, as for ``sbatch``)."""
-    spec = exp.topology.slurm
+    spec = exp.topology.settings
     assert spec is not None
     args = []
     if spec.script is not None:
@@ -101,9 +101,9 @@ def _selecting(args: list[str]) -> list[str]:
 
 def sites_file(exp: Experiment, cluster: str | None) -> Path | None:
     """Where the nodes' site of ``exp``'s selection is kept (None: no shared runs root)."""
-    assert exp.topology.slurm is not None
+    assert exp.topology.settings is not None
     try:
-        root = exp.topology.slurm.runs_root()
+        root = exp.topology.settings.runs_root()
     except ValueError:
         return None
     digest = hashlib.sha256(json.dumps(selection(exp)).encode()).hexdigest()[:12]
@@ -161,8 +161,8 @@ def probe(exp: Experiment, cluster: str | None) -> dict[str, Any] | None:
 
 def not_shared(exp: Experiment, entry: dict[str, Any]) -> str:
     """The refusal of a runs root the nodes did not see (the probe's ``entry``)."""
-    assert exp.topology.slurm is not None
-    root = exp.topology.slurm.runs_root()
+    assert exp.topology.settings is not None
+    root = exp.topology.settings.runs_root()
     return (f"topology.slurm.run_dir: the nodes do not see {str(root)!r} (the {entry['source']} "
             f"at {time.strftime('%Y-%m-%d %H:%M', time.localtime(entry['t']))} found no file "
             f"faultlab wrote there), so no run of {exp.name!r}, its golden run included, can "
@@ -170,7 +170,7 @@ def not_shared(exp: Experiment, entry: dict[str, Any]) -> str:
 
 
 def _srun(exp: Experiment, token: Path) -> dict[str, Any] | None:
-    assert exp.topology.slurm is not None
+    assert exp.topology.settings is not None
     cmd = ["srun", "--nodes=1", "--ntasks=1", "--job-name=faultlab-site", "--quiet",
            f"--immediate={PROBE_WAIT_S}", f"--chdir={token.parent}", *selection(exp),
            sys.executable, "-m", "faultlab.runtime.site", str(token)]

@@ -20,15 +20,20 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from faultlab.errors import FaultError, TargetError
 from faultlab.observe import EventStream
 from faultlab.runtime.relay import CHANNEL_ENV, HUB_ENV
 from faultlab.spec import Experiment
+from faultlab.spec.launch_check import Problems
+from faultlab.spec.target import TargetSpec, Topology
 from faultlab.targets.base import JobContext
 from faultlab.targets.slurm import site
 from faultlab.targets.slurm.guard import ClusterChanges
 from faultlab.targets.slurm.job import JobSubmission, prepare_job_dir
 from faultlab.targets.slurm.scheduler import SchedulerView
+from faultlab.targets.slurm.settings import SlurmSettings
 from faultlab.targets.slurm.slurmcli import (
     TERMINAL,
     SlurmError,
@@ -46,13 +51,25 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
         "slurm_controller",  # SchedulerView, ClusterChanges: scontrol, scancel
         "node_machine",  # ClusterChanges.kill_machine (the local test cluster's containers)
     })
+    settings: ClassVar[type[BaseModel] | None] = SlurmSettings
+    """The block ``topology.slurm:``."""
+    launch_lines: ClassVar[bool] = False
+    """The batch script (faultlab's or the team's) starts the nodes."""
+
+    @classmethod
+    def check_launch(cls, target: TargetSpec, topology: Topology) -> Problems:
+        if target.launch is None:
+            return []
+        return [(("target", "launch"), "on Slurm the batch script starts the nodes: "
+                 "faultlab's, or your own (topology.slurm.script), submitted unchanged; leave "
+                 "launch unset")]
 
     def __init__(self, exp: Experiment, run_dir: Path,
                  node_env: dict[str, dict[str, str]] | None = None, *,
                  job_id: int | None = None) -> None:
         self.exp = exp
         self.seed = exp.seed
-        self.spec = exp.topology.slurm
+        self.spec = exp.topology.settings
         assert self.spec is not None
         self.run_dir = run_dir.resolve()
         self.stream = EventStream(self.run_dir / "events")
@@ -62,7 +79,6 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
         self.env: dict[str, str] = {}
         for env in (node_env or {}).values():
             self.env.update(env)
-        self.guard_path = self.run_dir / "slurm" / "guard.json"
         self.view: list[dict[str, Any]] = []
         self._last: dict[str, str] | None = None
         self._last_view_t = 0.0
@@ -169,15 +185,15 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
         """The shared runs root's ``.golden`` (``topology.slurm.run_dir``): every experiment of
         a suite, from whichever login node, finds it."""
         try:
-            assert exp.topology.slurm is not None
-            return exp.topology.slurm.runs_root() / ".golden"
+            assert exp.topology.settings is not None
+            return exp.topology.settings.runs_root() / ".golden"
         except ValueError:  # no shared root: prepare_run_dir says so when the run starts
             return default
 
     @classmethod
     def code_files(cls, exp: Experiment) -> list[Path]:
         """The team's batch script: it is the job a golden run submits."""
-        slurm = exp.topology.slurm
+        slurm = exp.topology.settings
         return [Path(slurm.script)] if slurm is not None and slurm.script is not None else []
 
     @classmethod
@@ -215,7 +231,7 @@ class SlurmTarget(JobSubmission, SchedulerView, ClusterChanges, JobContext):
             raise TargetError(f"cannot submit the job: {e}") from None
         self.job_id = int(proc.stdout.strip().split(";")[0])
         self._t0 = time.monotonic()
-        self._write_guard()
+        self.guard_now()  # the job id, for the guard, before anything else can fail
         self._follow(force=True)
 
     # -- following -----------------------------------------------------------------------------

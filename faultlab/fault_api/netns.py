@@ -1,15 +1,18 @@
-"""Kernel-level network faults on a container's own network namespace, applied from the host.
+"""Kernel-level network faults on a node's own network namespace, applied from the host.
 
-Each node container has a network namespace of its own; faultlab enters it with ``nsenter``
-(as root on the host, so the job's containers need no extra capability) and changes only that
-namespace:
+The primitives the ``node_network`` faults (``faultlab.faults.network``) act through, beneath
+them and every target that offers that capability (the docker target's containers, a team's
+target whose nodes are processes in namespaces of their own): a node is the pid of a process
+in its namespace (``NodeNetwork.node_netns_pid``). faultlab enters it with ``nsenter`` (as root
+on the host, so the nodes need no extra capability) and changes only that namespace:
 
 - a partition is a filter chain of DROP rules (``iptables``) hooked into INPUT and OUTPUT, one
   chain per fault, so undoing it removes exactly those rules and nothing of anyone else's;
 - a throttle is a ``tbf`` qdisc (this kernel has no ``netem``) on the node's ``eth0`` (what it
   sends) and, for ``both``, on the host side of its veth pair (what it receives).
 
-Everything here dies with the container's namespace anyway; undo removes it earlier.
+Everything here dies with the node's namespace anyway; undo removes it earlier. It imports
+nothing of faultlab but ``faultlab.errors``.
 """
 
 from __future__ import annotations
