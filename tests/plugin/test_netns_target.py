@@ -79,7 +79,7 @@ def test_its_settings_and_launch_check_are_judged_with_locations(tmp_path: Path)
     assert f"{bad}:9 topology.netns.bridge: unknown key" in said
     # a team's own launch line: refused where it is written
     line = tmp_path / "line.yaml"
-    line.write_text("name: line\ntarget:\n  command: [python, train.py]\n  launch: torchrun\n"
+    line.write_text("name: line\ntarget:\n  command: [sleep, '1']\n  launch: torchrun\n"
                     "topology: {nodes: 2, launcher: netns}\n")
     with pytest.raises(InvalidExperimentError) as e:
         load_experiment(line)
