@@ -292,7 +292,7 @@ SCENARIOS = {
     # step 9; the watchdog restarts the others, who go on alone from the step-6 checkpoint.
     "plugin/network_partition_netns.yaml": Expected("pass", measured={
         "completes": True, "max_restarts": 1, "samples_exactly_once": True, "lost_steps": 3,
-        "fault_landed_at_step": 9}),
+        "fault_landed_at_step[cut-node-2]": 9}),
 }
 
 
