@@ -37,19 +37,22 @@ demo: $(STAMP) fuse
 # heavier load than a third worker.
 SHIPPED := experiments/node_loss_elastic.yaml experiments/spot_preemption_aws.yaml \
 	experiments/spot_preemption_gce.yaml experiments/nan_gradients.yaml \
-	experiments/collective_delay_straggler.yaml experiments/collective_hang.yaml \
+	experiments/collective_hang.yaml \
 	experiments/collective_partition.yaml \
 	experiments/docker_node_loss.yaml experiments/network_partition.yaml \
 	experiments/network_throttle.yaml \
 	experiments/disk_full_during_save.yaml experiments/io_error_eio_on_save.yaml \
 	experiments/io_hang_on_save.yaml experiments/slow_storage.yaml \
 	experiments/gpu_lost_sticky.yaml experiments/gpu_oom.yaml \
-	experiments/gpu_slow_straggler.yaml experiments/stale_shared_fs.yaml
+	experiments/stale_shared_fs.yaml
 # Shipped experiments CI runs elsewhere: rank_hang.yaml and campaign_reference.yaml in
 # tests/report/test_prelaunch_run.py's suite (the report's verdict must be pass),
 # rank_kill.yaml twice in tests/integration/test_faultlab_run.py's --repeat 2,
 # ckpt_torn_write.yaml and ckpt_bitflip.yaml in tests/integration/test_trainer_recovery.py (with
-# what the trainer recorded and left on disk).
+# what the trainer recorded and left on disk), gpu_slow_straggler.yaml as the 5x point of
+# tests/integration/test_sweep_job.py's sweep (the same run; its verdict must be pass),
+# collective_delay_straggler.yaml in tests/integration/test_detection.py (its text with
+# detection SLAs and declared signals appended; its verdict must be pass).
 # The gpu_*.yaml runs, measured alone on 2 shared cores (faultlab run): gpu_lost_sticky 27 s
 # (no golden run), gpu_oom 28 s (12 s of it the golden run, which gpu_slow_straggler shares:
 # same trainer, topology and steps), gpu_slow_straggler 16 s. The three as pytest items at

@@ -81,13 +81,17 @@ def shipped_experiments() -> list[Path]:
     # rank_hang and campaign_reference run in CI once, as tests/report/test_prelaunch_run.py's
     # suite; rank_kill twice, as tests/integration/test_faultlab_run.py's --repeat 2;
     # ckpt_torn_write and ckpt_bitflip in tests/integration/test_trainer_recovery.py;
-    # rank_hang_default_timeouts in tests/integration/test_faultlab_run.py, failing by design.
+    # rank_hang_default_timeouts in tests/integration/test_faultlab_run.py, failing by design;
+    # gpu_slow_straggler as tests/integration/test_sweep_job.py's 5x point;
+    # collective_delay_straggler in tests/integration/test_detection.py, signals added.
     shipped.append(REPO_ROOT / "experiments" / "rank_hang.yaml")
     shipped.append(REPO_ROOT / "experiments" / "campaign_reference.yaml")
     shipped.append(REPO_ROOT / "experiments" / "ckpt_torn_write.yaml")
     shipped.append(REPO_ROOT / "experiments" / "ckpt_bitflip.yaml")
     shipped.append(REPO_ROOT / "experiments" / "rank_kill.yaml")
     shipped.append(REPO_ROOT / "experiments" / "rank_hang_default_timeouts.yaml")
+    shipped.append(REPO_ROOT / "experiments" / "gpu_slow_straggler.yaml")
+    shipped.append(REPO_ROOT / "experiments" / "collective_delay_straggler.yaml")
     return (shipped + sorted((REPO_ROOT / "experiments").glob("slurm_*.yaml"))
             + sorted((REPO_ROOT / "examples").glob("*/experiments/*.yaml")))
 

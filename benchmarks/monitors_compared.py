@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from faultlab.report.monitors import BAR_MONITORS, false_alarms_text, outcome
+
 ROOT = Path(__file__).resolve().parent.parent
 INPUTS = ROOT / "docs" / "results" / "monitors-compared"
 PAGE = ROOT / "docs" / "results" / "monitors-compared.md"
@@ -51,10 +53,7 @@ ROWS = [
     ("silent_ddp", "fingerprint", "cross-replica fingerprint (silent_ddp)"),
     ("silent_ddp", "straggler", "per-rank straggler score (silent_ddp)"),
     ("nvrx_straggler", "nvrx_straggler", "NVRx straggler scoring (nvrx_straggler)"),
-    ("reference", "anomaly:sdc_suspected", "bar: cross-replica fingerprint"),
-    ("reference", "anomaly:loss_spike", "bar: loss spike check"),
-    ("reference", "anomaly:grad_norm_spike", "bar: grad-norm spike check"),
-    ("reference", "anomaly:straggler", "bar: straggler score"),
+    *(("reference", signal, f"bar: {name}") for signal, name in BAR_MONITORS),
 ]
 ATTRIBUTION = {"exact": "named rank 1", "extra": "named rank 1 and others",
                "wrong": "named others only", "none": "named nobody"}
@@ -126,32 +125,19 @@ def journal_of(out: Path, stem: str) -> dict[str, Any] | None:
 
 
 def cell(journal: dict[str, Any] | None, signal: str) -> str:
-    """What one monitor did in one run."""
-    if journal is None:
-        return "not run"
-    det = journal.get("detection")
-    if not isinstance(det, dict):
-        return "not measured (no detection record)"
-    if det.get("onset") is None:
-        return "fault never struck"
-    s = next((x for x in det.get("signals") or [] if x["name"] == signal), None)
-    if s is None or not s.get("detected"):
+    """What one monitor did in one run (``faultlab.report.monitors.outcome``, as on the page)."""
+    o = outcome(journal, signal)
+    if o.why is not None:
+        return o.why
+    if not o.detected:
         return "not detected"
-    steps = s.get("within_steps")
-    took = f"{steps} step{'' if steps == 1 else 's'}" if steps is not None else "?"
-    return f"**{took}**, {ATTRIBUTION.get(str(s.get('attribution')), 'attribution unknown')}"
+    took = f"{o.steps} step{'' if o.steps == 1 else 's'}" if o.steps is not None else "?"
+    return f"**{took}**, {ATTRIBUTION.get(str(o.attribution), 'attribution unknown')}"
 
 
 def alarms(journals: dict[str, dict[str, Any] | None], signal: str) -> str:
     """The signal's false alarms in the golden runs (the same golden for every column)."""
-    seen = {s.get("false_alarms") for j in journals.values() if j and j.get("detection")
-            for s in j["detection"].get("signals") or [] if s["name"] == signal}
-    if not seen:  # an anomaly that never fired: 0 where the golden run's alarms were counted
-        counted = any(sla.get("name") == "false_alarms" and sla.get("measured") == 0
-                      for j in journals.values() if j for sla in j.get("slas") or [])
-        return "0" if counted and signal.startswith("anomaly:") else "not measured"
-    return " / ".join("not measured" if a is None else str(a) for a in sorted(
-        seen, key=lambda a: -1 if a is None else a))
+    return false_alarms_text(journals.values(), signal)
 
 
 def tables(out: Path) -> str:

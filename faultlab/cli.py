@@ -86,8 +86,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="with --repeat: the fraction of runs that must pass, in (0, 1] "
                           "(0.95 or 95%%; default: every run)")
     run.add_argument("--bar", action="store_true",
-                     help="also run each experiment under faultlab's tuned launcher (launch: "
-                          "faultlab) and show both side by side; the verdict stays the team's")
+                     help="set the team's stack beside faultlab's bar, every comparison that "
+                          "applies: a team's launch line (target.launch) runs again under "
+                          "faultlab's tuned launcher (bar.md); the team's monitors "
+                          "(observe.detections) with a fault that corrupts silently or slows "
+                          "are set beside the reference trainer's on the same faults "
+                          "(bar-monitors.md); the verdict stays the team's")
     run.add_argument("--with-fix", action="store_true",
                      help="run each experiment a second time with the fixes of the first run's "
                           "launch findings applied to target.launch and target.services, and "
@@ -682,11 +686,10 @@ def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # ty
         if result.verdict == "inconclusive":
             _print_unmeasured(result.unmeasured(), console)
         console.print(f"journal: {result.journal_path}")
-        if getattr(args, "bar", False) and campaign is None and \
-                exp.target.launch_line(exp.topology.launcher) is not None:
+        if getattr(args, "bar", False) and campaign is None:
             try:
-                _run_bar(exp, path, result, args, console, report_dir=report_dir,
-                         golden_cache=golden_cache)
+                _run_bars(exp, path, result, args, console, report_dir=report_dir,
+                          golden_cache=golden_cache)
             except KeyboardInterrupt as e:
                 return _interrupted(e, "run_folder", "journal in", index, None, console)
         if getattr(args, "with_fix", False) and campaign is None:
@@ -723,21 +726,105 @@ def _at_launch(path: Path | str, message: str):  # type: ignore[no-untyped-def]
 
 
 def _refuse_bar(experiments: list) -> None:  # type: ignore[type-arg]
-    """``--bar`` for a trainer that needs its own launcher is refused before anything runs:
-    a failed set-up must never be printed as a bar."""
+    """``--bar`` runs every comparison that applies (``_run_bars``); an experiment for which
+    none can run is refused before anything runs: a trainer that needs its own launcher (a
+    failed set-up must never be printed as a bar) and has no monitors to compare, or one with
+    neither a launch line of the team's nor monitors of its own."""
+    from faultlab.spec.bar import monitor_bar_applies
     from faultlab.spec.launch import bar_refusal
 
     problems = []
     for path, exp in experiments:
         line = exp.target.launch_line(exp.topology.launcher)
         why = bar_refusal(line)
-        if why is None:
+        no_monitors = monitor_bar_applies(exp)
+        if no_monitors is None or (line is not None and why is None):
             continue
-        problems.append(_at_launch(path, f"--bar cannot run {exp.name!r} under faultlab's "
-                                         f"launcher: {why}; run it without --bar (the team's run "
-                                         f"stands on its own)"))
+        if why is not None:
+            problems.append(_at_launch(path, f"--bar cannot run {exp.name!r} under faultlab's "
+                                             f"launcher: {why}; run it without --bar (the team's "
+                                             f"run stands on its own)"))
+            continue
+        problems.append(_at_launch(path, f"--bar has nothing to set beside the bar for "
+                                         f"{exp.name!r}: it runs under faultlab's own launcher "
+                                         f"(no target.launch of the team's), and {no_monitors}; "
+                                         f"give it the team's launch line or monitors with a "
+                                         f"fault they should notice, or run it without --bar"))
     if problems:
         raise InvalidExperimentError(problems)
+
+
+def _run_bars(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+              console: Console, **kw: Any) -> None:
+    """Every comparison of ``--bar`` that applies to ``exp``: the team's launch line against
+    faultlab's launcher (``bar.md``), and the team's monitors against the reference trainer's
+    on the same faults (``bar-monitors.md``)."""
+    from faultlab.spec.bar import monitor_bar_applies
+    from faultlab.spec.launch import bar_refusal
+
+    line = exp.target.launch_line(exp.topology.launcher)
+    if line is not None:
+        why = bar_refusal(line)
+        if why is None:
+            _run_bar(exp, path, team, args, console, **kw)
+        else:  # _refuse_bar let it through for its monitors
+            console.print(f"[bold]{escape(exp.name)}[/]: --bar does not run its launch line "
+                          f"under faultlab's launcher: {escape(why)}")
+    if monitor_bar_applies(exp) is None:
+        _run_bar_monitors(exp, path, team, args, console, **kw)
+
+
+def _run_bar_monitors(exp, path: Path, team,  # type: ignore[no-untyped-def]
+                      args: argparse.Namespace, console: Console, *,
+                      report_dir: Path | None, golden_cache: Path | None) -> None:
+    """Run ``exp``'s faults on the reference trainer with its bar monitors on
+    (``faultlab.spec.bar``) and set each of the team's monitors beside each of the bar's:
+    printed, as ``bar-monitors.md`` in the team's run folder and at the end of its report."""
+    from faultlab.engine import RunView, run_experiment
+    from faultlab.report.detection import onset_text
+    from faultlab.report.monitors import MONITORS_HEADER, monitor_rows, monitors_markdown
+    from faultlab.spec.bar import monitor_bar_experiment
+
+    def journal(result) -> dict[str, Any] | None:  # type: ignore[no-untyped-def]
+        p = result.journal_path
+        return json.loads(p.read_text()) if p is not None and p.exists() else None
+
+    bar_journal, why, where = None, None, "not run"
+    try:
+        bar_exp = monitor_bar_experiment(exp, path)
+    except InvalidExperimentError as e:
+        why = "the reference trainer cannot run the same faults: " + "; ".join(
+            str(p) for p in e.problems)
+    else:
+        console.print(f"[bold]{escape(exp.name)}[/]: the same faults on the reference trainer, "
+                      f"its monitors on (the bar)")
+        bar = run_experiment(bar_exp, source=path, report_dir=report_dir or args.report_dir,
+                             golden_cache=golden_cache, view=RunView(console))
+        bar_journal, where = journal(bar), f"{bar.verdict.upper()}, `{bar.run_folder}`"
+        why = None if bar_journal is not None else f"the bar's run failed: {bar.error}"
+    team_journal = journal(team) or {}
+    rows, notes = monitor_rows(team_journal, [s.name for s in exp.observe.detections],
+                               bar_journal, why)
+    title = f"{exp.name}: the team's monitors beside the bar's, on the same faults"
+    table = Table(title=title)
+    for col in MONITORS_HEADER:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*map(escape, row))
+    console.print(table)
+    for note in notes:
+        console.print(escape(note))
+    onsets = [f"- team: {onset_text((team_journal.get('detection') or {}).get('onset'))}"]
+    if bar_journal is not None:
+        onsets.append(f"- bar: {onset_text((bar_journal.get('detection') or {}).get('onset'))}")
+    lines = [f"## {title}", "", *monitors_markdown(rows), "", *(f"- {n}" for n in notes),
+             *onsets,
+             f"- team's run: `{team.run_folder}`", f"- the bar's run: {where}"]
+    (team.run_folder / "bar-monitors.md").write_text("\n".join(lines) + "\n")
+    report = team.run_folder / "report.md"
+    if report.exists():
+        report.write_text(report.read_text().rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+    console.print(f"side by side: {team.run_folder / 'bar-monitors.md'}")
 
 
 def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]

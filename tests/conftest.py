@@ -10,6 +10,12 @@ import pytest
 # a failure the machine caused names the resource it lacked (tests/resources.py)
 from resources import pytest_runtest_makereport, pytest_sessionstart  # noqa: F401
 
+# Three xdist workers share two cores (make test's -n 3), so no job has the host to itself: its
+# ranks get one OpenMP thread each (faultlab's launcher passes its own OMP_NUM_THREADS on:
+# faultlab.targets.launcher.rank_threads), not the host's cores shared among the job's ranks,
+# whose spinning threads cost a lone rank three times its CPU-seconds under the suite's load.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -260,6 +260,10 @@ def _not_fired(exp: Experiment, index: int, faults: list[FaultRecord], metrics: 
               if f.id.split("#")[0] == spec.id and f.details.get("error")]
     if failed:
         return f"the trigger fired but the injection failed: {failed[0]}"
+    in_rank = next((e for e in events if e.get("kind") == "fault_failed"
+                    and str(e.get("fault_id", "")).split("#")[0] == spec.id), None)
+    if in_rank is not None:  # a planned fault that a rank could not strike (fault_failed)
+        return f"it failed in rank {in_rank.get('rank')}: {in_rank.get('error')}"
     t = spec.trigger
     ran = f"{job_s:.1f} s" if job_s is not None else None
     if t.at_step is not None:

@@ -341,7 +341,7 @@ class LocalJob:
         env = {**self.env, **self.node_env.get(name, {}),
                "FAULTLAB_NODE": name, "FAULTLAB_RUN_DIR": str(self.run_dir),
                "PYTHONUNBUFFERED": "1",
-               "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+               "OMP_NUM_THREADS": rank_threads(world)}
         if self.launch_line is not None and node_worlds(self.launch_line):
             # every node is a torchrun world of its own whose ranks start at RANK 0: number
             # them across the job as torchft's global_rank does (faultlab.runtime.records)
@@ -489,6 +489,14 @@ class LocalJob:
             if n.name == name:
                 return n
         raise KeyError(f"no node {name!r}; nodes are {', '.join(self.node_names())}")
+
+
+def rank_threads(world: int) -> str:
+    """``OMP_NUM_THREADS`` of each rank: faultlab's own, when it is set (a host that runs other
+    jobs beside this one, as the test suite's three workers on two cores do: a lone rank's two
+    OpenMP threads spun against the other jobs and cost three times its CPU), else the host's
+    cores shared among the job's ranks."""
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world))
 
 
 def _free_port(host: str) -> int:

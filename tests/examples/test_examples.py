@@ -311,6 +311,11 @@ the team's run, asserted as its scenario says, then the same experiment with its
 fix: the cause, and a piece of the fixed line."""
 
 
+SHOWN_WITH_BAR = {"silent_ddp/sdc_update.yaml"}
+"""Examples run by ``faultlab run --bar`` (test_bar_sets_the_teams_monitors_beside_the_bars):
+the team's run, asserted as its scenario says, then the same faults on the reference trainer
+with its bar monitors on, and the table that sets the two side by side."""
+
 SHOWN_BY_MONITOR_TEST = {"nvrx_straggler/gpu_slow.yaml"}
 """Examples whose monitor's own lines are asserted too (test_nvrx_scoring_names_the_slow_rank)."""
 
@@ -415,7 +420,7 @@ def guarded(names: set[str], *, runs: int = 1) -> list[object]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", guarded(set(SCENARIOS) - set(SHOWN_ON_SLURM)
                                          - set(SHOWN_WITH_FIX) - SHOWN_BY_PLUGIN_TEST
-                                         - SHOWN_BY_MONITOR_TEST))
+                                         - SHOWN_BY_MONITOR_TEST - SHOWN_WITH_BAR))
 def test_shipped_experiment_outcome(name: str, tmp_path: Path, golden_cache: Path) -> None:
     expected = SCENARIOS[name]
     path = EXAMPLES / name.replace("/", "/experiments/")
@@ -595,6 +600,41 @@ def test_with_fix_turns_the_finding_into_a_pass(name: str, tmp_path: Path,
     assert fixed["verdict"] == "pass", fixed_table
     assert fixed["run"]["launch_findings"] == [], fixed_table
     assert "| verdict | FAIL | PASS |" in text
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("name", guarded(SHOWN_WITH_BAR, runs=2))  # the team's, the bar's
+def test_bar_sets_the_teams_monitors_beside_the_bars(name: str, tmp_path: Path,
+                                                     golden_cache: Path) -> None:
+    """Issue 54's bar for monitors: the team's run as its scenario says, then its faults (rank
+    1's update corrupted from step 5) on the reference trainer. Both fingerprints name rank 1
+    exactly, the team's at its 4-step period (3 steps after the onset), the bar's, which
+    checks every step, 1 step after; no spike rule fires; no monitor fires in a golden run."""
+    from faultlab.cli import main
+
+    code = main(["run", "--bar", "--report-dir", str(tmp_path), "--golden-cache",
+                 str(golden_cache), str(EXAMPLES / name.replace("/", "/experiments/"))])
+    [md] = list(tmp_path.glob("*/bar-monitors.md"))
+    text = md.read_text()
+    team = json.loads((md.parent / "journal.json").read_text())
+    _check(SCENARIOS[name], team["verdict"], team["slas"], text)
+    assert code == 0, text
+    cells = {tuple(r[:2]): r[2:] for r in (
+        [c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+        if line.startswith("| team |") or line.startswith("| bar |"))}
+    assert cells == {
+        ("team", "fingerprint"): ["yes", "3", "exact", "0"],
+        ("team", "spike"): ["not detected", "—", "—", "0"],
+        ("bar", "cross-replica fingerprint (anomaly:sdc_suspected)"): ["yes", "1", "exact", "0"],
+        ("bar", "loss spike check (anomaly:loss_spike)"): ["not detected", "—", "—", "0"],
+        ("bar", "grad-norm spike check (anomaly:grad_norm_spike)"): ["not detected", "—", "—",
+                                                                      "0"],
+        ("bar", "straggler score (anomaly:straggler)"): ["not detected", "—", "—", "0"],
+    }, text
+    assert "- bar: onset: sdc-update at step 5 on rank 1" in text, text
+    assert "## silent_ddp_sdc_update: the team's monitors beside the bar's" in \
+        (md.parent / "report.md").read_text()
 
 
 @pytest.mark.integration

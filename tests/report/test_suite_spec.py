@@ -84,7 +84,14 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     assert 'record["summary"]["verdicts"] == ["pass", "pass"]' in repeat
     # ckpt_torn_write and ckpt_bitflip run (and must pass) in test_trainer_recovery.py instead
     recovery = (REPO / "tests" / "integration" / "test_trainer_recovery.py").read_text()
-    elsewhere = {"rank_hang", "rank_kill", "ckpt_torn_write", "ckpt_bitflip"}
+    # collective_delay_straggler runs (and must pass) in test_detection.py instead, its text
+    # with detection SLAs and declared signals appended
+    detection = (REPO / "tests" / "integration" / "test_detection.py").read_text()
+    assert 'SHIPPED = REPO / "experiments" / "collective_delay_straggler.yaml"' in detection
+    assert 'exp.write_text(text.rstrip() + "\\n" + ADDED)' in detection
+    assert 'assert journal["verdict"] == "pass", table' in detection
+    elsewhere = {"rank_hang", "rank_kill", "ckpt_torn_write", "ckpt_bitflip",
+                 "collective_delay_straggler"}
     for name in ("ckpt_torn_write", "ckpt_bitflip"):
         assert f'_shipped("{name}.yaml", golden_cache, tmp_path)' in recovery
     assert 'assert result.verdict == "pass"' in recovery

@@ -202,3 +202,14 @@ def test_a_missing_ft_launcher_is_refused_at_load_naming_the_line(
     _line, at, text = one_problem(launch(NVRX_LINE))
     assert at == "target.launch[0]", text
     assert text.startswith("'ft_launcher' is not found: not on PATH"), text
+
+
+def test_ranks_take_faultlabs_own_omp_threads_else_the_cores_shared_among_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from faultlab.targets.launcher import rank_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert [rank_threads(w) for w in (1, 2, 3, 16)] == ["8", "4", "2", "1"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a host shared with other jobs (the suite)
+    assert [rank_threads(w) for w in (1, 2)] == ["1", "1"]

@@ -185,7 +185,7 @@ def test_all_is_the_public_api() -> None:
     public = {n for n in vars(spec) if not n.startswith(("_", "@"))} - {
         "loader", "model", "schedule", "target", "faults", "expect", "trainers", "observation",
         "checkpoint_args", "campaign", "campaign_starter", "launch", "launch_check", "schema",
-            "sweep"}
+        "sweep", "bar"}
     assert set(spec.__all__) == public
     assert {"load_document", "load_experiments", "parse_experiment", "Experiment", "Suite",
             "FaultSpec", "Selector", "Trigger", "Expect", "Topology", "RunSpec",
