@@ -129,8 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                                          "there (default: where faultlab run looks, "
                                          "reports/.golden or, on Slurm, the shared runs root's)")
     lst = sub.add_parser("list", help="list registered things")
-    lst.add_argument("what", choices=["faults", "slas"],
-                     help="faults: every fault and its params; slas: every expect key")
+    lst.add_argument("what", choices=["faults", "slas", "targets"],
+                     help="faults: every fault and its params; slas: every expect key; "
+                          "targets: every topology.launcher, what it offers and its settings")
     sub.add_parser("schema", help="print the JSON Schema of experiment, campaign and suite "
                                   "files, for editors: faultlab schema > faultlab.schema.json")
     rep = sub.add_parser("report", help="re-render report.md from a run's journal.json (a "
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         if args.command == "list":
-            return _list_faults(console) if args.what == "faults" else _list_slas(console)
+            return {"faults": _list_faults, "slas": _list_slas,
+                    "targets": _list_targets}[args.what](console)
         if args.command == "schema":
             return _schema()
         if args.command == "report":
@@ -383,6 +385,22 @@ def _list_faults(console: Console) -> int:
         for field, info in cls.Params.model_fields.items():
             default = "" if info.is_required() else f" = {info.default!r}"
             console.print(f"    - {field}{default}: {info.description or ''}")
+    return EXIT_PASS
+
+
+def _list_targets(console: Console) -> int:
+    from faultlab.spec.target import launcher_class, launcher_names
+
+    for name in launcher_names():
+        cls = launcher_class(name)
+        offers = ", ".join(sorted(getattr(cls, "offers", ()))) or "the core only"
+        console.print(f"[bold]{name}[/]  ({cls.__module__}:{cls.__qualname__}; offers: "
+                      f"{offers})")
+        console.print(f"    {(cls.__doc__ or '').strip().splitlines()[0]}")
+        settings = getattr(cls, "settings", None)
+        for field, info in (settings.model_fields.items() if settings is not None else ()):
+            default = "" if info.is_required() else f" = {info.default!r}"
+            console.print(f"    - topology.{name}.{field}{default}: {info.description or ''}")
     return EXIT_PASS
 
 

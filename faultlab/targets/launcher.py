@@ -268,8 +268,7 @@ class LocalJob:
     def _start_node(self, index: int, endpoint: str, conf: str, logs: Path) -> _Node:
         name = f"node{index}"
         env = {**os.environ, **self.node_environment(name)}
-        cmd = [sys.executable, *self.agent_argv(endpoint, conf, "127.0.0.1")] \
-            if self.launch_line is None else self.node_line(index, endpoint)
+        cmd = self.node_command(index, endpoint, conf)
         log_path = logs / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -281,6 +280,13 @@ class LocalJob:
                 placeholders_in(self.launch_line) & {"rdzv_endpoint", "master_port"}:
             self._await_first_listener(node, endpoint)
         return node
+
+    def node_command(self, index: int, endpoint: str, conf: str) -> list[str]:
+        """Node ``index``'s whole command line: faultlab's agent, or the team's line filled
+        in (a target whose nodes are processes in another namespace wraps it)."""
+        if self.launch_line is None:
+            return [sys.executable, *self.agent_argv(endpoint, conf, "127.0.0.1")]
+        return self.node_line(index, endpoint)
 
     def line_values(self, endpoint: str) -> dict[str, str]:
         """What faultlab puts in each placeholder of the launch line for this launch."""

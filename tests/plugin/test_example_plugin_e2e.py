@@ -1,7 +1,7 @@
-"""examples/plugin end to end: a team's own fault (optimizer_exception) and SLA
-(peers_released_within_s), installed into the venv the way a team installs its package (the
-Makefile's venv stamp: ``pip install -e examples/plugin``), used exactly as the built-ins are,
-with no change to faultlab.
+"""examples/plugin end to end: a team's own fault (optimizer_exception), SLA
+(peers_released_within_s) and target (netns), installed into the venv the way a team installs
+its package (the Makefile's venv stamp: ``pip install -e examples/plugin``), used exactly as the
+built-ins are, with no change to faultlab.
 
 - Cheap, in this process: ``faultlab list faults``, ``list slas`` and ``schema`` name them, and
   so do the generated reference pages (``faultlab.reference``, what docs/gen_reference.py
@@ -11,6 +11,10 @@ with no change to faultlab.
   optimizer-step pre-hook). Their verdicts are tests/examples' SCENARIOS (one table for every
   example); here also: the fault struck, and the package's SLA was measured from the run's
   records and shows in the verdict, the journal and the report.
+- A real job on the package's target: network_partition, a built-in fault, on nodes that are
+  processes in network namespaces of their own (no Docker engine), with the SLAs of
+  experiments/network_partition.yaml; nothing it created is left (test_netns_target.py tests
+  the target itself).
 """
 
 from __future__ import annotations
@@ -92,3 +96,32 @@ def test_the_plugins_fault_and_sla_in_a_real_run(name: str, tmp_path: Path,
     report = (result.journal_path.parent / "report.md").read_text()
     [row] = [line for line in report.splitlines() if line.startswith(f"| {SLA} |")]
     assert "peers released" in row and row.endswith("| pass |"), row
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # one run, at most its run.timeout_s (240 s); no golden run
+def test_the_plugins_target_runs_a_network_partition_without_docker(
+        tmp_path: Path, golden_cache: Path) -> None:
+    from faultlab_example_plugin.netns_network import present
+
+    name = "network_partition_netns.yaml"
+    expected = SCENARIOS[f"plugin/{name}"]
+    result = run_experiment(load_experiment(EXPERIMENTS / name), report_dir=tmp_path,
+                            golden_cache=golden_cache)
+    table = "\n".join(s.describe() for s in result.slas) + \
+        f"\nerror: {result.error}\njournal: {result.journal_path}"
+    assert result.verdict == expected.verdict, table
+    slas = {s.name: s for s in result.slas}
+    for key, value in expected.measured.items():
+        assert slas[key].measured == value, table
+    assert all(slas[k].passed for k in ("detection_latency_s", "resume_time_s")), table
+    [cut] = [f for f in result.faults if f.type == "network_partition"]
+    launched = json.loads((result.journal_path.parent / "job" / "launch.json").read_text())
+    record, gateway = launched["network"], launched["network"]["gateway"]
+    assert launched["launcher"] == "netns" and record["namespaces"][0].startswith("flx-")
+    # node 2's own namespace dropped its peers' addresses and the store's (on the bridge)
+    assert cut.details["sides"] == [["node0", "node1"], ["node2"]], cut.details
+    assert cut.details["store"] == gateway and \
+        f"OUTPUT -d {gateway} DROP" in cut.details["rules"]["node2"], cut.details
+    assert present(record) == {"namespaces": [], "links": [], "iptables": []}

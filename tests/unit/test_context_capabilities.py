@@ -139,7 +139,7 @@ def test_a_fault_whose_capability_the_launcher_lacks_is_refused_with_why_and_whe
     assert problem.message == (
         f"network_partition needs node_network "
         f"({CONTEXT_CAPABILITIES['node_network'].description}), which launcher 'local' does "
-        f"not offer; launchers that do: docker")
+        f"not offer; launchers that do: docker, netns")  # netns: examples/plugin (make)
 
 
 def test_the_same_fault_validates_where_the_capability_is_offered() -> None:
@@ -267,7 +267,9 @@ def test_a_team_target_hosts_the_builtin_faults_it_offers_what_they_need(
     assert out["net_on_bare"].returncode != 0
     assert "net_on_bare.yaml:4 faults[0].type: network_partition needs node_network (nodes " \
            "with a network stack of their own" in refused
-    assert "which launcher 'bare' does not offer; launchers that do: docker, netted" in refused
+    # netns: examples/plugin's target, which make installs into the venv
+    assert "which launcher 'bare' does not offer; launchers that do: docker, netns, netted" \
+        in refused
     both = " ".join(out["two_on_bare"].stderr.split())
     assert "team_netpause needs node_network (" in both and ") and node_freezer (" in both
     assert "launchers that offer all it needs: docker" in both

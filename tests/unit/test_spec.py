@@ -394,8 +394,11 @@ def test_missing_required_keys() -> None:
      "expected one of auto, gloo, nccl, got 'mpi'"),
     ("topology: {backend: ncl}", 2, "topology.backend",
      "expected one of auto, gloo, nccl, got 'ncl'; did you mean 'nccl'?"),
+    # the settings blocks of the registered targets: slurm's, and netns's (examples/plugin,
+    # which make installs into the venv as a team's package)
     ("topology: 4", 2, "topology", "expected a mapping with keys nodes, procs_per_node, "
-                                   "min_nodes, backend, max_restarts, launcher, slurm, got 4"),
+                                   "min_nodes, backend, max_restarts, launcher, netns, slurm, "
+                                   "got 4"),
     ("run: {timeout_s: -1}", 2, "run.timeout_s", "must be > 0, got -1"),
     ("run: {timeout_s: .inf}", 2, "run.timeout_s", "expected a finite number, got inf"),
     ("run: {steps: '10'}", 2, "run.steps", "expected an integer, got '10'"),
