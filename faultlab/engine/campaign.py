@@ -101,13 +101,17 @@ def judge_campaign(campaign: Campaign, score: CampaignScore,
     for key, written in campaign.expect.campaign_items():
         measured = score.metric(key)
         sla = CAMPAIGN_SLAS[key]
-        note, limit = "", None
-        bound: Any = written
+        note = ""
+        bound: float | None = None
+        limit: float | None = None
+        shown: float | dict[str, float]  # the journal keeps the bound as written
         if isinstance(written, RelativeSeconds):
             bound = limit = written.seconds(units)
-            written = written.terms()  # the journal keeps it as written
+            shown = written.terms()
+        else:
+            bound = shown = written
         if bound is None:
-            passed, note = False, (f"not measured: the bound is {RelativeSeconds(**written)}, "
+            passed, note = False, (f"not measured: the bound is {written}, "
                                    f"and this run measured no such unit")
         elif measured is None:
             passed, note = False, _why_not_measured(key, score)
@@ -117,7 +121,7 @@ def judge_campaign(campaign: Campaign, score: CampaignScore,
             passed = sla.holds(measured, bound)
         ratio = in_units(measured, units) if key.endswith("_s") and isinstance(
             measured, int | float) else ""
-        out.append(SLAResult(key, written, measured, passed, note, limit, ratio))
+        out.append(SLAResult(key, shown, measured, passed, note, limit, ratio))
     return out
 
 

@@ -379,7 +379,7 @@ class _Run:
         metrics = compute_metrics(events, self.records)
         landed = landed_steps(exp, metrics)
         gates = self.runtime.gates if self.runtime else {}
-        gated = {exp.faults[i].id for i in (x for v in gates.values() for x in v)}
+        gated = {exp.faults[i].fault_id for i in (x for v in gates.values() for x in v)}
         on_time = landed_checks(exp, landed, gated)
         for fid, (at_step, after) in landed.items():
             if fid in gated and after != at_step and exp.target.command:
@@ -491,7 +491,7 @@ class _Run:
 def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,
           prepared: Fault | None = None) -> _Active:
     spec = exp.faults[index]
-    fid = spec.id if nth == 1 else f"{spec.id}#{nth}"
+    fid = spec.fault_id if nth == 1 else f"{spec.fault_id}#{nth}"
     kind, value = resolve_selector(exp, index, occurrence=nth - 1)
     victim = Victim(kind, value)
     fault = prepared or spec.build()
@@ -545,7 +545,7 @@ def _struck(exp: Experiment, index: int, target: Target,
     num_steps = getattr(spec.params, "num_steps", None)
     if num_steps and spec.trigger.at_step is not None:  # the plan's window (runtime_plan.py)
         details["window_steps"] = [spec.trigger.at_step, spec.trigger.at_step + num_steps - 1]
-    records.append(FaultRecord(id=spec.id, type=spec.type, injected_t=float(first["t"]),
+    records.append(FaultRecord(id=spec.fault_id, type=spec.type, injected_t=float(first["t"]),
                                target=str(Victim(spec.target.kind, spec.target.value)),
                                details=details, capabilities=spec.fault_class.capabilities()))
     return True

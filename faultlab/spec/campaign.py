@@ -215,7 +215,7 @@ class CampaignExpect(Expect):
         return Expect(**{k: getattr(self, k) for k in Expect.model_fields
                          if getattr(self, k) is not None})
 
-    def campaign_items(self) -> list[tuple[str, float]]:
+    def campaign_items(self) -> list[tuple[str, float | RelativeSeconds]]:
         return [(k, getattr(self, k)) for k in CAMPAIGN_SLAS if getattr(self, k) is not None]
 
 

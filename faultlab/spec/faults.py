@@ -180,6 +180,15 @@ class FaultSpec(SpecModel):
     until: Literal["reaction"] | None = None
     """``reaction``: undo a reversible fault as soon as the job reacts to it."""
 
+    @property
+    def fault_id(self) -> str:
+        """``id`` as the experiment filled it in (``<type>-<index>`` where the YAML gave none):
+        every fault of a loaded ``Experiment`` has one."""
+        if self.id is None:
+            raise ValueError(f"this {self.type} fault is not part of a loaded experiment: "
+                             f"its id is given when the experiment is validated")
+        return self.id
+
     @model_validator(mode="before")
     @classmethod
     def _params_default(cls, data: Any) -> Any:
