@@ -23,7 +23,7 @@ from typing import Any
 
 from faultlab.engine.golden import GoldenRun, golden_cache_for, golden_key, golden_run
 from faultlab.engine.runner import RunResult, run_experiment
-from faultlab.engine.view import NullView
+from faultlab.engine.view import NullView, View
 from faultlab.errors import InvalidExperimentError, Problem
 from faultlab.judge import SLAResult
 from faultlab.judge.slas import CAMPAIGN_SLAS
@@ -137,7 +137,7 @@ def _why_not_measured(key: str, score: CampaignScore) -> str:
 
 def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | None = None,
                  report_dir: Path = Path("reports"), golden_cache: Path | None = None,
-                 view: NullView | None = None) -> CampaignResult:
+                 view: View | None = None) -> CampaignResult:
     """Run ``campaign`` and score it; raises ``InvalidExperimentError`` (nothing injected)
     when its rate is too high for the golden run's step time."""
     view = view or NullView()
