@@ -140,8 +140,11 @@ DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
 docs: $(STAMP)
 	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict --quiet
 
+# ruff, then mypy against its ratchet (scripts/lint_types.py: no new error, no new or uncoded
+# `type: ignore`; docs/development.md#lint).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/lint_types.py
 
 clean:
 	rm -rf $(VENV) reports/*/ .pytest_cache site

@@ -26,10 +26,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -39,7 +39,13 @@ from faultlab import __version__
 from faultlab.errors import FaultlabError, InvalidExperimentError
 
 if TYPE_CHECKING:
-    from faultlab.spec import PlannedSuite
+    from faultlab.engine import RunResult
+    from faultlab.errors import Problem
+    from faultlab.spec import Experiment, PlannedSuite
+    from faultlab.spec.sweep import SweepPoint
+
+    Loaded = list[tuple[Path, Experiment]]
+    """What ``load_experiments`` returns: each experiment with the file it came from."""
 
 EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CODES = ("exit status: 0 every experiment passed; 1 one failed (or the run broke); 2 "
@@ -58,7 +64,7 @@ def exit_code(verdict: str) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_INVALID, f"{self.prog}: error: {message}\n")
 
 
@@ -500,7 +506,7 @@ def _metadata_serve(args: argparse.Namespace, console: Console, err: Console) ->
     return EXIT_PASS
 
 
-def _refuse_what_cannot_run(experiments: list) -> None:  # type: ignore[type-arg]
+def _refuse_what_cannot_run(experiments: Loaded) -> None:
     """What the targets know would stop a job, its golden run's included, before anything is
     launched (``Target.preflight``: Slurm's run directory the nodes do not share, a partition
     too small ...), refused as invalid input, located at the field to change."""
@@ -525,7 +531,7 @@ def _refuse_what_cannot_run(experiments: list) -> None:  # type: ignore[type-arg
         raise InvalidExperimentError(problems)
 
 
-def _refuse_repeated_campaigns(experiments: list) -> None:  # type: ignore[type-arg]
+def _refuse_repeated_campaigns(experiments: Loaded) -> None:
     """``--repeat`` runs each member through the repeat loop, which would run a campaign as a
     plain experiment: unscored, its campaign SLAs never judged. Refuse before anything runs."""
     from faultlab.errors import Problem
@@ -540,7 +546,7 @@ def _refuse_repeated_campaigns(experiments: list) -> None:  # type: ignore[type-
         raise InvalidExperimentError(problems)
 
 
-def _dry_run(experiments: list, console: Console) -> int:  # type: ignore[type-arg]
+def _dry_run(experiments: Loaded, console: Console) -> int:
     from faultlab.spec import describe_schedule, load_campaign
     from faultlab.spec.checkpoint_args import checkpoint_warnings
 
@@ -573,7 +579,7 @@ VERDICT_STYLE = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]",
                  "inconclusive": "[bold yellow]INCONCLUSIVE[/]"}
 
 
-def _sla_table(result) -> Table:  # type: ignore[no-untyped-def]
+def _sla_table(result: RunResult) -> Table:
     from faultlab.judge.timing import bound_text
 
     table = Table(title=f"{result.name}: {result.verdict.upper()}  ({result.run_folder})")
@@ -614,7 +620,7 @@ def _print_unmeasured(rows: list[Any], console: Console) -> None:
                       f"right either (exit status {EXIT_INCONCLUSIVE})")
 
 
-def _run(experiments: list, args: argparse.Namespace, console: Console, *,  # type: ignore[type-arg]
+def _run(experiments: Loaded, args: argparse.Namespace, console: Console, *,
          report_dir: Path | None = None, golden_root: Path | None = None,
          on_result: Callable[..., None] | None = None) -> int:
     """Run each experiment; ``golden_root``: the report directory whose ``.golden`` is the
@@ -713,7 +719,7 @@ BAR_METRICS = ("completes", "restarts", "detection_latency_s", "resume_time_s",
 """What ``--bar`` sets side by side, beside every SLA's result."""
 
 
-def _at_launch(path: Path | str, message: str):  # type: ignore[no-untyped-def]
+def _at_launch(path: Path, message: str) -> Problem:
     """A problem located at the experiment file's ``target.launch`` (its line when found)."""
     from faultlab.errors import Problem
     from faultlab.spec._yaml import read_yaml
@@ -725,7 +731,7 @@ def _at_launch(path: Path | str, message: str):  # type: ignore[no-untyped-def]
     return Problem(Path(path), at, "target.launch", message)
 
 
-def _refuse_bar(experiments: list) -> None:  # type: ignore[type-arg]
+def _refuse_bar(experiments: Loaded) -> None:
     """``--bar`` runs every comparison that applies (``_run_bars``); an experiment for which
     none can run is refused before anything runs: a trainer that needs its own launcher (a
     failed set-up must never be printed as a bar) and has no monitors to compare, or one with
@@ -754,7 +760,7 @@ def _refuse_bar(experiments: list) -> None:  # type: ignore[type-arg]
         raise InvalidExperimentError(problems)
 
 
-def _run_bars(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+def _run_bars(exp: Experiment, path: Path, team: RunResult, args: argparse.Namespace,
               console: Console, **kw: Any) -> None:
     """Every comparison of ``--bar`` that applies to ``exp``: the team's launch line against
     faultlab's launcher (``bar.md``), and the team's monitors against the reference trainer's
@@ -774,7 +780,7 @@ def _run_bars(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[n
         _run_bar_monitors(exp, path, team, args, console, **kw)
 
 
-def _run_bar_monitors(exp, path: Path, team,  # type: ignore[no-untyped-def]
+def _run_bar_monitors(exp: Experiment, path: Path, team: RunResult,
                       args: argparse.Namespace, console: Console, *,
                       report_dir: Path | None, golden_cache: Path | None) -> None:
     """Run ``exp``'s faults on the reference trainer with its bar monitors on
@@ -785,7 +791,7 @@ def _run_bar_monitors(exp, path: Path, team,  # type: ignore[no-untyped-def]
     from faultlab.report.monitors import MONITORS_HEADER, monitor_rows, monitors_markdown
     from faultlab.spec.bar import monitor_bar_experiment
 
-    def journal(result) -> dict[str, Any] | None:  # type: ignore[no-untyped-def]
+    def journal(result: RunResult) -> dict[str, Any] | None:
         p = result.journal_path
         return json.loads(p.read_text()) if p is not None and p.exists() else None
 
@@ -827,7 +833,7 @@ def _run_bar_monitors(exp, path: Path, team,  # type: ignore[no-untyped-def]
     console.print(f"side by side: {team.run_folder / 'bar-monitors.md'}")
 
 
-def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+def _run_bar(exp: Experiment, path: Path, team: RunResult, args: argparse.Namespace,
              console: Console, *, report_dir: Path | None, golden_cache: Path | None) -> None:
     """Run ``exp`` again under faultlab's tuned launcher, the bar, and set the two runs side by
     side: printed, and as ``bar.md`` in the team's run folder."""
@@ -849,7 +855,7 @@ def _run_bar(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no
     console.print(f"side by side: {team.run_folder / 'bar.md'}")
 
 
-def _refuse_with_fix(experiments: list, *, repeat: int) -> None:  # type: ignore[type-arg]
+def _refuse_with_fix(experiments: Loaded, *, repeat: int) -> None:
     """``--with-fix`` where there is nothing faultlab could fix is refused before anything
     runs: the fixes change the team's torchrun line and services (launch findings)."""
     from faultlab.spec import load_campaign
@@ -876,16 +882,20 @@ def _refuse_with_fix(experiments: list, *, repeat: int) -> None:  # type: ignore
         raise InvalidExperimentError(problems)
 
 
-def fixed_target(exp, findings: list[dict[str, Any]]  # type: ignore[no-untyped-def]
+def fixed_target(exp: Experiment, findings: list[dict[str, Any]]
                  ) -> tuple[Any, list[str], list[str]]:
     """``exp``'s target with the fix of every finding that has one applied in turn, the
     causes applied, and why each other finding's fix was not (``--with-fix``)."""
     from faultlab.observe.launch_fixes import apply_fix
     from faultlab.spec.target import launcher_offers, launchers_offering
 
-    line = exp.target.launch_line(exp.topology.launcher)
-    services = dict(exp.target.services)
-    applied, skipped = [], []
+    launched = exp.target.launch_line(exp.topology.launcher)
+    if launched is None:  # faultlab's own launcher: nothing of the team's to fix
+        return exp.target, [], []
+    line: Sequence[str] = launched
+    services: Mapping[str, Sequence[str]] = dict(exp.target.services)
+    applied: list[str] = []
+    skipped: list[str] = []
     for f in findings:
         cause = f["cause"]
         if not f.get("fix"):
@@ -910,7 +920,7 @@ def fixed_target(exp, findings: list[dict[str, Any]]  # type: ignore[no-untyped-
     return target, applied, skipped
 
 
-def _run_with_fix(exp, path: Path, team, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+def _run_with_fix(exp: Experiment, path: Path, team: RunResult, args: argparse.Namespace,
                   console: Console, *, report_dir: Path | None,
                   golden_cache: Path | None) -> None:
     """Run ``exp`` again with the fixes of the team's run's launch findings applied, and set
@@ -950,8 +960,8 @@ def _run_with_fix(exp, path: Path, team, args: argparse.Namespace,  # type: igno
     console.print(f"side by side: {team.run_folder / 'fix.md'}")
 
 
-def _side_by_side(console: Console, title: str, right: str, team,  # type: ignore[no-untyped-def]
-                  other) -> list[str]:
+def _side_by_side(console: Console, title: str, right: str, team: RunResult,
+                  other: RunResult) -> list[str]:
     """Print the team's run beside ``other`` (``bar_rows``) and return it as Markdown rows,
     for ``--bar`` and ``--with-fix``."""
     rows = bar_rows(team, other)
@@ -965,15 +975,15 @@ def _side_by_side(console: Console, title: str, right: str, team,  # type: ignor
             *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
 
 
-def bar_rows(team, bar) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
+def bar_rows(team: RunResult, bar: RunResult) -> list[tuple[str, str, str]]:
     """The rows of ``--bar``'s table: verdict, the recovery metrics, then every SLA."""
-    def metric(result, name: str) -> str:  # type: ignore[no-untyped-def]
+    def metric(result: RunResult, name: str) -> str:
         value = getattr(result.metrics, name, None)
         if value is None:
             return "not measured"
         return f"{value:.2f} s" if name.endswith("_s") else str(value)
 
-    def sla(result, name: str) -> str:  # type: ignore[no-untyped-def]
+    def sla(result: RunResult, name: str) -> str:
         found = next((s for s in result.slas if s.name == name), None)
         return "—" if found is None else found.result.upper() if found.result != "pass" \
             else "pass"
@@ -1027,7 +1037,7 @@ def _interrupted(e: KeyboardInterrupt, attr: str, what: str, index: int,
 
 # --- repeated runs: one experiment N times, judged together ----------------------------------
 
-def _run_repeated(exp, path: Path, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+def _run_repeated(exp: Experiment, path: Path, args: argparse.Namespace,
                   console: Console, *, index: int, report_dir: Path,
                   golden_cache: Path | None,
                   on_result: Callable[[int, Path, str], None] | None) -> int:
@@ -1041,7 +1051,7 @@ def _run_repeated(exp, path: Path, args: argparse.Namespace,  # type: ignore[no-
         console.print(f"[bold]{escape(exp.name)}: run {i}/{repeat}[/]")
         return RunView(console)
 
-    def ran(i: int, result) -> None:  # type: ignore[no-untyped-def]
+    def ran(i: int, result: RunResult) -> None:
         m = result.metrics
         failed = ", ".join(s.name for s in result.failures())
         if failed and result.findings:  # what explains it, by name (the report has the rest)
@@ -1077,7 +1087,7 @@ def _secs(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
 
 
-def repeat_tables(name: str, summary: dict, folder: Path) -> list[Table]:  # type: ignore[type-arg]
+def repeat_tables(name: str, summary: dict[str, Any], folder: Path) -> list[Table]:
     """The SLA table over the runs (bound beside median, tail and headroom) and the metric
     table (median, p95, min, max), as the terminal shows them."""
     from faultlab.report.repeats import METRIC_HEADER, SLA_HEADER, spread_rows
@@ -1109,10 +1119,11 @@ def _report_repeats(folder: Path, console: Console) -> int:
     return exit_code(record["verdict"])
 
 
-def _rerender(folder: Path, what: str, render: Any) -> dict[str, Any]:
+def _rerender(folder: Path, what: str, render: Callable[[Path], dict[str, Any]]
+              ) -> dict[str, Any]:
     """``render(folder)``, its failure one located line (a folder someone edited by hand)."""
     try:
-        return render(folder)  # type: ignore[no-any-return]
+        return render(folder)
     except (OSError, ValueError, KeyError) as e:
         raise FaultlabError(f"{folder}: cannot rebuild the {what} report: "
                             f"{type(e).__name__}: {e}") from None
@@ -1127,7 +1138,7 @@ def _planned_suites(paths: list[Path]) -> list[tuple[Path, PlannedSuite]]:
     return [(p, doc) for p in paths if isinstance(doc := load_document(p), PlannedSuite)]
 
 
-def _run_suite(suite: tuple[Path, PlannedSuite], experiments: list,  # type: ignore[type-arg]
+def _run_suite(suite: tuple[Path, PlannedSuite], experiments: Loaded,
                args: argparse.Namespace, console: Console) -> int:
     from faultlab.errors import Problem
 
@@ -1223,12 +1234,12 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, console: C
     folder.mkdir(parents=True, exist_ok=True)
     num = len(points)
 
-    def view(point) -> RunView:  # type: ignore[no-untyped-def]
+    def view(point: SweepPoint) -> RunView:
         console.print(f"[bold]{escape(name)}: point {point.index}/{num}: "
                       f"{escape(param['path'])}={point.value!r}[/]")
         return RunView(console)
 
-    def ran(point, result, row: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    def ran(point: SweepPoint, result: RunResult, row: dict[str, Any]) -> None:
         said = "; ".join(f"{s['name']}: {cell(row, s['name'])}" for s in row["signals"])
         console.print(f"point {point.index}/{num} ({escape(param['path'])}={point.value!r}): "
                       f"{result.verdict}" + (f"  error: {escape(result.error)}"

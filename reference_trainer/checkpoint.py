@@ -93,7 +93,9 @@ class LoadResult:
 
 
 def capture_rng() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)  # numpy's default, said: the stubs assume False
+    if not isinstance(np_state, tuple):  # a dict only for another bit generator than MT19937
+        raise TypeError(f"numpy's global RNG state is {type(np_state).__name__}, not MT19937's")
     out: dict[str, Any] = {
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy": [np_state[0], np_state[1].tolist(), *map(_jsonable, np_state[2:])],
@@ -467,7 +469,7 @@ class CheckpointManager:
         manifest = read_manifest(path)
         trainer_state = json.loads((path / "trainer_state.json").read_text())
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, storage_reader=SafeReader(path), process_group=self.pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])

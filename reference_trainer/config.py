@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "PRESETS",
@@ -271,7 +273,7 @@ def _bool(text: str) -> bool:
 
 # (flag, field, type, help) — one table drives the parser, the mapping back to flags and the
 # argv that the launcher forwards to every rank.
-_FLAGS: list[tuple[str, str, object, str]] = [
+_FLAGS: list[tuple[str, str, Callable[[str], Any], str]] = [
     ("--preset", "preset", str, f"model preset: {', '.join(PRESETS)}"),
     ("--steps", "steps", int, "schedule horizon (total steps)"),
     ("--stop-after", "stop_after", int, "stop cleanly after this step (resume later)"),

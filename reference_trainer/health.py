@@ -151,7 +151,7 @@ class StragglerDetector:
         """The rank named in the current episode (None outside one)."""
         return self._named
 
-    def update(self, waits: list[float]) -> dict[str, float | int] | None:
+    def update(self, waits: list[float]) -> dict[str, float | int | list[float]] | None:
         """Feed one step's per-rank waits; returns the anomaly's fields when a rank is named."""
         if self.world_size < 2 or len(waits) != self.world_size:
             return None

@@ -164,7 +164,7 @@ def build_sharded_model(mcfg: ModelConfig, *, seed: int, mesh: DeviceMesh,
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     """Global gradient norm over all shards (a collective), clipping in place when asked."""
     params = [p for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if max_norm > 0:

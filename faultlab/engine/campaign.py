@@ -23,7 +23,7 @@ from typing import Any
 
 from faultlab.engine.golden import GoldenRun, golden_cache_for, golden_key, golden_run
 from faultlab.engine.runner import RunResult, run_experiment
-from faultlab.engine.view import NullView
+from faultlab.engine.view import NullView, View
 from faultlab.errors import InvalidExperimentError, Problem
 from faultlab.judge import SLAResult
 from faultlab.judge.slas import CAMPAIGN_SLAS
@@ -101,13 +101,17 @@ def judge_campaign(campaign: Campaign, score: CampaignScore,
     for key, written in campaign.expect.campaign_items():
         sla = CAMPAIGN_SLAS[key]
         measured = sla.measure_score(score)
-        note, limit = "", None
-        bound: Any = written
+        note = ""
+        bound: float | None = None
+        limit: float | None = None
+        shown: float | dict[str, float]  # the journal keeps the bound as written
         if isinstance(written, RelativeSeconds):
             bound = limit = written.seconds(units)
-            written = written.terms()  # the journal keeps it as written
+            shown = written.terms()
+        else:
+            bound = shown = written
         if bound is None:
-            passed, note = False, (f"not measured: the bound is {RelativeSeconds(**written)}, "
+            passed, note = False, (f"not measured: the bound is {written}, "
                                    f"and this run measured no such unit")
         elif measured is None:
             passed, note = False, sla.unmeasured
@@ -117,13 +121,13 @@ def judge_campaign(campaign: Campaign, score: CampaignScore,
             passed = sla.holds(measured, bound)
         ratio = in_units(measured, units) if sla.relative and isinstance(
             measured, int | float) else ""
-        out.append(SLAResult(key, written, measured, passed, note, limit, ratio))
+        out.append(SLAResult(key, shown, measured, passed, note, limit, ratio))
     return out
 
 
 def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | None = None,
                  report_dir: Path = Path("reports"), golden_cache: Path | None = None,
-                 view: NullView | None = None) -> CampaignResult:
+                 view: View | None = None) -> CampaignResult:
     """Run ``campaign`` and score it; raises ``InvalidExperimentError`` (nothing injected)
     when its rate is too high for the golden run's step time."""
     view = view or NullView()

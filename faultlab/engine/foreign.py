@@ -41,8 +41,7 @@ def complete_events(run_dir: Path, events: Sequence[Mapping[str, Any]]) -> Final
     state = final_checkpoint_state(events, run_dir)
     if state.digest is None:
         return state
-    world = max((e.get("world_size") for e in events
-                 if isinstance(e.get("world_size"), int)), default=1)
+    world = max((w for e in events if isinstance(w := e.get("world_size"), int)), default=1)
     record = {"t": time.time(), "kind": "final_digest", "rank": 0, "world_size": world,
               "pid": os.getpid(), "restart": 0, "node": "faultlab", "digest": state.digest,
               "source": "final_checkpoint", "path": state.path, "step": state.step,

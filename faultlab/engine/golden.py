@@ -60,7 +60,7 @@ import faultlab
 from faultlab.engine.foreign import complete_events, log_losses
 from faultlab.engine.golden_site import golden_cache_dir, golden_cache_for, reference_site
 from faultlab.engine.shared_checkpoints import SharedCheckpoint
-from faultlab.engine.view import NullView
+from faultlab.engine.view import View
 from faultlab.errors import GoldenRunFailed
 from faultlab.judge.timing import cold_start_s, step_time_s
 from faultlab.observe import compute_metrics
@@ -177,7 +177,7 @@ def _settings_key(settings: Any) -> Any:
 
 
 def golden_run(exp: Experiment, cache_dir: Path, *, timeout_s: float, runs: int = 1,
-               view: NullView | None = None) -> GoldenRun:
+               view: View | None = None) -> GoldenRun:
     """The cached golden result for ``exp``, running it (without faults, on its own target)
     ``runs`` times if needed: a second run measures whether the trainer is reproducible and
     its run-to-run noise (``GoldenRun.second``)."""
@@ -262,7 +262,7 @@ def _second_of(run: GoldenRun) -> dict[str, Any]:
 
 
 def _measure(exp: Experiment, folder: Path, key: str, timeout_s: float,
-             view: NullView | None) -> GoldenRun:
+             view: View | None) -> GoldenRun:
     """One fault-free run of ``exp`` on its own target, through the same ``JobSession`` an
     experiment's run uses; raises ``GoldenRunFailed`` (never launched) or ``SharedCheckpoint``."""
     from faultlab.engine.session import JobSession

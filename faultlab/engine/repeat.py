@@ -23,7 +23,7 @@ from typing import Any
 
 from faultlab.engine.golden import golden_cache_for
 from faultlab.engine.runner import RunResult, new_run_folder, run_experiment
-from faultlab.engine.view import NullView
+from faultlab.engine.view import View
 from faultlab.judge.repeats import ALL_PASS, RepeatSummary, summarize
 from faultlab.report.journal import read_journal
 from faultlab.report.repeats import write_record
@@ -52,7 +52,7 @@ class RepeatResult:
 def run_repeated(exp: Experiment, repeat: int, *, min_pass_rate: Fraction = ALL_PASS,
                  source: Path | None = None, report_dir: Path = Path("reports"),
                  golden_cache: Path | None = None,
-                 view_factory: Callable[[int], NullView] | None = None,
+                 view_factory: Callable[[int], View] | None = None,
                  on_run: Callable[[int, RunResult], None] | None = None) -> RepeatResult:
     """Run ``exp`` ``repeat`` times into one set folder and judge the runs together.
 

@@ -40,7 +40,7 @@ from faultlab.engine.shared_checkpoints import (
     own_checkpoints_check,
 )
 from faultlab.engine.triggers import TriggerState
-from faultlab.engine.view import NullView
+from faultlab.engine.view import NullView, View
 from faultlab.errors import FaultError, FaultlabError, TargetError
 from faultlab.faults import Fault, Victim
 from faultlab.judge import SLAResult, judge
@@ -152,7 +152,7 @@ def new_run_folder(report_dir: Path, name: str) -> Path:
 
 def run_experiment(exp: Experiment, *, source: Path | None = None,
                    report_dir: Path = Path("reports"), golden_cache: Path | None = None,
-                   view: NullView | None = None, poll_s: float = 0.05) -> RunResult:
+                   view: View | None = None, poll_s: float = 0.05) -> RunResult:
     """Run ``exp`` and judge it. Raises KeyboardInterrupt after clean-up if interrupted.
 
     The phases, in order: prepare (the golden run, what faults set up before the launch, the
@@ -207,7 +207,7 @@ class _Judged:
 class _Run:
     """One run of an experiment, phase by phase (``run_experiment``)."""
 
-    def __init__(self, exp: Experiment, source: Path | None, view: NullView,
+    def __init__(self, exp: Experiment, source: Path | None, view: View,
                  run_folder: Path, golden_cache: Path, poll_s: float) -> None:
         self.exp, self.source, self.view, self.poll_s = exp, source, view, poll_s
         self.run_folder, self.golden_cache = run_folder, golden_cache
@@ -379,7 +379,7 @@ class _Run:
         metrics = compute_metrics(events, self.records)
         landed = landed_steps(exp, metrics)
         gates = self.runtime.gates if self.runtime else {}
-        gated = {exp.faults[i].id for i in (x for v in gates.values() for x in v)}
+        gated = {exp.faults[i].fault_id for i in (x for v in gates.values() for x in v)}
         on_time = landed_checks(exp, landed, gated)
         for fid, (at_step, after) in landed.items():
             if fid in gated and after != at_step and exp.target.command:
@@ -488,10 +488,10 @@ class _Run:
                          findings=list(judged.findings), detection=detection)
 
 
-def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,
+def _fire(exp: Experiment, index: int, nth: int, target: Target, view: View,
           prepared: Fault | None = None) -> _Active:
     spec = exp.faults[index]
-    fid = spec.id if nth == 1 else f"{spec.id}#{nth}"
+    fid = spec.fault_id if nth == 1 else f"{spec.fault_id}#{nth}"
     kind, value = resolve_selector(exp, index, occurrence=nth - 1)
     victim = Victim(kind, value)
     fault = prepared or spec.build()
@@ -513,7 +513,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: Target, view: NullView,
 
 
 def _undo(act: _Active, target: Target | None, records: list[FaultRecord],
-          view: NullView) -> None:
+          view: View) -> None:
     # When the undo began: a continued rank can step before the undo call returns (seen: a
     # group SIGCONTed at undo stepped 10 ms before a timestamp taken after it, under load),
     # and nothing the fault held can move before this.
@@ -545,14 +545,14 @@ def _struck(exp: Experiment, index: int, target: Target,
     num_steps = getattr(spec.params, "num_steps", None)
     if num_steps and spec.trigger.at_step is not None:  # the plan's window (runtime_plan.py)
         details["window_steps"] = [spec.trigger.at_step, spec.trigger.at_step + num_steps - 1]
-    records.append(FaultRecord(id=spec.id, type=spec.type, injected_t=float(first["t"]),
+    records.append(FaultRecord(id=spec.fault_id, type=spec.type, injected_t=float(first["t"]),
                                target=str(Victim(spec.target.kind, spec.target.value)),
                                details=details, capabilities=spec.fault_class.capabilities()))
     return True
 
 
 def _release(exp: Experiment, prepared: dict[int, Fault], records: list[FaultRecord],
-             view: NullView) -> None:
+             view: View) -> None:
     """Stop what ``prepare`` started; what it did goes into the journal of the fault's last
     firing (e.g. whether a preempted node was still there to be terminated)."""
     for index, fault in prepared.items():

@@ -35,7 +35,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from faultlab.faults.runtime_base import RuntimeFault
 from faultlab.runtime.auto import STEP_DIGEST_ENV
@@ -48,7 +48,7 @@ from faultlab.spec import Experiment
 __all__ = ["RuntimeSetup", "planned_victim_ranks", "read_secret"]
 
 
-def planned_victim_ranks(exp: Experiment, index: int) -> list[int] | None | bool:
+def planned_victim_ranks(exp: Experiment, index: int) -> list[int] | None | Literal[False]:
     """Ranks of a planned fault (None: every rank), or False if it cannot be planned."""
     spec = exp.faults[index]
     if not issubclass(spec.fault_class, RuntimeFault) or spec.trigger.at_step is None:
@@ -96,23 +96,23 @@ class RuntimeSetup:
         entries: list[dict[str, Any]] = []
         for i, spec in enumerate(exp.faults):
             ranks = planned_victim_ranks(exp, i)
-            if ranks is False:
-                if spec.trigger.at_step is not None and spec.fault_class.step_gated:
-                    setup.gates.setdefault(spec.trigger.at_step, []).append(i)
+            at = spec.trigger.at_step
+            if ranks is False or at is None:  # a planned fault always has its at_step
+                if at is not None and spec.fault_class.step_gated:
+                    setup.gates.setdefault(at, []).append(i)
                 continue
             fault = spec.build()
             assert isinstance(fault, RuntimeFault)
-            setup.planned[i] = ranks  # type: ignore[assignment]
-            at = spec.trigger.at_step
+            setup.planned[i] = ranks
             num_steps = getattr(spec.params, "num_steps", None)
             if num_steps:  # a window of steps rather than one step
-                entry = fault.plan_entry(spec.id, ranks, None)  # type: ignore[arg-type]
-                entry.update(from_step=at, to_step=at + num_steps - 1)  # type: ignore[operator]
+                entry = fault.plan_entry(spec.fault_id, ranks, None)
+                entry.update(from_step=at, to_step=at + num_steps - 1)
             elif fault.strikes == "window":  # planned_from_step: from N to the job's end
-                entry = fault.plan_entry(spec.id, ranks, None)  # type: ignore[arg-type]
+                entry = fault.plan_entry(spec.fault_id, ranks, None)
                 entry.update(from_step=at)
             else:
-                entry = fault.plan_entry(spec.id, ranks, [at])  # type: ignore[arg-type,list-item]
+                entry = fault.plan_entry(spec.fault_id, ranks, [at])
             entries.append(entry)
         write_plan(root / "plan.json", entries)
         return setup

@@ -41,7 +41,7 @@ from typing import Any
 from faultlab.engine.hub import Hub
 from faultlab.engine.runtime_plan import RuntimeSetup
 from faultlab.engine.storage import needs_exact_mount, needs_storage_mount, storage_dir
-from faultlab.engine.view import NullView
+from faultlab.engine.view import NullView, View
 from faultlab.errors import FaultlabError, TargetError
 from faultlab.faults.gpu import gpu_node_env
 from faultlab.spec import Experiment
@@ -68,7 +68,7 @@ def training_done(stream: Any) -> bool:
 class JobSession:
     """One job of ``exp`` on its own target, in ``folder`` (module docstring)."""
 
-    def __init__(self, exp: Experiment, folder: Path, *, view: NullView | None = None,
+    def __init__(self, exp: Experiment, folder: Path, *, view: View | None = None,
                  source: Path | None = None, pidfile: Path | None = None) -> None:
         self.exp, self.folder, self.source = exp, folder, source
         self.view = view or NullView()

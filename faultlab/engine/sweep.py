@@ -21,7 +21,7 @@ from typing import Any
 
 from faultlab.engine.golden import golden_cache_for
 from faultlab.engine.runner import RunResult, run_experiment
-from faultlab.engine.view import NullView
+from faultlab.engine.view import View
 from faultlab.report.journal import read_journal
 from faultlab.report.sweep import point_record, write_sweep
 from faultlab.spec.sweep import SweepPoint
@@ -44,7 +44,7 @@ class SweepResult:
 def run_sweep(points: Sequence[SweepPoint], folder: Path, *, param: dict[str, Any],
               source: Path | None = None, report_dir: Path = Path("reports"),
               golden_cache: Path | None = None,
-              view_factory: Callable[[SweepPoint], NullView] | None = None,
+              view_factory: Callable[[SweepPoint], View] | None = None,
               on_point: Callable[[SweepPoint, RunResult, dict[str, Any]], None] | None = None
               ) -> SweepResult:
     """Run every point into ``folder/runs`` and write the sweep's record after each.

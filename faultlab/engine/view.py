@@ -7,17 +7,29 @@ The engine calls ``on_events`` with each batch of new records and ``note`` for i
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["NullView", "RunView"]
+__all__ = ["NullView", "RunView", "View"]
+
+
+class View(Protocol):
+    """What the engine tells whoever watches a run; any object with these four methods (a
+    plugin's own view need not import the engine to be one)."""
+
+    def start(self, name: str, total_steps: int | None) -> None: ...
+    def on_events(self, records: list[dict[str, Any]]) -> None: ...
+    def note(self, message: str) -> None: ...
+    def stop(self) -> None: ...
 
 
 class NullView:
+    """A ``View`` that shows nothing."""
+
     def start(self, name: str, total_steps: int | None) -> None: ...
     def on_events(self, records: list[dict[str, Any]]) -> None: ...
     def note(self, message: str) -> None: ...

@@ -18,6 +18,7 @@ once, calls ``prepare`` before the launch, uses the same instance for every firi
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -63,7 +64,8 @@ class Fault(ABC):
     """Name in YAML, snake_case, e.g. ``rank_kill`` (must equal the entry point's name)."""
     family: ClassVar[str]
     """process | numeric | collective | network | storage | cloud | ..."""
-    Params: ClassVar[type[FaultParams]] = FaultParams
+    Params: ClassVar[builtins.type[FaultParams]] = FaultParams
+    """Its parameters' model (``builtins.type``: ``type`` is the class variable above)."""
     targets: ClassVar[tuple[str, ...]] = ("rank", "node", "all")
     """Selector kinds this fault accepts."""
     needs: ClassVar[tuple[str, ...]] = ()

@@ -60,6 +60,8 @@ class SpotPreemptionFault(Fault):
                                  f"{self.provider!r} (drop imds_v2_required or use aws)")
             return self
 
+    params: Params
+
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
         self._servers: dict[str, Any] = {}
@@ -76,8 +78,8 @@ class SpotPreemptionFault(Fault):
         env = {}
         try:
             for node in nodes:
-                server = MetadataServer(p.provider, node=node,  # type: ignore[attr-defined]
-                                        imds_v2_required=p.imds_v2_required)  # type: ignore[attr-defined]
+                server = MetadataServer(p.provider, node=node,
+                                        imds_v2_required=p.imds_v2_required)
                 self._servers[node] = server.start()
                 env[node] = server.env()
         except BaseException:
@@ -95,14 +97,14 @@ class SpotPreemptionFault(Fault):
                              f"{', '.join(self._servers) or 'none'})")
         at_t = time.time()
         self._victims.append((ctx, node))
-        deadline_t = float(server.announce_preemption(notice_s=p.notice_s))  # type: ignore[attr-defined]
+        deadline_t = float(server.announce_preemption(notice_s=p.notice_s))
         timer = threading.Thread(target=self._at_deadline, args=(ctx, node, deadline_t),
                                  name=f"spot-deadline-{node}", daemon=True)
         self._timers.append(timer)
         timer.start()
-        return {"provider": p.provider, "node": node, "endpoint": server.url,  # type: ignore[attr-defined]
-                "notice_s": p.notice_s, "deadline_t": deadline_t,  # type: ignore[attr-defined]
-                "return_after_s": p.return_after_s, "at_t": at_t}  # type: ignore[attr-defined]
+        return {"provider": p.provider, "node": node, "endpoint": server.url,
+                "notice_s": p.notice_s, "deadline_t": deadline_t,
+                "return_after_s": p.return_after_s, "at_t": at_t}
 
     def _at_deadline(self, ctx: FaultContext, node: str, deadline_t: float) -> None:
         if self._stop.wait(max(0.0, deadline_t - time.time())):
@@ -116,7 +118,7 @@ class SpotPreemptionFault(Fault):
             ctx.mark_lost(node)
             self._outcome[node] = {"terminated_t": time.time(), "was_running": alive,
                                    "killed_pids": pids}
-        back = self.params.return_after_s  # type: ignore[attr-defined]
+        back = self.params.return_after_s
         if back is None or self._stop.wait(back):
             return
         with self._lock:

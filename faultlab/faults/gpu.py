@@ -195,8 +195,10 @@ class GpuErrorFault(GpuFault):
                                  f"{', '.join(map(str, sorted(XIDS)))}")
             return value
 
+    params: Params
+
     def _entry(self) -> dict[str, Any]:
-        p: GpuErrorFault.Params = self.params  # type: ignore[assignment]
+        p: GpuErrorFault.Params = self.params
         _, _, _, recovery, ecc = XIDS[p.xid]
         return {"xid": p.xid, "sticky": p.sticky,
                 "nvml": {"lost": p.xid == 79, "xid_event": p.xid, "ecc_uncorrected": ecc,
@@ -204,13 +206,13 @@ class GpuErrorFault(GpuFault):
 
     def _before_write(self, ctx: FaultContext, node: str, devices: list[int] | None,
                       entry: dict[str, Any]) -> dict[str, Any]:
-        if self.params.sticky:  # type: ignore[attr-defined]
+        if self.params.sticky:
             ctx.mark_lost(node)  # its processes fail for good: their exit is expected
         return {"xid": entry["xid"], "sticky": entry["sticky"]}
 
     def _after_write(self, ctx: FaultContext, paths: dict[str, Path],
                      devices: list[int] | None, ranks: list[int]) -> None:
-        xid = self.params.xid  # type: ignore[attr-defined]
+        xid = self.params.xid
         lines = []
         for rank, device in zip(ranks, devices or range(len(ranks)), strict=False):
             try:
@@ -245,9 +247,11 @@ class GpuOomFault(GpuFault):
                                  f"{total:.0f} MiB ({where}); leave less free")
             return value
 
+    params: Params
+
     def _entry(self) -> dict[str, Any]:
         total, _ = device_memory_mib()
-        leave = self.params.leave_mib  # type: ignore[attr-defined]
+        leave = self.params.leave_mib
         return {"leave_mib": leave, "total_mib": total, "nvml": {"free_mib": leave}}
 
     def _before_write(self, ctx: FaultContext, node: str, devices: list[int] | None,
@@ -341,8 +345,10 @@ class GpuSlowFault(GpuFault):
                 return 1.0 / self.speed
             return 1.5 if self.factor is None else self.factor
 
+    params: Params
+
     def _entry(self) -> dict[str, Any]:
-        p: GpuSlowFault.Params = self.params  # type: ignore[assignment]
+        p: GpuSlowFault.Params = self.params
         episodes = p.episodes.model_dump(exclude_none=True) if p.episodes else None
         return {"factor": p.slowdown, "episodes": episodes,
                 "nvml": {"throttled": True, "clock_factor": p.slowdown, "episodes": episodes}}

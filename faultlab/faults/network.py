@@ -169,10 +169,11 @@ class NetworkPartitionFault(_NetworkFault):
     loses_node: ClassVar[bool] = True
     targets: ClassVar[tuple[str, ...]] = ("node", "all")
     Params = PartitionParams
+    params: PartitionParams
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
-        self._partition = _Partition(params)  # type: ignore[arg-type]
+        self._partition = _Partition(self.params)
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         return self._partition.apply(ctx, victim)
@@ -200,6 +201,8 @@ class NetworkFlapFault(_NetworkFault):
                                  f"({self.period_s:g}): otherwise it is a partition")
             return self
 
+    params: Params
+
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
         self._stop = threading.Event()
@@ -214,12 +217,12 @@ class NetworkFlapFault(_NetworkFault):
         self._thread = threading.Thread(target=self._run, args=(ctx, victim),
                                         name="faultlab-network-flap", daemon=True)
         self._thread.start()
-        return {"period_s": self.params.period_s, "down_s": self.params.down_s,  # type: ignore[attr-defined]
+        return {"period_s": self.params.period_s, "down_s": self.params.down_s,
                 "first": first}
 
     def _down(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         with self._lock:
-            part = _Partition(self.params)  # type: ignore[arg-type]
+            part = _Partition(self.params)
             self._current = part
             try:
                 done = part.apply(ctx, victim)
@@ -238,9 +241,9 @@ class NetworkFlapFault(_NetworkFault):
 
     def _run(self, ctx: FaultContext, victim: Victim) -> None:
         p = self.params
-        while not self._stop.wait(p.down_s):  # type: ignore[attr-defined]
+        while not self._stop.wait(p.down_s):
             self._up(ctx)
-            if self._stop.wait(p.period_s - p.down_s):  # type: ignore[attr-defined]
+            if self._stop.wait(p.period_s - p.down_s):
                 return
             try:
                 self._down(ctx, victim)
@@ -290,6 +293,8 @@ class NetworkThrottleFault(_NetworkFault):
                 raise ValueError(f"{value!r} is not a tc size (e.g. 32kb, 1mb, 64kbit)")
             return value.strip().lower()
 
+    params: Params
+
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
         self._applied: list[tuple[int | None, str]] = []
@@ -303,12 +308,12 @@ class NetworkThrottleFault(_NetworkFault):
         for node in chosen:
             pid = net.node_netns_pid(node)
             self._applied.append((pid, "eth0"))
-            done[node] = [set_tbf(pid, "eth0", p.rate, p.burst, p.latency_ms)]  # type: ignore[attr-defined]
-            if p.direction == "both":  # type: ignore[attr-defined]
+            done[node] = [set_tbf(pid, "eth0", p.rate, p.burst, p.latency_ms)]
+            if p.direction == "both":
                 veth = host_veth(pid)
                 self._applied.append((None, veth))
-                done[node].append(set_tbf(None, veth, p.rate, p.burst,  # type: ignore[attr-defined]
-                                          p.latency_ms))  # type: ignore[attr-defined]
+                done[node].append(set_tbf(None, veth, p.rate, p.burst,
+                                          p.latency_ms))
         # The ranks on the throttled nodes: the straggler the job should name is one of them.
         ranks = [r for r in ctx.ranks() if ctx.node_of_rank(r) in chosen]
         return {"nodes": chosen, "ranks": ranks, "tc": done, "at_t": time.time()}

@@ -67,8 +67,10 @@ class RankKillFault(Fault):
         signal: KillSignal = Field("KILL", description="signal to send: KILL, TERM, SEGV or "
                                                        "ABRT")
 
+    params: Params
+
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        sig = _signal(self.params.signal)  # type: ignore[attr-defined]
+        sig = _signal(self.params.signal)
         done = {}
         for rank in _victim_ranks(ctx, victim):
             pid = ctx.rank_pid(rank)
@@ -94,6 +96,8 @@ class NodeKillFault(Fault):
                                      "container is killed, slurmd with it, and Slurm must "
                                      "notice by itself; it is started again on undo")
 
+    params: Params
+
     @classmethod
     def reversible_with(cls, params: FaultParams) -> bool:
         return getattr(params, "method", "processes") == "machine"  # started again on undo
@@ -105,14 +109,14 @@ class NodeKillFault(Fault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         node = victim.node(ctx)
-        if self.params.method == "machine":  # type: ignore[attr-defined]
+        if self.params.method == "machine":
             # (on docker nodes node_kill with method: processes already kills the container)
             machines: NodeMachine = require(ctx, "node_machine", "node_kill method: machine")
             self._machines.append(node)
             machines.kill_machine(node)
             return {"method": "machine", "node": node, "at_t": time.time()}
-        pids = ctx.kill_node(node, _signal(self.params.signal))  # type: ignore[attr-defined]
-        return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",  # type: ignore[attr-defined]
+        pids = ctx.kill_node(node, _signal(self.params.signal))
+        return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",
                                 "node": node, "pids": pids})
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
@@ -151,12 +155,14 @@ class NodeReturnFault(Fault):
         wait_s: float = Field(60.0, gt=0, description="how long to wait for the node's agent "
                                                       "to start its workers")
 
+    params: Params
+
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         node = victim.node(ctx)
         if ctx.node_pids(node):
             raise FaultError(f"{node} is still running: node_return starts a node that is "
                              f"gone (after a node_kill)")
-        wait_s: float = self.params.wait_s  # type: ignore[attr-defined]
+        wait_s: float = self.params.wait_s
         restart: NodeRestart = require(ctx, "node_restart", "node_return")
         at_t = time.time()
         agent = restart.restart_node(node)
@@ -279,6 +285,8 @@ class ServiceKillFault(Fault):
         service: str = Field(description="the service's name under target.services")
         signal: Literal["KILL", "TERM"] = Field("KILL", description="signal sent to it")
 
+    params: Params
+
     @classmethod
     def refuses_params(cls, params: FaultParams, target: Any) -> tuple[str, str] | None:
         name = getattr(params, "service", None)
@@ -291,7 +299,7 @@ class ServiceKillFault(Fault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         services: Services = require(ctx, "services", "service_kill")
-        name = self.params.service  # type: ignore[attr-defined]
-        pids = services.kill_service(name, _signal(self.params.signal))  # type: ignore[attr-defined]
-        return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",  # type: ignore[attr-defined]
+        name = self.params.service
+        pids = services.kill_service(name, _signal(self.params.signal))
+        return _struck_at(ctx, {"signal": f"SIG{self.params.signal}",
                                 "service": name, "pids": pids})

@@ -54,6 +54,7 @@ class RuntimeFault(Fault):
     planned_from_step: ClassVar[bool] = False
     """A ``window`` fault that the launch plan holds from its ``at_step`` trigger to the end of
     the job when its parameters give no ``num_steps`` (``sdc``: a bad device stays bad)."""
+    params: RuntimeFaultParams
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
@@ -63,7 +64,7 @@ class RuntimeFault(Fault):
         self._sent: list[int] = []
 
     def _params(self, fault_id: str) -> dict[str, Any]:
-        params = self.params.runtime_params()  # type: ignore[attr-defined]
+        params = self.params.runtime_params()
         if "seed" in type(self.params).model_fields and params.get("seed") is None:
             params["seed"] = zlib.crc32(fault_id.encode())  # deterministic given the id
         return params

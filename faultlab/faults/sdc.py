@@ -144,6 +144,8 @@ class SdcFault(RuntimeFault):
             _only_with(info, "persistence", ("intermittent",), "probability")
             return v
 
+    params: Params
+
     def plan_entry(self, fault_id: str, ranks: list[int] | None,
                    steps: list[int] | None) -> dict[str, Any]:
         """As every runtime fault's, except ``lifetime: node``: every rank gets the entry (the
@@ -151,7 +153,7 @@ class SdcFault(RuntimeFault):
         ranks whose node it marks."""
         entry = super().plan_entry(fault_id, ranks, steps)
         entry["params"]["victim_ranks"] = ranks
-        if self.params.lifetime == "node":  # type: ignore[attr-defined]
+        if self.params.lifetime == "node":
             entry["ranks"] = None
         return entry
 
@@ -163,7 +165,7 @@ class SdcFault(RuntimeFault):
                             f"(a live one reaches only the processes running now)")
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
-        lifetime = self.params.lifetime  # type: ignore[attr-defined]
+        lifetime = self.params.lifetime
         if lifetime != "process":
             raise FaultError(f"sdc with lifetime {lifetime!r} must be planned at launch: give "
                              f"it an at_step trigger, or set params.lifetime: process (an sdc "

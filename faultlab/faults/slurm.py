@@ -76,6 +76,8 @@ class SlurmNodeDownFault(Fault):
                                 "drain: running jobs go on, nothing new starts there")
         reason: str = Field("faultlab chaos", description="the reason Slurm shows (sinfo -R)")
 
+    params: Params
+
     @classmethod
     def refuses(cls, topology: Any) -> str | None:
         settings = getattr(topology, "settings", None)  # the Slurm target's (slurm: block)
@@ -98,8 +100,8 @@ class SlurmNodeDownFault(Fault):
         node = nodes[int(victim.value or 0)]
         self._down.append(node)
         p = self.params
-        slurm.set_node_state(node, p.state, f"{p.reason} (job {slurm.job_id})")  # type: ignore[attr-defined]
-        return {"node": node, "state": p.state, "job_state": slurm.state(),  # type: ignore[attr-defined]
+        slurm.set_node_state(node, p.state, f"{p.reason} (job {slurm.job_id})")
+        return {"node": node, "state": p.state, "job_state": slurm.state(),
                 "at_t": time.time()}
 
     def undo(self, ctx: FaultContext) -> dict[str, Any]:
@@ -132,6 +134,8 @@ class SlurmPreemptFault(Fault):
         requeue: bool = Field(True, description="requeue the job after the grace time "
                                                 "(PreemptMode=REQUEUE); false: only the signal")
 
+    params: Params
+
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
         self._timer: threading.Timer | None = None
@@ -141,21 +145,21 @@ class SlurmPreemptFault(Fault):
         slurm = _slurm(ctx, "slurm_preempt")
         p = self.params
         t = time.time()
-        slurm.cancel(p.signal, batch=p.batch)  # type: ignore[attr-defined]
+        slurm.cancel(p.signal, batch=p.batch)
         # the batch shell's signal reaches the ranks only through the user's script, if at all
-        delivered = {} if p.batch else _notices(  # type: ignore[attr-defined]
-            slurm, t, min(float(p.grace_s), NOTICE_WAIT_S))  # type: ignore[attr-defined]
-        if p.requeue:  # type: ignore[attr-defined]
-            grace = float(p.grace_s)  # type: ignore[attr-defined]
+        delivered = {} if p.batch else _notices(
+            slurm, t, min(float(p.grace_s), NOTICE_WAIT_S))
+        if p.requeue:
+            grace = float(p.grace_s)
             slurm.hold_finish(t + grace + 5)  # the job may end in its grace: it comes back
             # the grace time runs from the signal, not from the end of the wait above
             self._timer = threading.Timer(max(0.0, t + grace - time.time()), self._requeue,
                                           args=(slurm,))
             self._timer.daemon = True
             self._timer.start()
-        out = {"signal": f"SIG{p.signal}", "batch": p.batch, "grace_s": p.grace_s,  # type: ignore[attr-defined]
-               "requeue": p.requeue, "at_t": t, **delivered}  # type: ignore[attr-defined]
-        if p.requeue:  # type: ignore[attr-defined]
+        out = {"signal": f"SIG{p.signal}", "batch": p.batch, "grace_s": p.grace_s,
+               "requeue": p.requeue, "at_t": t, **delivered}
+        if p.requeue:
             out["deadline_t"] = t + float(p.grace_s)  # the requeue kills what is left
         return out
 

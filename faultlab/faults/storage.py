@@ -266,7 +266,12 @@ class CkptStalePointerFault(_StorageFault):
 
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         [newest] = _checkpoints(ctx, "latest")
-        step = int(_STEP_DIR.match(newest.name).group(1))  # type: ignore[union-attr]
+        named = _STEP_DIR.match(newest.name)
+        if named is None:  # a single-file checkpoint, or the job's own naming
+            raise FaultError(f"{newest}: ckpt_stale_pointer places a copy under the next "
+                             f"step's name and needs step_N checkpoint directories; use "
+                             f"ckpt_truncate or ckpt_bitflip, which corrupt it in place")
+        step = int(named.group(1))
         partial = newest.with_name(f"step_{step + 1:08d}")
         shutil.copytree(newest, partial)
         (partial / _MANIFEST).unlink(missing_ok=True)

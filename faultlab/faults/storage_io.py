@@ -65,15 +65,20 @@ def _check_path(value: Any) -> Any:
     return value
 
 
-class _Where(FaultParams):
+class _OpsPath(FaultParams):
+    """Which operations on which files a fault hits (io_hang's whole selection)."""
+
     ops: tuple[str, ...] = Field(("write",), description=f"operations hit: {', '.join(OPS)}")
     path: str = Field("*", description="glob of the files hit, relative to the job's "
                                        "checkpoint directory ('*' crosses '/')")
-    percent: float = Field(100.0, description="share of the matching operations hit, 0-100 "
-                                              "(seeded)")
 
     _ops = field_validator("ops", mode="before")(classmethod(lambda cls, v: _check_ops(v)))
     _path = field_validator("path", mode="before")(classmethod(lambda cls, v: _check_path(v)))
+
+
+class _Where(_OpsPath):
+    percent: float = Field(100.0, description="share of the matching operations hit, 0-100 "
+                                              "(seeded)")
 
     @field_validator("percent")
     @classmethod
@@ -182,8 +187,10 @@ class IoErrorFault(_IoFault):
                 raise ValueError(unknown("errno", value, ERRNOS, "valid errnos"))
             return value
 
+    params: Params
+
     def rule(self) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         return {"errno": p.errno, "ops": list(p.ops), "path": p.path, "percent": p.percent,
                 "after_bytes": p.after_bytes}
 
@@ -203,8 +210,10 @@ class IoLatencyFault(_IoFault):
                 raise ValueError("io_latency needs delay_ms: <milliseconds> and/or "
                                  "bandwidth_mb_s: <MB/s>")
 
+    params: Params
+
     def rule(self) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         return {"delay_ms": p.delay_ms, "bandwidth_mb_s": p.bandwidth_mb_s, "ops": list(p.ops),
                 "path": p.path, "percent": p.percent}
 
@@ -218,16 +227,13 @@ class IoHangFault(_IoFault):
     fails_saves: ClassVar[bool] = True
     hangs_saves: ClassVar[bool] = True
 
-    class Params(FaultParams):
-        ops: tuple[str, ...] = _Where.model_fields["ops"]
-        path: str = _Where.model_fields["path"]
+    class Params(_OpsPath):
+        pass
 
-        _ops = field_validator("ops", mode="before")(classmethod(lambda cls, v: _check_ops(v)))
-        _path = field_validator("path", mode="before")(
-            classmethod(lambda cls, v: _check_path(v)))
+    params: Params
 
     def rule(self) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         return {"hang": True, "ops": list(p.ops), "path": p.path}
 
 
@@ -240,8 +246,10 @@ class DiskFullFault(_IoFault):
     class Params(FaultParams):
         free_bytes: int = Field(0, ge=0, description="new data the volume still takes")
 
+    params: Params
+
     def rule(self) -> dict[str, Any]:
-        return {"free_bytes": self.params.free_bytes, "ops": []}  # type: ignore[attr-defined]
+        return {"free_bytes": self.params.free_bytes, "ops": []}
 
 
 class StaleSharedFsFault(_IoFault):
@@ -289,11 +297,13 @@ class StaleSharedFsFault(_IoFault):
                     raise ValueError(f"{kind}min ({lo:g}) is above {kind}max ({hi:g}): raise "
                                      f"{kind}max or lower {kind}min")
 
+    params: Params
+
     def inject(self, ctx: FaultContext, victim: Victim) -> dict[str, Any]:
         require(ctx, "node_storage_view", "stale_shared_fs")
         mount = mount_for(ctx.run_dir)
         node = victim.node(ctx)
-        p: Any = self.params
+        p = self.params
         options = {"acregmin": p.acregmin, "acregmax": p.acregmax, "acdirmin": p.acdirmin,
                    "acdirmax": p.acdirmax}
         view_id = f"{self.type}-{next(_rule_ids)}"

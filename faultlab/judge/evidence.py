@@ -73,7 +73,8 @@ class RunEvidence:
     losses: Mapping[int, float] | None = None
     units: TimingUnits | None = None
     detection: DetectionReport | None = None
-    fired: frozenset[str] = field(init=False)
+    fired: Collection[str] = field(init=False)
+    """Ids of the faults injected without error (a frozenset; ``Evidence.fired``)."""
     unfinished: str = field(init=False)
 
     def __post_init__(self) -> None:

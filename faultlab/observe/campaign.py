@@ -465,7 +465,8 @@ def _save_under_way(T: float, records: Sequence[Record], checkpoint_every: int, 
         if r.get("rank") == 0:
             last = r
     step = _step(last) if last is not None and last.get("kind") == "step" else None
-    if step is None or step % checkpoint_every or T - last["t"] > 2 * max(took) + 1.0:
+    if last is None or step is None or step % checkpoint_every or \
+            T - last["t"] > 2 * max(took) + 1.0:
         return None  # not a checkpoint step, or too long after it for its save to be running
     if any(r.get("kind") in ("checkpoint_saved", "anomaly") and _step(r) == step
            and r["t"] < T for r in records):

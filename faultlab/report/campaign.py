@@ -86,7 +86,7 @@ def type_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for s in score["injections"]:
         if not s.get("injected"):
             out.append((s["fault_id"], _at(s), s["target"],
@@ -107,7 +107,7 @@ def injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
 
 def short_injection_rows(score: dict[str, Any]) -> list[tuple[str, ...]]:
     """What fits a terminal: one short line per injection (the journal has the rest)."""
-    out = []
+    out: list[tuple[str, ...]] = []
     for s in score["injections"]:
         if not s.get("injected"):
             out.append((s["fault_id"], _at(s), s["target"], "not injected",

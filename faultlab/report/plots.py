@@ -184,16 +184,16 @@ def campaign_svg(series: dict[str, Any], injections: list[dict[str, Any]], name:
         seen: set[str] = set()
         top = max((p[1] for p in series.get("steps") or []), default=1)
         for inj in injections:
-            t = inj.get("t")
-            if t is None:
+            at = inj.get("t")
+            if at is None:
                 continue
             outcome = campaign_outcome(inj)
             label = None if outcome in seen else outcome
             seen.add(outcome)
-            ax.axvline(t, linewidth=1.3, linestyle="--" if inj.get("compound") else "-",
+            ax.axvline(at, linewidth=1.3, linestyle="--" if inj.get("compound") else "-",
                        label=label, **CAMPAIGN_OUTCOMES[outcome])
             mark = " A" if inj.get("attributed") else ""
-            ax.text(t, top, f" {inj['fault_id']}{mark}", rotation=90, va="top", fontsize=7)
+            ax.text(at, top, f" {inj['fault_id']}{mark}", rotation=90, va="top", fontsize=7)
         return _finish(fig, ax, name, "seconds since the job's first record", "step")
 
 

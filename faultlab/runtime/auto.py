@@ -113,7 +113,7 @@ from typing import Any
 
 import faultlab.runtime as _rt
 from faultlab.runtime.agent import Agent
-from faultlab.runtime.auto_checkpoints import CheckpointHooks, PendingLoad
+from faultlab.runtime.auto_checkpoints import CheckpointHooks, PendingLoad, is_level0, mark_level0
 from faultlab.runtime.auto_checkpoints import report_once as _report
 from faultlab.runtime.gates import StepGates
 from faultlab.runtime.hooks import load_action, uses
@@ -368,7 +368,7 @@ class Observer(CheckpointHooks):
 
         self._undo.append(register_optimizer_step_post_hook(self._post_step).remove)
         init = torch.optim.Optimizer.__init__
-        if not hasattr(init, "__faultlab_level0__"):
+        if not is_level0(init):
             on_built = self._on_optimizer_built
 
             @functools.wraps(init)
@@ -379,8 +379,7 @@ class Observer(CheckpointHooks):
                 except Exception as e:
                     _report("noting an optimizer", e)
 
-            __init__.__faultlab_level0__ = True  # type: ignore[attr-defined]
-            self._setattr(torch.optim.Optimizer, "__init__", __init__)
+            self._setattr(torch.optim.Optimizer, "__init__", mark_level0(__init__))
         self._arm_at_next_forward()
 
     def _install_exit_hooks(self) -> None:
@@ -512,8 +511,7 @@ class Observer(CheckpointHooks):
                 except Exception as e:
                     _report("after DCP's optimizer state initialisation", e)
 
-        _init_optim_state.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return _init_optim_state
+        return mark_level0(_init_optim_state)
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._in_init_state:

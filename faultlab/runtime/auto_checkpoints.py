@@ -41,10 +41,24 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 __all__ = ["CHECKPOINT_MIN_BYTES", "FRAMEWORK_SAVES", "CheckpointHooks", "PendingLoad",
-           "is_checkpoint_object", "report_once", "step_from_path"]
+           "is_checkpoint_object", "is_level0", "mark_level0", "report_once", "step_from_path"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_LEVEL0 = "__faultlab_level0__"
+
+
+def mark_level0(fn: _F) -> _F:
+    """Mark ``fn`` as level 0's own wrapper, so that it is never wrapped again."""
+    setattr(fn, _LEVEL0, True)
+    return fn
+
+
+def is_level0(fn: object) -> bool:
+    """``fn`` is a wrapper level 0 put in place (``mark_level0``)."""
+    return hasattr(fn, _LEVEL0)
 
 CHECKPOINT_MIN_BYTES = 64 * 1024
 """A ``torch.save``/``torch.load`` of a mapping with parameter-like tensors (a key ending in
@@ -204,7 +218,7 @@ class CheckpointHooks:
                                ("async_save", "async_save"), ("load", "load"),
                                ("load_state_dict", "load")):
                 fn = getattr(dcp, attr, None)
-                if fn is not None and not hasattr(fn, "__faultlab_level0__"):
+                if fn is not None and not is_level0(fn):
                     self._setattr(dcp, attr, self._wrap_dcp(fn, kind))
         name = "torch.distributed.checkpoint.state_dict"
         if name in modules and name not in self._patched:
@@ -218,7 +232,7 @@ class CheckpointHooks:
                 self._patched.add(name)
                 for attr in attrs:
                     fn = getattr(modules[name], attr, None)
-                    if fn is not None and not hasattr(fn, "__faultlab_level0__"):
+                    if fn is not None and not is_level0(fn):
                         self._setattr(modules[name], attr, self._wrap_file_save(fn))
 
 
@@ -248,8 +262,7 @@ class CheckpointHooks:
                 report_once(f"after torch.distributed.checkpoint.{fn.__name__}", e)
             return result
 
-        wrapper.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return wrapper
+        return mark_level0(wrapper)
 
     def _dcp_saved(self, path: str | None, result: Any, is_async: bool, t0: float,
                    m0: float) -> None:
@@ -294,8 +307,7 @@ class CheckpointHooks:
                     report_once("after a torch.save", e)
             return result
 
-        save.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return save
+        return mark_level0(save)
 
     def _wrap_file_save(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A framework's ``save(checkpoint, path, ...)`` (:data:`FRAMEWORK_SAVES`)."""
@@ -312,8 +324,7 @@ class CheckpointHooks:
                 report_once(f"after {fn.__module__}.{fn.__name__}", e)
             return result
 
-        save.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return save
+        return mark_level0(save)
 
     def _wrap_torch_load(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -338,8 +349,7 @@ class CheckpointHooks:
                     report_once("after a torch.load", e)
             return result
 
-        load.__faultlab_level0__ = True  # type: ignore[attr-defined]
-        return load
+        return mark_level0(load)
 
     def _before_load(self) -> int | None:
         try:

@@ -104,7 +104,8 @@ def verify_dcp_save(path: Path) -> str | None:
     stored = {(idx.fqn, None if idx.offset is None else tuple(idx.offset)): info
               for idx, info in (metadata.storage_data or {}).items()}
     for fqn, md in sorted(metadata.state_dict_metadata.items()):
-        chunks = [tuple(c.offsets) for c in getattr(md, "chunks", None) or []] or [None]
+        chunks: list[tuple[int, ...] | None] = [
+            tuple(c.offsets) for c in getattr(md, "chunks", None) or []] or [None]
         for offsets in chunks:
             if (fqn, offsets) not in stored:
                 where = "" if offsets is None else f" at offset {list(offsets)}"

@@ -140,7 +140,7 @@ def read_state(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except (OSError, ValueError):
         return []
     faults = doc.get("faults") if isinstance(doc, Mapping) else None
-    return [f for f in faults or [] if isinstance(f, Mapping)]
+    return [f for f in faults or [] if isinstance(f, dict)]
 
 
 def write_state(path: str | os.PathLike[str], faults: list[dict[str, Any]]) -> None:
@@ -177,7 +177,7 @@ class _NodeRank:
 
     def __init__(self, state: GpuState, entry: FaultEntry) -> None:
         self._state, self.entry = state, entry
-        self.rank = state.rank  # type: ignore[assignment]
+        self.rank = state.rank
         self.device = state.device
         self.state_path = state.state_path
 

@@ -121,7 +121,7 @@ def apply(nvml: ModuleType, env: Mapping[str, str] | None = None) -> Overlay | N
     environment names no GPU state file. Idempotent."""
     env = os.environ if env is None else env
     if getattr(nvml, "_faultlab_overlay", None) is not None:
-        return nvml._faultlab_overlay  # type: ignore[no-any-return]
+        return nvml._faultlab_overlay
     path = env.get("FAULTLAB_GPU_STATE")
     if not path:
         return None
@@ -140,8 +140,8 @@ def apply(nvml: ModuleType, env: Mapping[str, str] | None = None) -> Overlay | N
             raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         return ov.orig["_nvmlGetFunctionPointer"](name)
 
-    nvml._nvmlGetFunctionPointer = pointer
-    nvml._faultlab_overlay = ov
+    for name, value in (("_nvmlGetFunctionPointer", pointer), ("_faultlab_overlay", ov)):
+        setattr(nvml, name, value)  # a module's attributes: mypy knows only their reads
     return ov
 
 

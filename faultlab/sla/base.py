@@ -20,7 +20,7 @@ import inspect
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypedDict
 
 from pydantic import Field, ValidationError
 
@@ -117,6 +117,15 @@ class Evidence(Protocol):
         ...
 
 
+class FieldBounds(TypedDict, total=False):
+    """The bounds on an SLA's value, as the keywords of ``pydantic.Field`` (``Sla.bounds``)."""
+
+    gt: float | None
+    ge: float | None
+    lt: float | None
+    le: float | None
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """One SLA judged: what was measured (None: not measured), whether it held, and why.
@@ -199,14 +208,14 @@ class Sla:
             return Annotated[self.value, Field(**self.bounds())] | RelativeSeconds | None
         return self.value | None
 
-    def bounds(self) -> dict[str, float]:
-        """The bounds that are set, as keywords of ``pydantic.Field``."""
-        return {k: v for k in ("gt", "ge", "lt", "le") if (v := getattr(self, k)) is not None}
+    def bounds(self) -> FieldBounds:
+        """The bounds, as keywords of ``pydantic.Field`` (None: not set, as pydantic reads it)."""
+        return FieldBounds(gt=self.gt, ge=self.ge, lt=self.lt, le=self.le)
 
-    def field_bounds(self) -> dict[str, float]:
+    def field_bounds(self) -> FieldBounds:
         """The bounds the ``Expect`` field itself carries (a relative bound's are inside its
         annotation, on the number)."""
-        return {} if self.relative else self.bounds()
+        return FieldBounds() if self.relative else self.bounds()
 
     def field_doc(self) -> str:
         return inspect.cleandoc(self.doc)

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
@@ -341,7 +341,8 @@ def _victim(campaign: Campaign, mix: MixEntry, draw: float) -> Selector:
         return mix.target
     from faultlab.fault_api import fault_types
 
-    kind = next(k for k in fault_types()[mix.type].targets if k in ("rank", "node"))
+    first = next(k for k in fault_types()[mix.type].targets if k in ("rank", "node"))
+    kind: Literal["rank", "node"] = "rank" if first == "rank" else "node"
     count = campaign.topology.world_size if kind == "rank" else campaign.topology.nodes
     return Selector(kind=kind, value=min(count - 1, int(draw * count)))
 

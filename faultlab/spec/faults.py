@@ -35,7 +35,7 @@ class Selector(SpecModel):
     seed; see ``faultlab.spec.resolve_selector``. The attributes match ``faults.Victim``.
     """
 
-    yaml_keys: ClassVar[tuple[str, ...] | None] = ("rank", "node")
+    yaml_keys: ClassVar[tuple[str, ...]] = ("rank", "node")
     FORMS: ClassVar[str] = "{rank: N}, {node: N}, random or all"
 
     kind: Literal["rank", "node", "random", "all"]
@@ -54,9 +54,9 @@ class Selector(SpecModel):
             raise ValueError(f"expected {cls.FORMS}, got {show(data)}")
         if "kind" in data:  # the Python form, Selector(kind="rank", value=1)
             return data
-        keys = [k for k in data if k in cls.yaml_keys]  # type: ignore[operator]
+        keys = [k for k in data if k in cls.yaml_keys]
         errors = [InitErrorDetails(type="extra_forbidden", loc=(k,), input=v)
-                  for k, v in data.items() if k not in cls.yaml_keys]  # type: ignore[operator]
+                  for k, v in data.items() if k not in cls.yaml_keys]
         if errors:
             raise located(errors)
         if len(keys) != 1:
@@ -179,6 +179,15 @@ class FaultSpec(SpecModel):
     """Undo a reversible fault after this many seconds."""
     until: Literal["reaction"] | None = None
     """``reaction``: undo a reversible fault as soon as the job reacts to it."""
+
+    @property
+    def fault_id(self) -> str:
+        """``id`` as the experiment filled it in (``<type>-<index>`` where the YAML gave none):
+        every fault of a loaded ``Experiment`` has one."""
+        if self.id is None:
+            raise ValueError(f"this {self.type} fault is not part of a loaded experiment: "
+                             f"its id is given when the experiment is validated")
+        return self.id
 
     @model_validator(mode="before")
     @classmethod

@@ -256,13 +256,13 @@ def service_problem(line: Sequence[str], services: Mapping[str, Sequence[str]]
         return None
     endpoint = flag_value(line, _ENDPOINT_FLAGS)
     backend = flag_value(line, BACKEND_FLAGS)
-    etcd = backend is not None and backend[1] in ETCD_BACKENDS
+    etcd = backend[1] if backend is not None and backend[1] in ETCD_BACKENDS else None
     if endpoint is None:
         return None
     named = [n for n in services if "{" + service_placeholder(n) + "}" in endpoint[1]]
     if etcd and not named:
         return ("launch", endpoint[0]), (
-            f"--rdzv-backend {backend[1]} needs an etcd server at the endpoint, and "  # type: ignore[index]
+            f"--rdzv-backend {etcd} needs an etcd server at the endpoint, and "
             f"{endpoint[1]!r} is not one: run etcd as a target.services entry (etcd: [etcd, "
             f"--enable-v2=true, --listen-client-urls, \"http://127.0.0.1:{{etcd_port}}\", ...]) "
             f"and point --rdzv-endpoint at it, 127.0.0.1:{{etcd_port}}")
@@ -280,7 +280,7 @@ def service_problem(line: Sequence[str], services: Mapping[str, Sequence[str]]
             if "--enable-v2=true" not in own and "--enable-v2" not in own:
                 return ("services", name, 0), (
                     f"the etcd service {name!r} does not serve the v2 API that torch's "
-                    f"--rdzv-backend {backend[1]} speaks: etcd 3.4 serves it only with "  # type: ignore[index]
+                    f"--rdzv-backend {etcd} speaks: etcd 3.4 serves it only with "
                     f"--enable-v2=true (add it to the service's line)")
         elif not any(port in a for a in own):
             return ("services", name, 0), (

@@ -186,7 +186,7 @@ class Experiment(JobSpec):
                 errors.append(spec_error((i, "id"), f"duplicate fault id {fault.id!r} (also "
                                          f"faults[{first_at[fault.id]}]); ids must be unique",
                                          fault.id))
-            first_at.setdefault(fault.id, i)  # type: ignore[arg-type]
+            first_at.setdefault(fault.fault_id, i)
             if topology is not None:
                 errors += _target_in_range(i, fault.target, topology)
                 errors += _launcher_fits(i, fault, topology)

@@ -24,6 +24,7 @@ import copy
 import re
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from faultlab.fault_api import fault_types
@@ -45,7 +46,7 @@ def document_schema() -> dict[str, Any]:
     from faultlab.spec.campaign import Campaign
     from faultlab.spec.model import Experiment, Suite
 
-    models = [Experiment, Campaign, Suite, PlannedSuite]
+    models: list[type[BaseModel]] = [Experiment, Campaign, Suite, PlannedSuite]
     refs, schema = models_json_schema([(m, "validation") for m in models],
                                       ref_template="#/$defs/{model}")
     defs: dict[str, Any] = schema["$defs"]

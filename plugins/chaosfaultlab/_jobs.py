@@ -120,7 +120,7 @@ def job_context(run_dir: Path) -> JobContext:
     own = launched(run_dir)
     if own is not None:
         own.target.stream.poll()  # nobody else polls it in a chaos process
-        return own.target  # type: ignore[no-any-return]
+        return own.target
     with _LOCK:
         slurm = _SLURM.get(run_dir.resolve())
     if slurm is not None:

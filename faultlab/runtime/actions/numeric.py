@@ -146,4 +146,4 @@ def flip_bits(model: torch.nn.Module, p: dict[str, Any], fault_id: str, rank: in
 def _json_num(x: float | int | bool) -> float | int | str:
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
-    return x  # type: ignore[return-value]
+    return x
