@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from faultlab.engine.checkpoints import scan_checkpoints
 from faultlab.engine.detect_watch import DetectionWatcher, detection_report, wants_detection
@@ -42,7 +42,7 @@ from faultlab.engine.shared_checkpoints import (
 from faultlab.engine.triggers import TriggerState
 from faultlab.engine.view import NullView, View
 from faultlab.errors import FaultError, FaultlabError, TargetError
-from faultlab.faults import Fault, Victim
+from faultlab.faults import Fault, FaultContext, Victim
 from faultlab.judge import SLAResult, judge
 from faultlab.judge.timing import TimingUnits, timing_units
 from faultlab.judge.verdict import FAIL, INCONCLUSIVE, verdict_of
@@ -499,7 +499,7 @@ def _fire(exp: Experiment, index: int, nth: int, target: Target, view: View,
     known = {e["pid"] for e in target.stream.of_kind("start")}
     injected_t = time.time()
     try:
-        details = fault.inject(target, victim)
+        details = fault.inject(cast(FaultContext, target), victim)  # every Target is one
         injected_t = float(details.pop("at_t", injected_t))
         view.note(f"injected {fid}: {spec.type} on {victim} "
                   f"{json.dumps(details, default=str)[:80]}")

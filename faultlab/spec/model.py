@@ -246,7 +246,12 @@ def _launch_error(path: tuple[str | int, ...], message: str, target: TargetSpec
     value: Any = target
     for key in path[1:]:
         try:
-            value = value[key] if isinstance(value, tuple | list | dict) else getattr(value, key)
+            if isinstance(value, dict):
+                value = value[key]
+            elif isinstance(value, tuple | list) and isinstance(key, int):
+                value = value[key]
+            else:
+                value = getattr(value, str(key))
         except (LookupError, AttributeError, TypeError):
             value = None
             break

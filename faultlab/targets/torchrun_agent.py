@@ -46,7 +46,7 @@ def _delay(seconds: float | tuple[float, float]) -> None:
     _upstream_delay(POLL_S if seconds == 1 else seconds)
 
 
-def _holder_init(self, backend, settings, cache_duration=1):  # type: ignore[no-untyped-def]
+def _holder_init(self, backend, settings, cache_duration=1):
     _upstream_holder_init(self, backend, settings, cache_duration=POLL_S)
 
 
@@ -61,7 +61,7 @@ def _survive_usr1() -> None:
     signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
 
 
-def _timer_start(self) -> None:  # type: ignore[no-untyped-def]
+def _timer_start(self) -> None:
     _timers.add(self)
     _upstream_timer_start(self)
 

@@ -270,7 +270,7 @@ class NetnsTarget(LocalTarget):
     # -- node_network (faultlab.fault_api.context.NodeNetwork) ----------------------------------
 
     def node_address(self, node: str) -> str | None:
-        return self._job_call(self.job.node_address, node)  # type: ignore[no-any-return]
+        return self._job_call(self.job.node_address, node)
 
     def node_netns_pid(self, node: str) -> int:
         return int(self._job_call(self.job.netns_pid, node))

@@ -90,7 +90,7 @@ class DockerTarget(LocalTarget):
     # -- FaultContext: ranks log their pid in their container's PID namespace ---------------
 
     def _host_pid(self, start: dict[str, Any]) -> int | None:
-        return self._job_call(self.job.host_pid, str(start["node"]),  # type: ignore[no-any-return]
+        return self._job_call(self.job.host_pid, str(start["node"]),
                               int(start["pid"]))
 
     # -- what only containers can do -----------------------------------------------------------
@@ -102,7 +102,7 @@ class DockerTarget(LocalTarget):
         return bool(self._job_call(self.job.unpause_node, node))
 
     def node_address(self, node: str) -> str | None:
-        return self._job_call(self.job.node_address, node)  # type: ignore[no-any-return]
+        return self._job_call(self.job.node_address, node)
 
     def node_netns_pid(self, node: str) -> int:
         return int(self._job_call(self.job.netns_pid, node))
@@ -120,7 +120,7 @@ class DockerTarget(LocalTarget):
     def connect_node(self, node: str) -> bool:
         return bool(self._job_call(self.job.connect_node, node))
 
-    def _job_call(self, fn, *args):  # type: ignore[no-untyped-def]
+    def _job_call(self, fn, *args):
         import docker.errors
 
         try:

@@ -138,7 +138,7 @@ class DockerJob(LocalJob):
         # launcher listens: until then its name may not resolve and nothing answers there.
         first = 0
         if self.launch_line is not None and self.nodes > 1:
-            self._nodes.append(self._start_node(0, endpoint, conf, logs))
+            self._nodes.append(self._start_node(0, endpoint, conf, logs))  # type: ignore[arg-type]
             self._await_listener(self._dnodes()[0], (RDZV_PORT, MASTER_PORT))
             first = 1
         with ThreadPoolExecutor(max_workers=self.nodes) as pool:
