@@ -339,7 +339,9 @@ def completion(records: list[Record]) -> tuple[bool, str]:
     if last_start_t is not None and last["t"] < last_start_t:
         return False, (f"{who} completed, but a process started after that and did not finish "
                        f"(the last start, at t={last_start_t:.2f}, has no clean exit after it)")
-    unclean = [r for r in final if r.get("kind") == "exit" and not _is_clean_exit(r)]
+    earlier = _earlier_incarnations(records) if not own_worlds else set()
+    unclean = [r for r in final if r.get("kind") == "exit" and not _is_clean_exit(r)
+               and r.get("pid") not in earlier]
     if unclean:
         bad = unclean[-1]
         return False, (f"rank {bad.get('rank')} of the final incarnation exited "
@@ -350,6 +352,26 @@ def completion(records: list[Record]) -> tuple[bool, str]:
                        f"start (a trainer that writes the event protocol writes its digest "
                        f"last: it did not get there)")
     return True, ""
+
+
+def _earlier_incarnations(records: list[Record]) -> set[int]:
+    """The pids of processes a later incarnation replaced or left out: every started process
+    but, for each rank of the last start's world, that rank's newest one. A rank of a node the
+    job shrank away from (a partitioned node whose peers restarted without it) may still exit
+    with an error after the final incarnation finished, when its peers' sockets close: that
+    exit is the old incarnation's end, not the final one's (seen on the netns target, where the
+    cut node's rank wrote it 12 s after the two survivors completed)."""
+    starts = [r for r in records if r.get("kind") == "start" and "pid" in r]
+    if not starts:
+        return set()
+    world = starts[-1].get("world_size")
+    if not isinstance(world, int):
+        return set()
+    newest: dict[object, int] = {}
+    for r in starts:  # records are in time order: the last start of a rank wins
+        newest[r.get("rank")] = r["pid"]
+    final = {pid for rank, pid in newest.items() if isinstance(rank, int) and rank < world}
+    return {r["pid"] for r in starts} - final
 
 
 def withhold_unfinished(metrics: Metrics, records: list[Record] | None = None,

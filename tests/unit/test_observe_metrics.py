@@ -427,6 +427,28 @@ def test_a_run_whose_last_exits_are_not_clean_does_not_complete(ending: str) -> 
     assert not compute_metrics(job.records, []).completes
 
 
+def test_a_rank_left_out_of_the_final_world_may_exit_with_an_error_after_it_finished() -> None:
+    """A partitioned node's rank (2 of 3) outlives the group that restarted without it, and
+    exits with an error when the survivors' sockets close, after they completed: the final
+    incarnation (ranks 0 and 1, world 2) still completed. A rank of the final world that
+    exits with an error after the last start is still unclean."""
+    job = Job()
+    job.launch(100.0, 3)
+    job.steps(101.0, 1, 5)
+    stale = job.pids[2]
+    job.exit(106.0, "watchdog", ranks=[0, 1])
+    job.launch(110.0, 2, resumed_from=5)
+    job.steps(111.0, 6, 10)
+    job.finish(115.5, 10)
+    late = {"t": 127.0, "kind": "exit", "rank": 2, "world_size": 3, "pid": stale,
+            "restart": 0, "node": "node2", "reason": "error", "code": 1,
+            "error": "RuntimeError: Connection closed by peer"}
+    assert completion([*job.records, late]) == (True, "")
+    survivor = {**late, "rank": 1, "world_size": 2, "pid": job.pids[1], "restart": 1}
+    assert "rank 1 of the final incarnation exited error" in completion(
+        [*job.records, survivor])[1]
+
+
 def test_run_killed_before_any_step() -> None:
     job = Job()
     job.launch(100.0, 2)  # start at 100.2
