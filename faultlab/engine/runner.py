@@ -488,6 +488,33 @@ class _Run:
                          findings=list(judged.findings), detection=detection)
 
 
+SAVES_GRACE_S = 2.0
+"""How long a fault that reads the job's checkpoints waits for the saving ranks' records."""
+
+
+def _await_saves(target: Target, view: View, grace_s: float = SAVES_GRACE_S) -> None:
+    """Poll until every rank that has recorded a save has reported the highest step any rank
+    has (its records arrive in order, so its saves before that step are in), or ``grace_s``
+    passed (a saving rank that died never reports it). A step trigger fires on the first
+    rank's record: Lightning's rank 0 rewrites ``last.ckpt`` right after saving
+    ``epoch=1-step=8.ckpt``, and when rank 1's step 9 came in through its own relay first,
+    ``checkpoint: latest`` took the epoch file for the newest and damaged it instead of
+    ``last.ckpt``, and the run's verdict flipped from fail to pass
+    (examples/lightning_ddp/experiments/ckpt_bitflip.yaml, once in a suite run)."""
+    deadline, high = time.monotonic() + grace_s, target.stream.max_step()
+    while True:
+        savers = {e.get("rank") for e in target.stream.of_kind("checkpoint_saved")}
+        reached: dict[object, int] = {}
+        for e in target.stream.of_kind("step"):
+            step = e.get("step")
+            if e.get("rank") in savers and isinstance(step, int):
+                reached[e.get("rank")] = max(reached.get(e.get("rank"), 0), step)
+        if all(reached.get(r, -1) >= high for r in savers) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
+        view.on_events(target.stream.poll())
+
+
 def _fire(exp: Experiment, index: int, nth: int, target: Target, view: View,
           prepared: Fault | None = None) -> _Active:
     spec = exp.faults[index]
@@ -496,6 +523,8 @@ def _fire(exp: Experiment, index: int, nth: int, target: Target, view: View,
     victim = Victim(kind, value)
     fault = prepared or spec.build()
     fault.fault_id = fid  # what a rank-side action echoes in its fault_injected event
+    if getattr(type(fault), "reads_saved_checkpoints", False):
+        _await_saves(target, view)
     known = {e["pid"] for e in target.stream.of_kind("start")}
     injected_t = time.time()
     try:

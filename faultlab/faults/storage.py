@@ -162,6 +162,9 @@ class _StorageFault(Fault):
     family = "storage"
     targets: ClassVar[tuple[str, ...]] = ("all",)
     """``target: all``: the job's checkpoint directory (storage faults hit no process)."""
+    reads_saved_checkpoints: ClassVar[bool] = True
+    """It picks its checkpoints from the job's ``checkpoint_saved`` records: the engine fires
+    it once every rank that saves has reported the step the trigger saw (``_await_saves``)."""
 
 
 class CkptBitflipFault(_StorageFault):
