@@ -3,7 +3,10 @@
 They act on the checkpoints the job reported (the paths of its ``checkpoint_saved`` records,
 whatever the trainer: a DCP directory or a ``torch.save`` file), else on the ``step_N``
 directories of ``RUN_DIR/checkpoints`` (``FaultContext.checkpoints``). Which checkpoint:
-``latest`` (the newest committed one), a step number, or ``all``. Which files (``region``):
+``latest`` (the newest committed one), a step number, or ``all``: as of the step the trigger
+saw, for the engine fires these faults only once every rank that saves has reported that step
+(its save records arrive before it, through its own relay), or after a 2 s grace. Which files
+(``region``):
 ``tensor_data`` (the DCP shards, ``*.distcp``; in a ``torch.save`` file, its tensor storages),
 ``metadata`` (everything else but the manifest: DCP's ``.metadata``, trainer state, RNG state;
 a ``torch.save`` file's pickle), ``manifest`` (``MANIFEST.json``) or ``any``. Every random
