@@ -53,6 +53,8 @@ RDZV_PORT = 29400
 """The team's line's rendezvous port in node 0's container (torchrun's default)."""
 MASTER_PORT = 29500
 """The team's line's static master port (torch's default)."""
+UNPAUSE_SETTLE_S = 10.0
+"""How long ``unpause_node`` waits for the engine to stop reporting the container paused."""
 
 
 @dataclass(slots=True)
@@ -271,6 +273,12 @@ class DockerJob(LocalJob):
             if c.status != "paused":
                 return False
             c.unpause()
+            # The engine may still report "paused" right after the call returned (seen once in
+            # a suite run): undone means the engine says so, so wait for it, bounded.
+            deadline = time.monotonic() + UNPAUSE_SETTLE_S
+            while c.status == "paused" and time.monotonic() < deadline:
+                time.sleep(0.05)
+                c.reload()
             return True
         except docker.errors.NotFound:
             return False
