@@ -144,12 +144,11 @@ SCENARIOS = {
     # trains steps 9-20 a second time from step 8: both "complete".
     "fsdp2_dcp/stale_shared_fs.yaml": Expected("fail", failing={
         "same_resume_point": "step 8 on node1 (rank"}, measured={"completes": True}),
-    # A GPU that stays lost (sticky Xid 79): plain torchrun restarts in place on it until its
-    # restarts are spent, and never goes on without the node.
+    # A GPU that stays lost (sticky Xid 79): torchrun restarts in place on it until its
+    # restarts are spent, and never goes on without the node. The launcher decides this, not
+    # the trainer: the same experiment on the Lightning example (removed to keep the suite's
+    # CPU budget) ended the same way in 20 of 20 soak runs (docs/results/soak.md).
     "fsdp2_dcp/gpu_error_sticky.yaml": Expected("fail", failing={
-        "completes": "", "faulty_node_excluded": "the job never ran without node1",
-        "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
-    "lightning_ddp/gpu_error_sticky.yaml": Expected("fail", failing={
         "completes": "", "faulty_node_excluded": "the job never ran without node1",
         "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
     "lightning_ddp/rank_kill.yaml": Expected("pass", measured={
