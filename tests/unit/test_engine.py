@@ -237,6 +237,17 @@ def test_golden_key_ignores_operational_overrides_only() -> None:
                                                                               "seed: 4")))
 
 
+def test_golden_key_carries_the_ranks_openmp_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU kernel may split a reduction among its threads: a reference made with another
+    ``OMP_NUM_THREADS`` (the launcher passes it on to every rank) is another key."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one = golden_key(exp_with())
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert golden_key(exp_with()) != one
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert golden_key(exp_with()) == one
+
+
 # --- journal and CLI ------------------------------------------------------------------------
 
 
