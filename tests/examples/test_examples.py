@@ -134,9 +134,10 @@ SCENARIOS = {
         measured={"completes": True, "bitwise_equal_to_golden": True,
                   "save_failure_detected": True, "failed_save_never_loaded": True}),
     # A campaign at level 0: the NaN gradient among its faults is never noticed.
-    # On the step clock, its scoring is the same every run: 3 of 5 detected, all 3 attributed.
+    # On the step clock, its scoring is the same every run: 2 of 4 detected (the io_error is
+    # beaten to its save by a kill, compound), both attributed.
     "fsdp2_dcp/campaign.yaml": Expected("fail", failing={"detection_rate": ""}, measured={
-        "completes": True, "false_positives_per_hour": 0.0, "detection_rate": 0.6,
+        "completes": True, "false_positives_per_hour": 0.0, "detection_rate": 0.5,
         "attribution_accuracy": 1.0}),
     # Node 1 comes back on the same machine, its NFS client's listing of checkpoints/ from
     # before node 0 saved step 12: each rank picks the newest checkpoint it sees, so node 1's
