@@ -344,7 +344,7 @@ def completion(records: list[Record]) -> tuple[bool, str]:
         return False, (f"{who} completed, but a process started after that and did not finish "
                        f"(the last start, at t={last_start_t:.2f}, has no clean exit after it)")
     unclean = [r for r in final if r.get("kind") == "exit" and not _is_clean_exit(r)
-               and r.get("pid") not in earlier]
+               and _hashable(r.get("pid")) not in earlier]
     if unclean:
         bad = unclean[-1]
         return False, (f"rank {bad.get('rank')} of the final incarnation exited "

@@ -427,44 +427,29 @@ def test_a_run_whose_last_exits_are_not_clean_does_not_complete(ending: str) -> 
     assert not compute_metrics(job.records, []).completes
 
 
-def test_a_rank_left_out_of_the_final_world_may_exit_with_an_error_after_it_finished() -> None:
-    """A partitioned node's rank (2 of 3) outlives the group that restarted without it, and
-    exits with an error when the survivors' sockets close, after they completed: the final
-    incarnation (ranks 0 and 1, world 2) still completed. A rank of the final world that
-    exits with an error after the last start is still unclean."""
+@pytest.mark.parametrize("left_out", [2, 0])
+def test_a_rank_left_out_of_the_final_world_may_exit_with_an_error_after_it_finished(
+        left_out: int) -> None:
+    """A partitioned node's rank outlives the group that restarted without it, and exits with
+    an error when the survivors' sockets close, after they completed: the final incarnation
+    (world 2) still completed. Rank 2's exit is not the final world's; rank 0's is not the
+    final rank 0's, though it is the newest rank-0 exit. A rank of the final world that exits
+    with an error after the last start is still unclean."""
     job = Job()
     job.launch(100.0, 3)
     job.steps(101.0, 1, 5)
-    stale = job.pids[2]
-    job.exit(106.0, "watchdog", ranks=[0, 1])
+    stale = job.pids[left_out]
+    job.exit(106.0, "watchdog", ranks=[r for r in range(3) if r != left_out])
     job.launch(110.0, 2, resumed_from=5)
     job.steps(111.0, 6, 10)
     job.finish(115.5, 10)
-    late = {"t": 127.0, "kind": "exit", "rank": 2, "world_size": 3, "pid": stale,
-            "restart": 0, "node": "node2", "reason": "error", "code": 1,
+    late = {"t": 127.0, "kind": "exit", "rank": left_out, "world_size": 3, "pid": stale,
+            "restart": 0, "node": f"node{left_out}", "reason": "error", "code": 1,
             "error": "RuntimeError: Connection closed by peer"}
     assert completion([*job.records, late]) == (True, "")
     survivor = {**late, "rank": 1, "world_size": 2, "pid": job.pids[1], "restart": 1}
     assert "rank 1 of the final incarnation exited error" in completion(
         [*job.records, survivor])[1]
-
-
-def test_the_old_rank_0_of_a_node_left_out_may_exit_after_the_final_rank_0_completed() -> None:
-    """The partitioned node held rank 0: its process outlives the group that restarted without
-    it and writes its error exit after the new rank 0 completed. The newest rank-0 exit is the
-    old incarnation's, not the final one's: the job still completed."""
-    job = Job()
-    job.launch(100.0, 3)
-    job.steps(101.0, 1, 5)
-    stale = job.pids[0]
-    job.exit(106.0, "watchdog", ranks=[1, 2])
-    job.launch(110.0, 2, resumed_from=5)
-    job.steps(111.0, 6, 10)
-    job.finish(115.5, 10)
-    late = {"t": 127.0, "kind": "exit", "rank": 0, "world_size": 3, "pid": stale,
-            "restart": 0, "node": "node0", "reason": "error", "code": 1,
-            "error": "RuntimeError: Connection closed by peer"}
-    assert completion([*job.records, late]) == (True, "")
 
 
 def test_run_killed_before_any_step() -> None:
