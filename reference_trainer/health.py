@@ -173,33 +173,15 @@ class StragglerDetector:
         return None
 
 
-def runnable_wait_s() -> float:
-    """Seconds this thread has spent runnable but not running since it started: waiting for a
-    CPU (a busy machine, a CPU quota that throttles the job), from the scheduler's own count
-    (``/proc/thread-self/schedstat``'s second field); 0.0 where the kernel keeps none.
-
-    A forward pass timed by the wall clock includes that wait, so on a machine whose CPUs are
-    shared the rank the scheduler happened to pass over looks slow: measured under a 1-CPU cap
-    beside other jobs, a fault-free rank's forward took 1.6 times its peer's for 3 steps in a
-    row and was named a slow-compute straggler. Subtracted, the forward is the time the rank's
-    compute took (a slow GPU's kernels, a throttled device's wait), not the time it waited to
-    be scheduled."""
-    try:
-        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 class ComputeStragglerDetector:
     """Names the rank whose own compute is slow (a throttled or failing GPU).
 
     Waits in collectives cannot name it: with FSDP2 the peers of a slow rank wait for it inside
     the backward's reduce-scatters, and every rank then reaches the step's stats all-reduce
     together. Each rank's forward pass, timed around ``model(x, y)`` less the time it waited
-    for a CPU (``runnable_wait_s``), can: the slow rank's is the long one (its peers'
-    all-gathers do not wait for it, they wait later). The forward
-    times ride the stats all-reduce like the waits. A rank is named when its forward took at
+    for a CPU (``faultlab.runtime.gpu.runnable_wait_s``), can: the slow rank's is the long one
+    (its peers' all-gathers do not wait for it, they wait later). The forward times ride
+    the stats all-reduce like the waits. A rank is named when its forward took at
     least ``ratio`` times every other rank's and ``threshold_s`` longer, ``num_steps`` steps in
     a row (episodes as in :class:`StragglerDetector`). The record names the rank and its score,
     the fastest rank's forward time over its own (every rank's in ``scores``).

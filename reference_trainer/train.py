@@ -78,6 +78,7 @@ from torch.distributed.tensor import DTensor
 
 from faultlab import runtime as faultlab_runtime
 from faultlab.runtime.events import EventLog
+from faultlab.runtime.gpu import runnable_wait_s
 from reference_trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -104,7 +105,6 @@ from reference_trainer.health import (
     attribute_slow_links,
     enable_determinism,
     probe_links,
-    runnable_wait_s,
 )
 from reference_trainer.model import GPT
 from reference_trainer.monitors import BarMonitors, finding_line
@@ -507,9 +507,9 @@ def forward_backward(run: Run, loop: StepState, s: int, x: torch.Tensor,
     where a NaN fault strikes), the backward, its compute time and its wait for a CPU."""
     t_forward, waited = time.monotonic(), runnable_wait_s()
     out = run.model(x, y)
-    # its compute, not the time it waited for a CPU (health.runnable_wait_s); and how long it
-    # waited for a CPU since the last stats all-reduce, which its peers may have spent waiting
-    # for it in the forward's all-gathers
+    # its compute, not the time it waited for a CPU (faultlab.runtime.gpu.runnable_wait_s);
+    # and how long it waited for a CPU since the last stats all-reduce, which its peers may
+    # have spent waiting for it in the forward's all-gathers
     waited_now = runnable_wait_s()
     forward_s = time.monotonic() - t_forward - (waited_now - waited)
     cpu_wait_s = waited_now - loop.wait_mark

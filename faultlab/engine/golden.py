@@ -144,6 +144,13 @@ def _git_state(cwd: Path) -> str:
         return "no-git"
 
 
+RECOVERY_ONLY = frozenset({"min_nodes", "max_restarts"})
+"""Topology fields left out of the golden run's key: how far the job may shrink and how often
+it may restart decide what it does after a fault, never the bits of a run without one (a golden
+run that restarted is no reference: ``golden_run_fault_free``). Experiments of one job that
+differ in them share a golden run."""
+
+
 def golden_key(exp: Experiment) -> str:
     t = exp.target
     # Settings that change how a run is operated, never one bit of what it computes, stay out.
@@ -158,8 +165,11 @@ def golden_key(exp: Experiment) -> str:
                    "launch": t.launch if isinstance(t.launch, str | None) else list(t.launch)},
         "seed": exp.seed, "steps": exp.run.steps, "checkpoint_every": exp.run.checkpoint_every,
         # Where the nodes run and what computes: a reference is of one target (module doc).
+        # How the job recovers (``RECOVERY_ONLY``) computes nothing: a fault-free run of an
+        # elastic job is its full world, as a fixed-size job's is.
         "topology": {k: v for k, v in exp.topology.model_dump(mode="json").items()
-                     if k != exp.topology.launcher},  # the settings: the bits' own, below
+                     if k != exp.topology.launcher  # the settings: the bits' own, below
+                     and k not in RECOVERY_ONLY},
         "settings": _settings_key(exp.topology.settings),
         "site": reference_site(exp),
         "code": code_version(exp),

@@ -325,12 +325,16 @@ def completion(records: list[Record]) -> tuple[bool, str]:
     that keeps no checkpoint (torchft heals from a live peer, many of its trainers never save)
     still finished; what needs the final state says so in its own verdict (the bitwise one)."""
     own_worlds = any(r.get("kind") == "start" and r.get("own_world") is True for r in records)
+    earlier = _earlier_incarnations(records) if not own_worlds else set()
     rank0_exits = [r for r in records if r.get("kind") == "exit"
                    and (own_worlds or r.get("rank") == 0)]
     who = "no rank" if own_worlds else "rank 0"
     if not rank0_exits:
         return False, f"{who} wrote no exit record (killed, or stopped before its end)"
-    last = rank0_exits[-1]
+    # the newest exit of the final incarnation's rank 0: an old rank 0 the job left out (a cut
+    # node's) may write its error exit after the final one completed
+    last = next((r for r in reversed(rank0_exits) if _hashable(r.get("pid")) not in earlier),
+                rank0_exits[-1])
     if last.get("reason") != "completed":
         return False, f"{who} last exited {last.get('reason')!s}" + (
             f" ({str(last.get('error')).splitlines()[0][:160]})" if last.get("error") else "")
@@ -339,7 +343,6 @@ def completion(records: list[Record]) -> tuple[bool, str]:
     if last_start_t is not None and last["t"] < last_start_t:
         return False, (f"{who} completed, but a process started after that and did not finish "
                        f"(the last start, at t={last_start_t:.2f}, has no clean exit after it)")
-    earlier = _earlier_incarnations(records) if not own_worlds else set()
     unclean = [r for r in final if r.get("kind") == "exit" and not _is_clean_exit(r)
                and r.get("pid") not in earlier]
     if unclean:
@@ -354,6 +357,10 @@ def completion(records: list[Record]) -> tuple[bool, str]:
     return True, ""
 
 
+def _hashable(pid: object) -> object:
+    return pid if isinstance(pid, int) else None
+
+
 def _earlier_incarnations(records: list[Record]) -> set[int]:
     """The pids of processes a later incarnation replaced or left out: every started process
     but, for each rank of the last start's world, that rank's newest one. A rank of a node the
@@ -361,7 +368,8 @@ def _earlier_incarnations(records: list[Record]) -> set[int]:
     with an error after the final incarnation finished, when its peers' sockets close: that
     exit is the old incarnation's end, not the final one's (seen on the netns target, where the
     cut node's rank wrote it 12 s after the two survivors completed)."""
-    starts = [r for r in records if r.get("kind") == "start" and "pid" in r]
+    starts = [r for r in records if r.get("kind") == "start" and isinstance(r.get("pid"), int)
+              and isinstance(r.get("rank"), int)]
     if not starts:
         return set()
     world = starts[-1].get("world_size")

@@ -328,10 +328,14 @@ class GpuState:
 
 def runnable_wait_s() -> float:
     """Seconds this thread has waited for a CPU (runnable, not running) since it started, from
-    the scheduler's count (``/proc/thread-self/schedstat``); 0.0 where there is none. On a
-    machine whose CPUs are shared a forward's wall time includes that wait, which is no part
-    of the compute a slow GPU stretches (measured: a loaded 2-core host doubled the wall time of
-    the tiny model's forward, and gpu_slow factor 3 slowed its compute 9.5 times)."""
+    the scheduler's count (``/proc/thread-self/schedstat``'s second field); 0.0 where there is
+    none. On a machine whose CPUs are shared (a busy host, a CPU quota that throttles the job) a
+    forward's wall time includes that wait, which is no part of the compute a slow GPU
+    stretches: a loaded 2-core host doubled the wall time of the tiny model's forward, and
+    gpu_slow factor 3 slowed its compute 9.5 times; under a 1-CPU cap a fault-free rank's
+    forward took 1.6 times its peer's for 3 steps in a row and was named a slow-compute
+    straggler. The reference trainer's straggler score uses it too
+    (``reference_trainer.health``)."""
     try:
         fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)  # half open()'s cost
         try:

@@ -23,7 +23,7 @@ from faultlab.spec.launch_check import Problems, line_problems
 from faultlab.spec.target import PYTHON_NAMES, TargetSpec, Topology
 from faultlab.spec.trainers import config_settings, get_trainer
 from faultlab.targets.base import JobContext
-from faultlab.targets.launcher import JobResult, LaunchError, LocalJob
+from faultlab.targets.launcher import JobResult, LaunchError, LocalJob, rank_threads
 
 __all__ = ["RUN_DIR_PLACEHOLDER", "LocalTarget", "job_command", "train_config"]
 
@@ -116,7 +116,11 @@ class LocalTarget(JobContext):
 
     @classmethod
     def reference_site(cls, exp: Experiment) -> dict[str, Any]:
-        return {}  # this host's (or its containers'): what the engine reads here is exact
+        """This host's (or its containers'): what the engine reads here is exact. Over it, the
+        OpenMP threads the launcher gives each rank (``rank_threads``): a CPU kernel may split
+        a reduction among its threads, so a golden run made with another count (another
+        ``OMP_NUM_THREADS``, another number of cores) is not this job's reference."""
+        return {"rank_threads": rank_threads(exp.topology.world_size)}
 
     @classmethod
     def golden_cache_dir(cls, exp: Experiment, default: Path) -> Path:

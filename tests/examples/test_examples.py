@@ -134,9 +134,10 @@ SCENARIOS = {
         measured={"completes": True, "bitwise_equal_to_golden": True,
                   "save_failure_detected": True, "failed_save_never_loaded": True}),
     # A campaign at level 0: the NaN gradient among its faults is never noticed.
-    # On the step clock, its scoring is the same every run: 3 of 5 detected, all 3 attributed.
+    # On the step clock, its scoring is the same every run: 2 of 4 detected (the io_error is
+    # beaten to its save by a kill, compound), both attributed.
     "fsdp2_dcp/campaign.yaml": Expected("fail", failing={"detection_rate": ""}, measured={
-        "completes": True, "false_positives_per_hour": 0.0, "detection_rate": 0.6,
+        "completes": True, "false_positives_per_hour": 0.0, "detection_rate": 0.5,
         "attribution_accuracy": 1.0}),
     # Node 1 comes back on the same machine, its NFS client's listing of checkpoints/ from
     # before node 0 saved step 12: each rank picks the newest checkpoint it sees, so node 1's
@@ -144,12 +145,11 @@ SCENARIOS = {
     # trains steps 9-20 a second time from step 8: both "complete".
     "fsdp2_dcp/stale_shared_fs.yaml": Expected("fail", failing={
         "same_resume_point": "step 8 on node1 (rank"}, measured={"completes": True}),
-    # A GPU that stays lost (sticky Xid 79): plain torchrun restarts in place on it until its
-    # restarts are spent, and never goes on without the node.
+    # A GPU that stays lost (sticky Xid 79): torchrun restarts in place on it until its
+    # restarts are spent, and never goes on without the node. The launcher decides this, not
+    # the trainer: the same experiment on the Lightning example (removed to keep the suite's
+    # CPU budget) ended the same way in 20 of 20 soak runs (docs/results/soak.md).
     "fsdp2_dcp/gpu_error_sticky.yaml": Expected("fail", failing={
-        "completes": "", "faulty_node_excluded": "the job never ran without node1",
-        "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
-    "lightning_ddp/gpu_error_sticky.yaml": Expected("fail", failing={
         "completes": "", "faulty_node_excluded": "the job never ran without node1",
         "restarts_until_excluded": "2 restart(s) used"}, measured={"completes": False}),
     "lightning_ddp/rank_kill.yaml": Expected("pass", measured={

@@ -237,6 +237,27 @@ def test_golden_key_ignores_operational_overrides_only() -> None:
                                                                               "seed: 4")))
 
 
+def test_golden_key_leaves_out_how_the_job_recovers() -> None:
+    """An elastic job's fault-free run is its full world: min_nodes and max_restarts decide
+    only what happens after a fault. The world itself does decide the bits."""
+    base = golden_key(exp_with())
+    elastic = parse_experiment(BASE.replace("nodes: 2,",
+                                            "nodes: 2, min_nodes: 1, max_restarts: 0,"))
+    assert golden_key(elastic) == base
+    assert golden_key(parse_experiment(BASE.replace("nodes: 2,", "nodes: 3,"))) != base
+
+
+def test_golden_key_carries_the_ranks_openmp_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU kernel may split a reduction among its threads: a reference made with another
+    ``OMP_NUM_THREADS`` (the launcher passes it on to every rank) is another key."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one = golden_key(exp_with())
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert golden_key(exp_with()) != one
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert golden_key(exp_with()) == one
+
+
 # --- journal and CLI ------------------------------------------------------------------------
 
 

@@ -310,11 +310,11 @@ def test_the_time_a_rank_waited_for_a_cpu_is_not_its_compute() -> None:
     of the time, by the scheduler's own count, and that wait is what a forward pass timed by the
     wall clock must not take for slow compute (a fault-free rank on a CPU-capped machine was
     named a straggler for it)."""
-    from reference_trainer.health import runnable_wait_s
+    from faultlab.runtime.gpu import runnable_wait_s
 
     code = """\
         import os, time
-        from reference_trainer.health import runnable_wait_s
+        from faultlab.runtime.gpu import runnable_wait_s
         os.sched_setaffinity(0, {0})
         t0, w0 = time.monotonic(), runnable_wait_s()
         while time.monotonic() - t0 < 1.0:

@@ -449,6 +449,24 @@ def test_a_rank_left_out_of_the_final_world_may_exit_with_an_error_after_it_fini
         [*job.records, survivor])[1]
 
 
+def test_the_old_rank_0_of_a_node_left_out_may_exit_after_the_final_rank_0_completed() -> None:
+    """The partitioned node held rank 0: its process outlives the group that restarted without
+    it and writes its error exit after the new rank 0 completed. The newest rank-0 exit is the
+    old incarnation's, not the final one's: the job still completed."""
+    job = Job()
+    job.launch(100.0, 3)
+    job.steps(101.0, 1, 5)
+    stale = job.pids[0]
+    job.exit(106.0, "watchdog", ranks=[1, 2])
+    job.launch(110.0, 2, resumed_from=5)
+    job.steps(111.0, 6, 10)
+    job.finish(115.5, 10)
+    late = {"t": 127.0, "kind": "exit", "rank": 0, "world_size": 3, "pid": stale,
+            "restart": 0, "node": "node0", "reason": "error", "code": 1,
+            "error": "RuntimeError: Connection closed by peer"}
+    assert completion([*job.records, late]) == (True, "")
+
+
 def test_run_killed_before_any_step() -> None:
     job = Job()
     job.launch(100.0, 2)  # start at 100.2
