@@ -8,8 +8,9 @@ ranks, 8 nodes of 4, on the local target, beside the 2- and 3-rank shipped exper
 Runs, each with its fault-free golden run (its own, at the same size):
 
 - ``rank_kill``: SIGKILL rank 1 after step 15 of 40; must pass, bitwise equal to the golden run;
-- ``node_loss_elastic``: node 1's processes killed after step 15; the job goes on with one node
-  fewer (resharded), sample accounting exact (bitwise is not expected across world sizes).
+- ``node_loss_elastic``: node 0's processes (rank 0's node) killed after step 15; the job goes
+  on with one node fewer (resharded), sample accounting exact (bitwise is not expected across
+  world sizes).
 
 Printed per run: verdict, wall time, the job's time, the engine's CPU per second of job (this
 process's user + system time during the run, golden run excluded: it is cached first), the

@@ -13,8 +13,8 @@ rank kill
     restarts the workers in both; Slurm adds nothing to the path, so the resume times should
     be alike.
 node loss
-    ``experiments/node_loss_elastic.yaml`` (local: node 1's processes killed, the job shrinks to
-    the survivors and goes on) against ``experiments/slurm_node_down.yaml`` and
+    ``experiments/node_loss_elastic.yaml`` (local: node 0's processes killed, rank 0's, the job
+    shrinks to the survivors and goes on) against ``experiments/slurm_node_down.yaml`` and
     ``experiments/slurm_machine_loss.yaml`` (Slurm kills and requeues the whole job, which
     waits ``cred_expire`` + 1 s, then starts again on the spare). Different mechanisms, the
     same question: how long until the job trains again after it lost a node.

@@ -80,12 +80,14 @@ def shipped_experiments() -> list[Path]:
     shipped = [REPO_ROOT / p for p in block.group(1).replace("\\\n", " ").split()]
     # rank_hang and campaign_reference run in CI once, as tests/report/test_prelaunch_run.py's
     # suite; rank_kill twice, as tests/integration/test_faultlab_run.py's --repeat 2;
-    # ckpt_torn_write and ckpt_bitflip in tests/integration/test_trainer_recovery.py;
+    # node_loss_elastic, ckpt_torn_write and ckpt_bitflip in
+    # tests/integration/test_trainer_recovery.py;
     # rank_hang_default_timeouts in tests/integration/test_faultlab_run.py, failing by design;
     # gpu_slow_straggler as tests/integration/test_sweep_job.py's 5x point;
     # collective_delay_straggler in tests/integration/test_detection.py, signals added.
     shipped.append(REPO_ROOT / "experiments" / "rank_hang.yaml")
     shipped.append(REPO_ROOT / "experiments" / "campaign_reference.yaml")
+    shipped.append(REPO_ROOT / "experiments" / "node_loss_elastic.yaml")
     shipped.append(REPO_ROOT / "experiments" / "ckpt_torn_write.yaml")
     shipped.append(REPO_ROOT / "experiments" / "ckpt_bitflip.yaml")
     shipped.append(REPO_ROOT / "experiments" / "rank_kill.yaml")

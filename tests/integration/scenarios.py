@@ -50,14 +50,17 @@ def kill_rank(rank: int, after_step: int, sig: int = signal.SIGKILL) -> Fault:
     return fault
 
 
-def kill_node_of_rank(rank: int, after_step: int) -> Fault:
-    """Kill the agent and every worker of the node that currently holds ``rank``."""
-    def fault(job: LocalJob, events: list[dict[str, Any]]) -> bool:
-        if max_step(events) < after_step:
-            return False
-        job.kill_node(latest_start(events, rank)["node"])
-        return True
-    return fault
+# --- what a job's events say ----------------------------------------------------------------
+
+
+def committed_steps(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The trajectory that survived: for each step, rank 0's last record of it."""
+    return {e["step"]: e for e in events if e["kind"] == "step" and e["rank"] == 0}
+
+
+def losses(events: list[dict[str, Any]]) -> dict[int, float]:
+    """Each step's loss on the trajectory that survived."""
+    return {s: e["loss"] for s, e in committed_steps(events).items()}
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -83,14 +86,10 @@ class Outcome:
         return found[-1]["digest"] if found else None
 
     def committed_steps(self) -> dict[int, dict[str, Any]]:
-        """The trajectory that survived: for each step, rank 0's last record of it."""
-        out: dict[int, dict[str, Any]] = {}
-        for e in self.of("step", rank=0):
-            out[e["step"]] = e
-        return out
+        return committed_steps(self.events)
 
     def losses(self) -> dict[int, float]:
-        return {s: e["loss"] for s, e in self.committed_steps().items()}
+        return losses(self.events)
 
 
 @dataclass

@@ -82,7 +82,8 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     assert 'text = (EXPERIMENTS / "rank_kill.yaml").read_text()' in repeat
     assert 'run("run", exp, "--repeat", "2",' in repeat
     assert 'record["summary"]["verdicts"] == ["pass", "pass"]' in repeat
-    # ckpt_torn_write and ckpt_bitflip run (and must pass) in test_trainer_recovery.py instead
+    # node_loss_elastic, ckpt_torn_write and ckpt_bitflip run (and must pass) in
+    # test_trainer_recovery.py instead
     recovery = (REPO / "tests" / "integration" / "test_trainer_recovery.py").read_text()
     # collective_delay_straggler runs (and must pass) in test_detection.py instead, its text
     # with detection SLAs and declared signals appended
@@ -90,9 +91,9 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     assert 'SHIPPED = REPO / "experiments" / "collective_delay_straggler.yaml"' in detection
     assert 'exp.write_text(text.rstrip() + "\\n" + ADDED)' in detection
     assert 'assert journal["verdict"] == "pass", table' in detection
-    elsewhere = {"rank_hang", "rank_kill", "ckpt_torn_write", "ckpt_bitflip",
-                 "collective_delay_straggler"}
-    for name in ("ckpt_torn_write", "ckpt_bitflip"):
+    elsewhere = {"rank_hang", "rank_kill", "node_loss_elastic", "ckpt_torn_write",
+                 "ckpt_bitflip", "collective_delay_straggler"}
+    for name in ("node_loss_elastic", "ckpt_torn_write", "ckpt_bitflip"):
         assert f'_shipped("{name}.yaml", golden_cache, tmp_path)' in recovery
     assert 'assert result.verdict == "pass"' in recovery
     assert all(f"experiments/{name}.yaml" in shipped or name in elsewhere for name in MUST_PASS)
