@@ -33,11 +33,19 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from faultlab import __version__
 from faultlab.errors import FaultlabError, InvalidExperimentError
 from faultlab.side_by_side import refuse_bar, refuse_with_fix, run_bars, run_with_fix
+from faultlab.terminal import (
+    VERDICT_STYLE,
+    campaign_tables,
+    detection_table,
+    print_sweep,
+    repeat_tables,
+    secs,
+    sla_table,
+)
 
 if TYPE_CHECKING:
     from faultlab.engine import RunResult
@@ -571,44 +579,6 @@ def _dry_run(experiments: Loaded, console: Console) -> int:
     return EXIT_PASS
 
 
-RESULT_STYLE = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]",
-                "inconclusive": "[bold yellow]INCONCLUSIVE[/]", "covered": "[dim]covered[/]"}
-"""An SLA's ``result`` in the terminal's tables."""
-
-VERDICT_STYLE = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]",
-                 "inconclusive": "[bold yellow]INCONCLUSIVE[/]"}
-
-
-def _sla_table(result: RunResult) -> Table:
-    from faultlab.judge.timing import bound_text
-
-    table = Table(title=f"{result.name}: {result.verdict.upper()}  ({result.run_folder})")
-    for col in ("SLA", "bound", "measured", "result"):
-        table.add_column(col)
-    for s in result.slas:
-        measured = "not measured" if s.measured is None else (
-            f"{s.measured:.3f}" if isinstance(s.measured, float) else str(s.measured))
-        if s.ratio and s.measured is not None:
-            measured += f" s ({s.ratio})"
-        bound = bound_text(s.bound, s.limit) if isinstance(s.bound, dict) else str(s.bound)
-        table.add_row(escape(s.name), escape(bound),
-                      escape(measured + (f" ({s.note})" if s.note else "")),
-                      RESULT_STYLE[s.result])
-    return table
-
-
-def _detection_table(section: dict[str, Any]) -> Table:
-    """The detection block of the verdict: one row per signal, the onset as the caption."""
-    from faultlab.report.detection import DETECTION_HEADER, detection_lines, detection_rows
-
-    table = Table(title="detection", caption=escape("; ".join(detection_lines(section))))
-    for col in DETECTION_HEADER:
-        table.add_column(col)
-    for row in detection_rows(section):
-        table.add_row(*(escape(c) for c in row))
-    return table
-
-
 def _print_unmeasured(rows: list[Any], console: Console) -> None:
     """An inconclusive run's lines under its table: what could not be measured, and why."""
     for s in rows:
@@ -679,12 +649,12 @@ def _run(experiments: Loaded, args: argparse.Namespace, console: Console, *,
         if on_result is not None:
             on_result(index, result.run_folder, result.verdict)
         if result.slas:  # none: stopped before the launch, and the error says why
-            console.print(_sla_table(result))
+            console.print(sla_table(result))
         else:
             console.print(f"[bold]{escape(result.name)}: {result.verdict.upper()}[/]  "
                           f"({escape(str(result.run_folder))})")
         if result.detection:
-            console.print(_detection_table(result.detection))
+            console.print(detection_table(result.detection))
         if result.error:
             console.print(f"[bold red]error:[/] {escape(result.error)}")
         for s in result.failures():
@@ -712,34 +682,6 @@ def _run(experiments: Loaded, args: argparse.Namespace, console: Console, *,
                       f"({verdicts.count('pass')}/{len(verdicts)} experiments passed"
                       + (f", {inconclusive} inconclusive" if inconclusive else "") + ")")
     return exit_code(overall)
-
-
-def campaign_tables(score: dict[str, Any]) -> list[Table]:
-    """The campaign's headline, its per-fault-type table and every injection."""
-    from faultlab.report.campaign import (
-        SHORT_INJECTION_COLUMNS,
-        TYPE_COLUMNS,
-        short_injection_rows,
-        summary_rows,
-        type_rows,
-    )
-
-    head = Table(title="campaign", show_header=False)
-    head.add_column("what")
-    head.add_column("value")
-    for k, v in summary_rows(score):
-        head.add_row(escape(k), escape(v))
-    out = [head]
-    for title, cols, rows in (("per fault type", TYPE_COLUMNS, type_rows(score)),
-                              ("injections", SHORT_INJECTION_COLUMNS,
-                               short_injection_rows(score))):
-        table = Table(title=title)
-        for col in cols:
-            table.add_column(col)
-        for row in rows:
-            table.add_row(*map(escape, row))
-        out.append(table)
-    return out
 
 
 def _interrupted(e: KeyboardInterrupt, attr: str, what: str, index: int,
@@ -777,8 +719,8 @@ def _run_repeated(exp: Experiment, path: Path, args: argparse.Namespace,
             failed += f" ({', '.join(dict.fromkeys(f.cause for f in result.findings))})"
         verdict = VERDICT_STYLE.get(result.verdict, VERDICT_STYLE["fail"])
         console.print(f"run {i}/{repeat}: {verdict}"
-                      f"  resume {_secs(m.resume_time_s)}, detection "
-                      f"{_secs(m.detection_latency_s)}, recovery {_secs(m.recovery_time_s)}, "
+                      f"  resume {secs(m.resume_time_s)}, detection "
+                      f"{secs(m.detection_latency_s)}, recovery {secs(m.recovery_time_s)}, "
                       f"lost steps {m.lost_steps if m.lost_steps is not None else '—'}"
                       + (f"  failed: {escape(failed)}" if failed else "")
                       + (f"  error: {escape(result.error)}" if result.error else "")
@@ -800,33 +742,6 @@ def _run_repeated(exp: Experiment, path: Path, args: argparse.Namespace,
     console.print(f"record: {outcome.record_path} (and report.md; each run under "
                   f"{outcome.folder / 'runs'})")
     return exit_code(outcome.verdict)
-
-
-def _secs(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f} s"
-
-
-def repeat_tables(name: str, summary: dict[str, Any], folder: Path) -> list[Table]:
-    """The SLA table over the runs (bound beside median, tail and headroom) and the metric
-    table (median, p95, min, max), as the terminal shows them."""
-    from faultlab.report.repeats import METRIC_HEADER, SLA_HEADER, spread_rows
-
-    sla_rows, metric_rows = spread_rows(summary)
-    slas = Table(title=f"{name} x {summary['num_runs']}: {summary['verdict'].upper()}  "
-                       f"({summary['stability']})")
-    for col in SLA_HEADER:
-        slas.add_column(col, no_wrap=col in ("SLA", "tail"))
-    for row in sla_rows:
-        met, runs = (int(x) for x in row[2].split(",")[0].split("/"))
-        slas.add_row(*map(escape, row[:2]),
-                     f"[green]{row[2]}[/]" if met == runs else f"[bold red]{row[2]}[/]",
-                     *map(escape, row[3:]))
-    metrics = Table(title=f"{name}: metrics over {summary['num_runs']} runs ({folder})")
-    for col in METRIC_HEADER:
-        metrics.add_column(col, no_wrap=col == "metric")
-    for row in metric_rows:
-        metrics.add_row(*map(escape, row))
-    return [slas, metrics]
 
 
 def _report_repeats(folder: Path, console: Console) -> int:
@@ -973,7 +888,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, console: C
         console.print("[bold red]interrupted[/]: every process of the job was stopped"
                       + (f"; the points so far in {folder}" if e.args else ""))
         return EXIT_INTERRUPTED
-    _print_sweep(outcome.record, console)
+    print_sweep(outcome.record, console)
     console.print(f"wrote {folder / 'sweep.json'}, sweep.md, sweep.png (each point's run "
                   f"under {folder / 'runs'})")
     failed = outcome.failed_points
@@ -983,30 +898,11 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, console: C
     return EXIT_FAIL if failed else EXIT_PASS
 
 
-def _print_sweep(record: dict[str, Any], console: Console) -> None:
-    """The sweep's table, then where each signal starts to notice."""
-    from faultlab.report.sweep import sweep_rows, threshold_text
-
-    header, rows = sweep_rows(record)
-    table = Table(title=escape(f"{record['experiment']['name']}: {record['param']['path']} "
-                               f"swept ({record['param']['scale']})"))
-    for col in header:
-        table.add_column(escape(col))
-    for row in rows:
-        table.add_row(*map(escape, row))
-    console.print(table)
-    for t in record["thresholds"]:
-        console.print(f"[bold]{escape(t['signal'])}[/]: {escape(threshold_text(t))}")
-    if not record["thresholds"]:
-        console.print("no signal was measured: no point's journal names a detection (declare "
-                      "the team's signals under observe.detections)")
-
-
 def _report_sweep(folder: Path, console: Console) -> int:
     from faultlab.report.sweep import rerender_folder
 
     record = _rerender(folder, "sweep", rerender_folder)
-    _print_sweep(record, console)
+    print_sweep(record, console)
     console.print(f"wrote {folder / 'sweep.json'}, sweep.md, sweep.png")
     return EXIT_FAIL if any(p["error"] for p in record["points"]) else EXIT_PASS
 

@@ -36,7 +36,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 # faultlab package → faultlab packages it may import (itself always). Top-level modules
-# (cli, side_by_side, errors, reaper, testing) are listed like packages.
+# (cli, side_by_side, terminal, errors, reaper, testing) are listed like packages.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "registry": {"errors"},
@@ -54,8 +54,9 @@ ALLOWED: dict[str, set[str]] = {
                "metadata", "storage"},
     "report": {"errors", "spec", "faults", "observe", "judge"},
     "side_by_side": {"errors", "spec", "engine", "observe", "report"},
+    "terminal": {"engine", "judge", "report"},
     "cli": {"errors", "spec", "engine", "faults", "targets", "observe", "judge", "report",
-            "metadata", "side_by_side"},
+            "metadata", "side_by_side", "terminal"},
     "reaper": {"targets", "storage"},
     "testing": {"errors", "targets"},
     "reference": {"errors", "spec", "faults", "targets", "engine", "observe", "judge", "cli"},
