@@ -176,7 +176,7 @@ def test_false_alarms_are_never_a_zero_that_was_not_counted() -> None:
 def test_a_launch_line_the_bar_cannot_run_leaves_the_monitors_to_compare(tmp_path: Path) -> None:
     """An ft_launcher line refuses the launch comparison (tests/unit/test_cli.py), not the
     monitors': with a team's monitor and a slowing fault, --bar goes ahead for those."""
-    from faultlab.cli import _refuse_bar
+    from faultlab.side_by_side import refuse_bar
 
     doc = yaml.safe_load((REPO / "examples/nvrx_ft/experiments/rank_kill.yaml").read_text())
     doc["observe"]["detections"] = [{"name": "straggler",
@@ -185,8 +185,8 @@ def test_a_launch_line_the_bar_cannot_run_leaves_the_monitors_to_compare(tmp_pat
                       "params": {"factor": 3.0}, "trigger": {"at_step": 5}, "duration_s": 60}]
     doc["expect"] = {"completes": True}
     path = _write(tmp_path, doc)
-    _refuse_bar([(path, load_experiment(path))])  # no InvalidExperimentError
+    refuse_bar([(path, load_experiment(path))])  # no InvalidExperimentError
     doc["observe"]["detections"] = []
     path = _write(tmp_path, doc)
     with pytest.raises(InvalidExperimentError, match="--bar cannot run 'nvrx_ft_rank_kill'"):
-        _refuse_bar([(path, load_experiment(path))])
+        refuse_bar([(path, load_experiment(path))])

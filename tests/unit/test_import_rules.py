@@ -36,7 +36,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 # faultlab package → faultlab packages it may import (itself always). Top-level modules
-# (cli, errors, reaper, testing) are listed like packages.
+# (cli, side_by_side, terminal, errors, reaper, testing) are listed like packages.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "registry": {"errors"},
@@ -53,8 +53,10 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"errors", "spec", "faults", "targets", "runtime", "observe", "judge", "report",
                "metadata", "storage"},
     "report": {"errors", "spec", "faults", "observe", "judge"},
+    "side_by_side": {"errors", "spec", "engine", "observe", "report"},
+    "terminal": {"engine", "judge", "report"},
     "cli": {"errors", "spec", "engine", "faults", "targets", "observe", "judge", "report",
-            "metadata"},
+            "metadata", "side_by_side", "terminal"},
     "reaper": {"targets", "storage"},
     "testing": {"errors", "targets"},
     "reference": {"errors", "spec", "faults", "targets", "engine", "observe", "judge", "cli"},

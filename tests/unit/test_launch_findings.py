@@ -80,8 +80,8 @@ def test_a_restart_that_never_trained_again_is_named_with_the_shared_store() -> 
 def test_the_bar_sets_the_teams_run_beside_faultlabs() -> None:
     from types import SimpleNamespace
 
-    from faultlab.cli import bar_rows
     from faultlab.judge.verdict import SLAResult
+    from faultlab.side_by_side import bar_rows
 
     def result(verdict: str, completes: bool, resume: float | None) -> SimpleNamespace:
         metrics = SimpleNamespace(completes=completes, restarts=1, detection_latency_s=0.02,

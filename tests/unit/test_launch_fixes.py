@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from faultlab.cli import fixed_target, main
+from faultlab.cli import main
 from faultlab.observe import FaultRecord
 from faultlab.observe.launch_findings import LaunchFinding, abort_at_exit, launch_findings
+from faultlab.side_by_side import fixed_target
 from faultlab.spec import experiment_from_dict
 from faultlab.spec.launch import TORCHRUN_DEFAULT
 
@@ -148,7 +149,7 @@ def test_a_run_with_no_finding_to_fix_says_so_and_runs_nothing_more(tmp_path: Pa
 
     from rich.console import Console
 
-    from faultlab.cli import _run_with_fix
+    from faultlab.side_by_side import run_with_fix
 
     folder = tmp_path / "team"
     folder.mkdir()
@@ -157,8 +158,8 @@ def test_a_run_with_no_finding_to_fix_says_so_and_runs_nothing_more(tmp_path: Pa
         abort.to_dict()]}}))
     team = SimpleNamespace(journal_path=folder / "journal.json", run_folder=folder, passed=False)
     console = Console(record=True, width=200)
-    _run_with_fix(_exp(), folder / "x.yaml", team, argparse.Namespace(report_dir=tmp_path),
-                  console, report_dir=tmp_path, golden_cache=None)
+    run_with_fix(_exp(), folder / "x.yaml", team, argparse.Namespace(report_dir=tmp_path),
+                 console, report_dir=tmp_path, golden_cache=None)
     text = (folder / "fix.md").read_text()
     assert "Nothing to fix: abort_at_exit: the fix is in the trainer's code" in text
     assert "--with-fix has nothing to fix" in console.export_text()
