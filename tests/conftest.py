@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,32 @@ def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     basetemp is <session>/popen-gwN): for runs that the workers share."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+Cli = Callable[..., tuple[int, str]]
+"""``cli(*args) -> (exit code, output)``."""
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """``cli(*args)``: ``faultlab ARGS`` (``faultlab.cli.main``) in this test's process, from
+    the repository's root and 200 columns wide; its exit code and everything it printed. A
+    test that signals or kills faultlab itself needs a subprocess; any other spares one: a
+    second import of faultlab and torch, about 2 CPU-s."""
+    from faultlab.cli import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str | Path) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        said = capsys.readouterr()
+        return code, said.out + said.err
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ and its golden run (the shipped experiment's key: observe and expect are not in 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,18 +38,15 @@ observe:
 declared signals."""
 
 
-def test_a_straggler_is_scored_by_the_declared_signals(tmp_path: Path,
-                                                       golden_cache: Path) -> None:
+def test_a_straggler_is_scored_by_the_declared_signals(
+        tmp_path: Path, golden_cache: Path, cli: Callable[..., tuple[int, str]]) -> None:
     text = SHIPPED.read_text()
     assert text.rstrip().endswith("straggler_detected_within_s: {s: 1, cold_starts: 1}")
     exp = tmp_path / "collective_delay_straggler.yaml"
     exp.write_text(text.rstrip() + "\n" + ADDED)
-    proc = subprocess.run([sys.executable, "-m", "faultlab.cli", "run", str(exp),
-                           "--report-dir", str(tmp_path / "reports"),
-                           "--golden-cache", str(golden_cache)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    rc, out = cli("run", exp, "--report-dir", tmp_path / "reports", "--golden-cache",
+                  golden_cache)
+    assert rc == 0, out
     (folder,) = (tmp_path / "reports").glob("collective_delay_straggler-*")
     journal = json.loads((folder / "journal.json").read_text())
     table = "\n".join(f"{s['name']}: {s['result']}, measured {s['measured']!r} ({s['note']})"

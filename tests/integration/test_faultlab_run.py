@@ -1,9 +1,12 @@
 """`faultlab run` end to end: a passing experiment, a violated SLA, interruption and clean-up.
 
-Each test runs the real CLI in a subprocess against real torchrun jobs. Golden runs are cached
-in one folder per test session, shared by the xdist workers (the ``golden_cache`` fixture).
-A shipped experiment through the CLI is tests/report/test_prelaunch_run.py (a suite of one);
-every shipped experiment also runs as a pytest item (make test).
+Each test runs the real CLI (``faultlab.cli.main``, its exit code and what it prints) against
+real torchrun jobs: in a subprocess where the test signals or kills faultlab itself, in the
+test's own process where it does not (``run``), which spares a second import of faultlab and
+torch, about 2 CPU-s a test. Golden runs are cached in one folder per test session, shared by
+the xdist workers (the ``golden_cache`` fixture). A shipped experiment through the CLI is
+tests/report/test_prelaunch_run.py (a suite of one); every shipped experiment also runs as a
+pytest item (make test).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +76,8 @@ class Faultlab:
         return rc
 
 
-def run(*args: str | Path) -> tuple[int, str]:
-    fl = Faultlab(*args)
-    return fl.wait(), fl.output
+Cli = Callable[..., tuple[int, str]]
+"""The ``cli`` fixture (tests/conftest.py): ``faultlab ARGS`` in this process."""
 
 
 def journal(report_dir: Path) -> dict[str, Any]:
@@ -86,13 +89,14 @@ def sla(j: dict[str, Any], name: str) -> dict[str, Any]:
     return next(s for s in j["slas"] if s["name"] == name)
 
 
-def test_hang_with_default_timeouts_is_an_sla_failure_not_a_wait(tmp_path: Path) -> None:
+def test_hang_with_default_timeouts_is_an_sla_failure_not_a_wait(tmp_path: Path,
+                                                                cli: Cli) -> None:
     """faultlab ends the hung job at the experiment's own timeout, not at the 30 minutes of
     gloo's process-group timeout that the trainer would wait for (the bound: half of that,
     whatever the machine's speed; the run itself takes its timeout and a clean-up)."""
     exp = load_experiment(EXPERIMENTS / "rank_hang_default_timeouts.yaml")
     t0 = time.monotonic()
-    rc, out = run("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
+    rc, out = cli("run", EXPERIMENTS / "rank_hang_default_timeouts.yaml",
                   "--report-dir", tmp_path)
     took_s = time.monotonic() - t0
     assert rc == 1, out
@@ -126,13 +130,14 @@ expect:
 """
 
 
-def test_violated_sla_exits_1_naming_sla_bound_and_measurement(tmp_path: Path) -> None:
+def test_violated_sla_exits_1_naming_sla_bound_and_measurement(tmp_path: Path,
+                                                               cli: Cli) -> None:
     """The only rank killed: one SLA that cannot hold, and the detection of a job with no
     survivor, measured from the launcher creating the new worker (it was the restarted rank's
     first record, 5.2 s here and 8.5 s on an H100, before)."""
     exp = tmp_path / "violated.yaml"
     exp.write_text(VIOLATED)
-    rc, out = run("run", exp, "--report-dir", tmp_path / "reports")
+    rc, out = cli("run", exp, "--report-dir", tmp_path / "reports")
     assert rc == 1, out
     j = journal(tmp_path / "reports")
     measured = sla(j, "resume_time_s")["measured"]
@@ -171,10 +176,11 @@ expect:
 
 
 def test_frozen_node_is_detected_continued_and_the_job_recovers(tmp_path: Path,
-                                                                golden_cache: Path) -> None:
+                                                                golden_cache: Path,
+                                                                cli: Cli) -> None:
     exp = tmp_path / "node_hang.yaml"
     exp.write_text(NODE_HANG)
-    rc, out = run("run", exp, "--report-dir", tmp_path / "reports",
+    rc, out = cli("run", exp, "--report-dir", tmp_path / "reports",
                   "--golden-cache", golden_cache)
     assert rc == 0, out
     j = journal(tmp_path / "reports")
@@ -190,10 +196,10 @@ def test_frozen_node_is_detected_continued_and_the_job_recovers(tmp_path: Path,
     assert_no_job_processes(tmp_path)
 
 
-def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path) -> None:
+def test_invalid_experiment_exits_2_and_launches_nothing(tmp_path: Path, cli: Cli) -> None:
     exp = tmp_path / "bad.yaml"
     exp.write_text(VIOLATED.replace("trigger: {at_step: 7}", "trigger: {at_step: ten}"))
-    rc, out = run("run", exp, "--report-dir", tmp_path / "reports")
+    rc, out = cli("run", exp, "--report-dir", tmp_path / "reports")
     assert rc == 2, out
     assert f"{exp}:9 faults[0].trigger.at_step" in out and "'ten'" in out
     assert not (tmp_path / "reports").exists()
@@ -254,11 +260,11 @@ faults:
 
 
 def test_a_node_that_ignores_its_spot_notice_is_terminated_at_the_deadline(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     exp = tmp_path / "spot_ignored.yaml"
     exp.write_text(IGNORES_NOTICE.format(python=json.dumps(sys.executable)))
     reports = tmp_path / "reports"
-    _rc, out = run("run", exp, "--report-dir", reports)
+    _rc, out = cli("run", exp, "--report-dir", reports)
     j = journal(reports)
     [fault] = j["faults"]
     d = fault["details"]
@@ -276,7 +282,7 @@ def test_a_node_that_ignores_its_spot_notice_is_terminated_at_the_deadline(
 
 
 def test_repeat_runs_independent_jobs_that_share_one_golden_run_over_the_file_channel(
-        tmp_path: Path, golden_cache: Path) -> None:
+        tmp_path: Path, golden_cache: Path, cli: Cli) -> None:
     """What unit tests of the summary cannot show: N real jobs, each in its own run and job
     folder, and the golden run computed at most once for all of them. It is also where the
     shipped rank_kill.yaml must pass (``make test`` runs no item of it: this runs it twice),
@@ -289,7 +295,7 @@ def test_repeat_runs_independent_jobs_that_share_one_golden_run_over_the_file_ch
     exp = tmp_path / "rank_kill.yaml"
     exp.write_text(text.replace("  timeout_s: 300\n",
                                 "  timeout_s: 300\n  control_channel: file\n"))
-    rc, out = run("run", exp, "--repeat", "2",
+    rc, out = cli("run", exp, "--repeat", "2",
                   "--report-dir", tmp_path / "reports", "--golden-cache", golden_cache)
     assert rc == 0, out
     [folder] = (tmp_path / "reports").glob("rank_kill-x2-*")

@@ -10,9 +10,7 @@ SHIPPED list leaves it out): its verdict must be pass."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,17 +25,12 @@ REPO = Path(__file__).resolve().parents[2]
 STRAGGLER = REPO / "experiments" / "gpu_slow_straggler.yaml"
 
 
-def test_a_straggler_sweep_finds_the_monitor_threshold(tmp_path: Path,
-                                                       golden_cache: Path) -> None:
+def test_a_straggler_sweep_finds_the_monitor_threshold(
+        tmp_path: Path, golden_cache: Path, cli: Callable[..., tuple[int, str]]) -> None:
     out = tmp_path / "sweep"
-    proc = subprocess.run(
-        [sys.executable, "-m", "faultlab.cli", "sweep", str(STRAGGLER),
-         "--param", "faults[slow-gpu-rank-1].params.factor", "--values", "1.2,5",
-         "--out", str(out), "--golden-cache", str(golden_cache)],
-        cwd=REPO, capture_output=True, text=True, timeout=3 * 240 + 60,
-        env={**os.environ, "COLUMNS": "200"})
-    said = proc.stdout + proc.stderr
-    assert proc.returncode == 0, said  # a measurement: the 1.2x point's failed SLA is no error
+    code, said = cli("sweep", STRAGGLER, "--param", "faults[slow-gpu-rank-1].params.factor",
+                     "--values", "1.2,5", "--out", out, "--golden-cache", golden_cache)
+    assert code == 0, said  # a measurement: the 1.2x point's failed SLA is no error
     record = json.loads((out / "sweep.json").read_text())
     assert [p["value"] for p in record["points"]] == [1.2, 5]
     journals = [read_journal(out / p["run_folder"]) for p in record["points"]]

@@ -38,12 +38,12 @@ TINY = """\
 name: {name}
 seed: 0
 target: {{trainer: reference, preset: tiny}}
-topology: {{nodes: 2, procs_per_node: 1}}
+topology: {{nodes: 1, procs_per_node: 1}}
 run: {{steps: 12, checkpoint_every: 5, timeout_s: 240}}
 faults:
-  - id: kill-rank-1
+  - id: kill-rank-0
     type: rank_kill
-    target: {{rank: 1}}
+    target: {{rank: 0}}
     trigger: {{at_step: 6}}
 expect:
   completes: true
@@ -340,7 +340,7 @@ def test_marked(faultlab_result, faultlab):
     assert faultlab_result.metrics.restarts == 1
     assert faultlab_result.metrics.resume_time_s > 0
     journal = json.loads(faultlab_result.journal_path.read_text())
-    assert journal["verdict"] == "pass" and journal["faults"][0]["id"] == "kill-rank-1"
+    assert journal["verdict"] == "pass" and journal["faults"][0]["id"] == "kill-rank-0"
     assert faultlab.results == [faultlab_result]
 """
 
@@ -361,10 +361,10 @@ def test_real_runs_pass_fail_with_the_sla_table_and_fill_junit(
         "SLA * bound * measured * result*",
         "completes * True * True * pass",
         "resume_time_s * <= 0.001 * * FAIL",
-        "fault_landed_at_step[[]kill-rank-1[]] * 6 * 6 * pass",  # the step gate held
+        "fault_landed_at_step[[]kill-rank-0[]] * 6 * 6 * pass",  # the step gate held
         JOURNAL.format(path=str(pytester.path / "reports") + "/tiny_slow-*/journal.json"),
         "what happened:",
-        "  injected kill-rank-1*",
+        "  injected kill-rank-0*",
     ])
     assert "Traceback" not in result.stdout.str()
 

@@ -19,9 +19,7 @@ is enough for all three. The golden runs come from the session's golden-run cach
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,11 +44,8 @@ GUARD_S = (hang_guard_s(load_experiment(RANK_HANG))
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(GUARD_S + 60)]
 
 
-def faultlab(*args: str | Path) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "faultlab.cli", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=GUARD_S,
-                          env={**os.environ, "COLUMNS": "200"})
-    return proc.returncode, proc.stdout + proc.stderr
+Cli = Callable[..., tuple[int, str]]
+"""The ``cli`` fixture (tests/conftest.py): ``faultlab ARGS`` in this process."""
 
 
 # campaign_reference's job (seed, steps, checkpoint interval, topology), so its golden run is
@@ -74,8 +69,8 @@ expect:
 """
 
 
-def test_a_one_experiment_suite_writes_one_report_folder(tmp_path: Path,
-                                                         golden_cache: Path) -> None:
+def test_a_one_experiment_suite_writes_one_report_folder(tmp_path: Path, golden_cache: Path,
+                                                         cli: Cli) -> None:
     suite = tmp_path / "suite.yaml"
     suite.write_text(f"""\
 suite:
@@ -85,7 +80,7 @@ suite:
           checkpoint_size_gb: 50, storage_bandwidth_gb_s: 5}}
 """)
     reports = tmp_path / "reports"
-    rc, out = faultlab("run", suite, "--report-dir", reports, "--golden-cache", golden_cache)
+    rc, out = cli("run", suite, "--report-dir", reports, "--golden-cache", golden_cache)
     assert rc == 0, out
     [folder] = reports.glob("smoke-*")
     assert "pre-launch report: PASS" in out and str(folder / "report.html") in out
@@ -105,7 +100,7 @@ suite:
     check_campaign_section(folder, report, camp_run)
 
     before = (folder / "report.md").read_text()
-    rc, out = faultlab("report", folder)
+    rc, out = cli("report", folder)
     assert rc == 0, out
     assert all((folder / name).is_file() for name in REPORT_FILES)
     assert (folder / "report.md").read_text().split("## Scorecard")[1] == \
@@ -136,7 +131,7 @@ suite:
     assert "most recent call first" in "\n".join(
         p.read_text() for p in (job / "logs").glob("node*.log"))
 
-    check_a_refused_rate_fails_its_entry_only(tmp_path, golden_cache)
+    check_a_refused_rate_fails_its_entry_only(tmp_path, golden_cache, cli)
 
 
 def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None:  # type: ignore[type-arg]
@@ -183,7 +178,8 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
     assert (camp_run / "report.html").is_file()
 
 
-def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path) -> None:
+def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path,
+                                              cli: Cli) -> None:
     """A campaign whose rate leaves no step room (known only once its golden run measured
     the step time; here campaign_reference's, cached, so nothing launches) fails its entry
     with the located reason; the suite still writes its report instead of stopping."""
@@ -198,7 +194,7 @@ suite:
          checkpoint_size_gb: 50, storage_bandwidth_gb_s: 5}
 """)
     reports = tmp_path / "refused-reports"
-    rc, out = faultlab("run", suite, "--report-dir", reports, "--golden-cache", golden_cache)
+    rc, out = cli("run", suite, "--report-dir", reports, "--golden-cache", golden_cache)
     assert rc == 1, out
     [folder] = reports.glob("refused-*")
     assert not any((folder / "runs").iterdir())  # nothing launched
