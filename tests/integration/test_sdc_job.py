@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from faultlab.observe.stream import EventStream
-from tests.integration.test_faultlab_run import journal, run, sla
+from tests.integration.test_faultlab_run import Cli, journal, sla
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -43,10 +43,10 @@ expect:
 
 
 def test_a_mercurial_rank_strikes_every_step_and_its_model_leaves_the_golden_run(
-        tmp_path: Path, golden_cache: Path) -> None:
+        tmp_path: Path, golden_cache: Path, cli: Cli) -> None:
     exp = tmp_path / "sdc.yaml"
     exp.write_text(SDC)
-    rc, out = run("run", exp, "--report-dir", tmp_path / "reports",
+    rc, out = cli("run", exp, "--report-dir", tmp_path / "reports",
                   "--golden-cache", golden_cache)
     assert rc == 1, out  # only the golden comparison fails: the corruption carried
     j = journal(tmp_path / "reports")

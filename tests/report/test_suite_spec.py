@@ -80,7 +80,7 @@ def test_the_shipped_prelaunch_suite_lists_every_experiment_that_must_pass() -> 
     # text with one line added (the file channel)
     repeat = (REPO / "tests" / "integration" / "test_faultlab_run.py").read_text()
     assert 'text = (EXPERIMENTS / "rank_kill.yaml").read_text()' in repeat
-    assert 'run("run", exp, "--repeat", "2",' in repeat
+    assert 'cli("run", exp, "--repeat", "2",' in repeat
     assert 'record["summary"]["verdicts"] == ["pass", "pass"]' in repeat
     # node_loss_elastic, ckpt_torn_write and ckpt_bitflip run (and must pass) in
     # test_trainer_recovery.py instead
