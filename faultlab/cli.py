@@ -49,11 +49,9 @@ from faultlab.terminal import (
 
 if TYPE_CHECKING:
     from faultlab.engine import RunResult
+    from faultlab.side_by_side import Loaded
     from faultlab.spec import Experiment, PlannedSuite
     from faultlab.spec.sweep import SweepPoint
-
-    Loaded = list[tuple[Path, Experiment]]
-    """What ``load_experiments`` returns: each experiment with the file it came from."""
 
 EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CODES = ("exit status: 0 every experiment passed; 1 one failed (or the run broke); 2 "

@@ -11,10 +11,10 @@ Each writes its page into the team's run folder and prints the same table; an ex
 which neither can run is refused before anything runs (:func:`refuse_bar`,
 :func:`refuse_with_fix`), located at its ``target.launch``. ``faultlab.cli`` parses the flags
 and calls these after the team's run. It may import ``faultlab.errors``, ``faultlab.spec``,
-``faultlab.engine``, ``faultlab.observe`` and ``faultlab.report`` (``ALLOWED`` in
-``tests/unit/test_import_rules.py``), and rich; never ``faultlab.cli``, which imports it. What
-it imports of faultlab it imports inside its functions, as ``faultlab.cli`` does, so that
-``faultlab --help`` loads neither the engine nor torch.
+``faultlab.engine``, ``faultlab.observe``, ``faultlab.report`` and ``faultlab.terminal``
+(``ALLOWED`` in ``tests/unit/test_import_rules.py``), and rich; never ``faultlab.cli``, which
+imports it. The engine and what loads torch it imports inside its functions, as
+``faultlab.cli`` does, so that ``faultlab --help`` loads neither the engine nor torch.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from faultlab.errors import InvalidExperimentError
+from faultlab.terminal import rows_table
 
 if TYPE_CHECKING:
     from faultlab.engine import RunResult
@@ -138,12 +138,7 @@ def _run_bar_monitors(exp: Experiment, path: Path, team: RunResult,
     rows, notes = monitor_rows(team_journal, [s.name for s in exp.observe.detections],
                                bar_journal, why)
     title = f"{exp.name}: the team's monitors beside the bar's, on the same faults"
-    table = Table(title=title)
-    for col in MONITORS_HEADER:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*map(escape, row))
-    console.print(table)
+    console.print(rows_table(title, MONITORS_HEADER, rows))
     for note in notes:
         console.print(escape(note))
     onsets = [f"- team: {onset_text((team_journal.get('detection') or {}).get('onset'))}"]
@@ -291,12 +286,7 @@ def _side_by_side(console: Console, title: str, right: str, team: RunResult,
     """Print the team's run beside ``other`` (``bar_rows``) and return it as Markdown rows,
     for ``--bar`` and ``--with-fix``."""
     rows = bar_rows(team, other)
-    table = Table(title=title)
-    for col in ("", "team's launch line", right):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*map(escape, row))
-    console.print(table)
+    console.print(rows_table(title, ("", "team's launch line", right), rows))
     return [f"| | team's launch line | {right} |", "| --- | --- | --- |",
             *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
 

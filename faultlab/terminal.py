@@ -13,6 +13,7 @@ and rich; never ``faultlab.cli``, which imports it. It imports faultlab inside i
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,16 @@ RESULT_STYLE = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]",
 VERDICT_STYLE = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]",
                  "inconclusive": "[bold yellow]INCONCLUSIVE[/]"}
 """A verdict in the terminal's lines."""
+
+
+def rows_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Table:
+    """A titled table of plain-text rows (escaped: a row's text is never rich markup)."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*map(escape, row))
+    return table
 
 
 def sla_table(result: RunResult) -> Table:
@@ -83,12 +94,7 @@ def campaign_tables(score: dict[str, Any]) -> list[Table]:
     for title, cols, rows in (("per fault type", TYPE_COLUMNS, type_rows(score)),
                               ("injections", SHORT_INJECTION_COLUMNS,
                                short_injection_rows(score))):
-        table = Table(title=title)
-        for col in cols:
-            table.add_column(col)
-        for row in rows:
-            table.add_row(*map(escape, row))
-        out.append(table)
+        out.append(rows_table(title, cols, rows))
     return out
 
 

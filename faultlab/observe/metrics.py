@@ -333,7 +333,7 @@ def completion(records: list[Record]) -> tuple[bool, str]:
         return False, f"{who} wrote no exit record (killed, or stopped before its end)"
     # the newest exit of the final incarnation's rank 0: an old rank 0 the job left out (a cut
     # node's) may write its error exit after the final one completed
-    last = next((r for r in reversed(rank0_exits) if _hashable(r.get("pid")) not in earlier),
+    last = next((r for r in reversed(rank0_exits) if _int_pid(r.get("pid")) not in earlier),
                 rank0_exits[-1])
     if last.get("reason") != "completed":
         return False, f"{who} last exited {last.get('reason')!s}" + (
@@ -344,7 +344,7 @@ def completion(records: list[Record]) -> tuple[bool, str]:
         return False, (f"{who} completed, but a process started after that and did not finish "
                        f"(the last start, at t={last_start_t:.2f}, has no clean exit after it)")
     unclean = [r for r in final if r.get("kind") == "exit" and not _is_clean_exit(r)
-               and _hashable(r.get("pid")) not in earlier]
+               and _int_pid(r.get("pid")) not in earlier]
     if unclean:
         bad = unclean[-1]
         return False, (f"rank {bad.get('rank')} of the final incarnation exited "
@@ -357,7 +357,8 @@ def completion(records: list[Record]) -> tuple[bool, str]:
     return True, ""
 
 
-def _hashable(pid: object) -> object:
+def _int_pid(pid: object) -> int | None:
+    """A record's pid where it is one (a garbled record's is compared as None)."""
     return pid if isinstance(pid, int) else None
 
 

@@ -53,7 +53,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"errors", "spec", "faults", "targets", "runtime", "observe", "judge", "report",
                "metadata", "storage"},
     "report": {"errors", "spec", "faults", "observe", "judge"},
-    "side_by_side": {"errors", "spec", "engine", "observe", "report"},
+    "side_by_side": {"errors", "spec", "engine", "observe", "report", "terminal"},
     "terminal": {"engine", "judge", "report"},
     "cli": {"errors", "spec", "engine", "faults", "targets", "observe", "judge", "report",
             "metadata", "side_by_side", "terminal"},
