@@ -64,5 +64,5 @@ def test_impossible_sla_makes_chaos_report_the_deviation(tmp_path: Path,
     assert "Experiment ended with status: deviated" in out
     [failed] = [p for p in journal["steady_states"]["after"]["probes"] if not p["tolerance_met"]]
     assert failed["activity"]["name"] == "recovered-within-0.01s" and failed["output"] is False
-    assert "recovered_within: after rank_kill-1 (rank_kill on rank 1) the job" in out
+    assert "recovered_within: after rank_kill-1 (rank_kill on rank 0) the job" in out
     assert_no_job_processes(tmp_path)  # the run context stopped the job despite the deviation
