@@ -282,8 +282,9 @@ SCENARIOS = {
                                  "from step 6"}, measured={"completes": True, "false_alarms": 0},
         detected={"straggler": False}),
     # examples/plugin, a team's own fault and SLA (make installs the package): rank 1 raises in
-    # its optimizer step at step 6, its peer leaves its collective (0.03 s on the reference
-    # trainer, 1.02 s at level 0 here), the group restarts from step 4, bitwise equal.
+    # its optimizer step (at step 15 on the reference trainer, 6 at level 0), its peer leaves
+    # its collective (0.03 s on the reference trainer, 1.02 s at level 0 here), the group
+    # restarts from the last checkpoint, bitwise equal.
     "plugin/optimizer_exception_reference.yaml": Expected("pass", measured={
         "completes": True, "max_restarts": 1, "bitwise_equal_to_golden": True}),
     "plugin/optimizer_exception_fsdp2_dcp.yaml": Expected("pass", measured={
