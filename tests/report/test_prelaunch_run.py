@@ -12,8 +12,10 @@ faulted run of 100 steps (about 20 CPU-s) for what the shipped campaign shows as
 The experiment is rank_hang (SIGSTOP rank 1; the trainer's watchdog must notice). The same run
 is also where the trainer's watchdog is checked against a real job (its records and stack
 dump), and where a shipped experiment's journal is checked through the CLI: one run of this job
-is enough for all three. The golden runs come from the session's golden-run cache
-(tests/conftest.py).
+is enough for all three. The campaign's job is rank_hang's (seed 0, 40 steps; its schedule has
+a seed of its own, campaign.seed), so the two share one golden run, which comes from the
+session's golden-run cache (tests/conftest.py) and is the one of 15 more shipped experiments
+of that job.
 """
 
 from __future__ import annotations
@@ -48,12 +50,12 @@ Cli = Callable[..., tuple[int, str]]
 """The ``cli`` fixture (tests/conftest.py): ``faultlab ARGS`` in this process."""
 
 
-# campaign_reference's job (seed, steps, checkpoint interval, topology), so its golden run is
-# the one the suite's campaign computed (cached: nothing launches), with a rate on the wall
-# clock that leaves no step room; `mtbf_s` on line 7
+# campaign_reference's job, which is rank_hang's (seed, steps, checkpoint interval, topology),
+# so its golden run is the one the suite computed (cached: nothing launches), with a rate on
+# the wall clock that leaves no step room; `mtbf_s` on line 7
 TOO_FAST = """\
 name: too_fast
-seed: 36
+seed: 0
 target: {trainer: reference, preset: tiny}
 topology: {nodes: 2, procs_per_node: 1}
 run: {steps: 40, checkpoint_every: 10, timeout_s: 300}
@@ -181,8 +183,9 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
 def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path,
                                               cli: Cli) -> None:
     """A campaign whose rate leaves no step room (known only once its golden run measured
-    the step time; here campaign_reference's, cached, so nothing launches) fails its entry
-    with the located reason; the suite still writes its report instead of stopping."""
+    the step time; here rank_hang's and campaign_reference's, cached, so nothing launches)
+    fails its entry with the located reason; the suite still writes its report instead of
+    stopping."""
     camp = tmp_path / "too_fast.yaml"
     camp.write_text(TOO_FAST)
     suite = tmp_path / "refused.yaml"
