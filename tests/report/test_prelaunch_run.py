@@ -4,10 +4,11 @@ report`. The whole pre-launch suite runs in `make demo`.
 
 The campaign is experiments/campaign_reference.yaml, which `make test` runs here instead of as
 an item of its own (the Makefile's SHIPPED list leaves it out): its verdict must be pass in the
-suite's report, and its section is checked against the scores its comment gives (seed 36 on the
-step clock: 5 arrivals of every type, 4 detected, 3 of 4 attributed, no false positive, the same
-under any load). A tiny campaign of one arrival ran here before, beside that item: one more
-faulted run of 100 steps (about 20 CPU-s) for what the shipped campaign shows as well.
+suite's report, and its section is checked against the scores its comment gives (its schedule's
+seed 36 on the step clock: 5 arrivals of every type, 4 detected, 3 of 4 attributed, 13 steps
+lost, no false positive, the same under any load). A tiny campaign of one arrival ran here
+before, beside that item: one more faulted run of 100 steps (about 20 CPU-s) for what the
+shipped campaign shows as well.
 
 The experiment is rank_hang (SIGSTOP rank 1; the trainer's watchdog must notice). The same run
 is also where the trainer's watchdog is checked against a real job (its records and stack
@@ -152,11 +153,14 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
     # the scores campaign_reference.yaml's comment gives, fixed by its seed and the step clock:
     # 5 of 5 injected, one compound (a rank_kill drawn onto the io_error's step 22), detected
     # 4 of 5 (that kill's reaction is the io_error's), attributed 3 of 4 (a NaN gradient names
-    # no rank under FSDP2), no false positive, and the job came back from each and finished
+    # no rank under FSDP2), 13 steps lost, no false positive, and the job came back from each
+    # and finished
     assert (score["scheduled"], score["injected"], score["compound"]) == (5, 5, 1)
     injections = score["injections"]
-    assert sum(1 for i in injections if i["detected"]) == 4
-    assert sum(1 for i in injections if i["attributed"]) == 3
+    assert [(i["type"], i["at_step"], i["detected"], i["attributed"]) for i in injections] == [
+        ("grad_nan", 13, True, False), ("collective_error", 19, True, True),
+        ("io_error", 22, False, None), ("rank_kill", 22, True, True), ("gpu_oom", 32, True, True)]
+    assert score["lost_steps"] == 13
     assert score["detection_rate"] == pytest.approx(4 / 5, abs=1e-4)  # the journal's 4 digits
     assert score["attribution_accuracy"] == pytest.approx(3 / 4, abs=1e-4)
     assert 0 < score["ettr"] < 1 and score["false_positives"] == 0
