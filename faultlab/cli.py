@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
 
                     rate = check_rate_cached(campaign[0], args.golden_cache, path, campaign[1])
                     console.print(f"ok  {path}  (campaign {exp.name}: {len(exp.faults)} "
-                                  f"arrival(s) from seed {exp.seed}, "
+                                  f"arrival(s) from seed {campaign[0].schedule_seed}, "
                                   f"{len(campaign[0].expect.items())} SLA(s); "
                                   f"{escape(rate)})")
                     continue
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                               + f"; plan {plan.num_gpus} GPUs in {plan.num_nodes} node(s))")
             return EXIT_PASS
         if args.dry_run:
-            return _dry_run(experiments, console)
+            return _dry_run(experiments, console, args.seed)
         if args.repeat > 1:
             _refuse_repeated_campaigns(experiments)
         suites = _planned_suites(args.experiments)
@@ -552,18 +552,19 @@ def _refuse_repeated_campaigns(experiments: Loaded) -> None:
         raise InvalidExperimentError(problems)
 
 
-def _dry_run(experiments: Loaded, console: Console) -> int:
+def _dry_run(experiments: Loaded, console: Console, seed: int | None) -> int:
     from faultlab.spec import describe_schedule, load_campaign
     from faultlab.spec.checkpoint_args import checkpoint_warnings
 
     for path, exp in experiments:
-        campaign = load_campaign(path)
+        campaign = load_campaign(path, seed=seed)
         console.print(f"[bold]{exp.name}[/] ({path}): "
                       + ("campaign, " if campaign else "")
                       + f"{exp.topology.nodes} node(s) x "
                       f"{exp.topology.procs_per_node}, {exp.run.steps} steps, timeout "
                       f"{exp.run.timeout_s:g} s, seed {exp.seed}"
-                      + (f", {len(exp.faults)} arrival(s) scheduled" if campaign else ""))
+                      + (f", {len(exp.faults)} arrival(s) scheduled from seed "
+                         f"{campaign[0].schedule_seed}" if campaign else ""))
         # As validate says it: a run would resume from the golden run's checkpoints.
         for warning in checkpoint_warnings(exp.target.command, path):
             console.print(f"  [bold yellow]warning[/] {escape(str(warning))}")

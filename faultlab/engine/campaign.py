@@ -137,7 +137,8 @@ def run_campaign(campaign: Campaign, *, source: Path | None = None, line: int | 
     golden: GoldenRun = golden_run(exp, golden_cache, timeout_s=exp.run.timeout_s)
     golden_events = read_events(Path(golden.run_dir) / "events")
     check_rate(campaign, golden_step_time_s(golden_events), source, line)
-    view.note(f"campaign: {len(exp.faults)} arrival(s) scheduled from seed {campaign.seed}")
+    view.note(f"campaign: {len(exp.faults)} arrival(s) scheduled from seed "
+              f"{campaign.schedule_seed}")
     result = run_experiment(exp, source=source, report_dir=report_dir,
                             golden_cache=golden_cache, view=view)
     journal_path = result.journal_path

@@ -49,7 +49,9 @@ Two clocks, exactly one per campaign:
 The schedule is a pure function of the document: ``numpy.random.default_rng(seed)`` draws, per
 arrival, an exponential gap, the mix entry (probability weight ÷ sum of weights) and, for a
 ``random`` victim, the rank or node — always the same three draws, so the same seed gives the
-same schedule.
+same schedule. ``seed`` is the document's, which also seeds the job, unless ``campaign.seed``
+gives the schedule its own: the arrivals then change without changing what the job computes,
+so its golden run is that of every experiment of the same job (``faultlab.engine.golden``).
 """
 
 from __future__ import annotations
@@ -134,6 +136,10 @@ class CampaignSpec(SpecModel):
     """Wall clock: no fault before this many seconds (the job's start-up). Default 0."""
     mix: Annotated[tuple[MixEntry, ...], BeforeValidator(as_tuple), Field(min_length=1)]
     """The fault mix: each arrival is one entry, drawn with probability weight ÷ total."""
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    """The schedule's own seed. Default: the document's ``seed``, which also seeds the job.
+    With it, the arrivals change while the job computes what it did: its golden run stays the
+    one every experiment of the same job (trainer, seed, steps, topology) shares."""
 
     @property
     def clock(self) -> str:
@@ -261,6 +267,11 @@ class Campaign(JobSpec):
         return self
 
     @property
+    def schedule_seed(self) -> int:
+        """The seed the arrivals are drawn from: ``campaign.seed``, else the document's."""
+        return self.campaign.seed if self.campaign.seed is not None else self.seed
+
+    @property
     def last_step(self) -> int:
         """The last step a step-clock arrival may land on."""
         spec = self.campaign
@@ -312,7 +323,7 @@ def campaign_schedule(campaign: Campaign) -> list[Planned]:
     spec = campaign.campaign
     weights = np.array([e.weight for e in spec.mix], dtype=float)
     probs = weights / weights.sum()
-    rng = np.random.default_rng(campaign.seed)
+    rng = np.random.default_rng(campaign.schedule_seed)
     out: list[Planned] = []
     steps = spec.mtbf_steps is not None
     mean = spec.mtbf_steps if steps else spec.mtbf_s

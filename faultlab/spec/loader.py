@@ -249,7 +249,14 @@ def _check_seed(seed: object, file: Path | None) -> None:
 
 
 def _with_seed(exp: _Seeded, seed: int | None) -> _Seeded:
-    return exp if seed is None else exp.model_copy(update={"seed": seed})
+    """``exp`` with every seed it has replaced (a campaign's schedule's own too, so that
+    ``--seed`` always draws another schedule)."""
+    if seed is None:
+        return exp
+    if isinstance(exp, Campaign) and exp.campaign.seed is not None:
+        return exp.model_copy(update={"seed": seed, "campaign": exp.campaign.model_copy(
+            update={"seed": seed})})
+    return exp.model_copy(update={"seed": seed})
 
 
 def _sorted(problems: list[Problem]) -> list[Problem]:

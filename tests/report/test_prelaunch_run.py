@@ -4,16 +4,19 @@ report`. The whole pre-launch suite runs in `make demo`.
 
 The campaign is experiments/campaign_reference.yaml, which `make test` runs here instead of as
 an item of its own (the Makefile's SHIPPED list leaves it out): its verdict must be pass in the
-suite's report, and its section is checked against the scores its comment gives (seed 36 on the
-step clock: 6 arrivals of every type, 5 detected, 4 of 5 attributed, no false positive, the same
-under any load). A tiny campaign of one arrival ran here before, beside that item: one more
-faulted run of 100 steps (about 20 CPU-s) for what the shipped campaign shows as well.
+suite's report, and its section is checked against the scores its comment gives (its schedule's
+seed 36 on the step clock: 5 arrivals of every type, 4 detected, 3 of 4 attributed, 13 steps
+lost, no false positive, the same under any load). A tiny campaign of one arrival ran here
+before, beside that item: one more faulted run of 100 steps (about 20 CPU-s) for what the
+shipped campaign shows as well.
 
 The experiment is rank_hang (SIGSTOP rank 1; the trainer's watchdog must notice). The same run
 is also where the trainer's watchdog is checked against a real job (its records and stack
 dump), and where a shipped experiment's journal is checked through the CLI: one run of this job
-is enough for all three. The golden runs come from the session's golden-run cache
-(tests/conftest.py).
+is enough for all three. The campaign's job is rank_hang's (seed 0, 40 steps; its schedule has
+a seed of its own, campaign.seed), so the two share one golden run, which comes from the
+session's golden-run cache (tests/conftest.py) and is the one of 15 more shipped experiments
+of that job.
 """
 
 from __future__ import annotations
@@ -48,15 +51,15 @@ Cli = Callable[..., tuple[int, str]]
 """The ``cli`` fixture (tests/conftest.py): ``faultlab ARGS`` in this process."""
 
 
-# campaign_reference's job (seed, steps, checkpoint interval, topology), so its golden run is
-# the one the suite's campaign computed (cached: nothing launches), with a rate on the wall
-# clock that leaves no step room; `mtbf_s` on line 7
+# campaign_reference's job, which is rank_hang's (seed, steps, checkpoint interval, topology),
+# so its golden run is the one the suite computed (cached: nothing launches), with a rate on
+# the wall clock that leaves no step room; `mtbf_s` on line 7
 TOO_FAST = """\
 name: too_fast
-seed: 36
+seed: 0
 target: {trainer: reference, preset: tiny}
 topology: {nodes: 2, procs_per_node: 1}
-run: {steps: 100, checkpoint_every: 10, timeout_s: 300}
+run: {steps: 40, checkpoint_every: 10, timeout_s: 300}
 campaign:
   mtbf_s: 0.01         # the wall clock: checked against the golden run's step time
   duration_s: 15
@@ -148,15 +151,18 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
     assert section["campaign"] == journal["campaign"]  # the journal's object, whole
     score = section["campaign"]["score"]
     # the scores campaign_reference.yaml's comment gives, fixed by its seed and the step clock:
-    # 6 of 6 injected, one compound (a rank_kill drawn onto the io_error's step 33), detected
-    # 5 of 6 (that kill's reaction is the io_error's), attributed 4 of 5 (a NaN gradient names
-    # no rank under FSDP2), no false positive, and the job came back from each and finished
-    assert (score["scheduled"], score["injected"], score["compound"]) == (6, 6, 1)
+    # 5 of 5 injected, one compound (a rank_kill drawn onto the io_error's step 22), detected
+    # 4 of 5 (that kill's reaction is the io_error's), attributed 3 of 4 (a NaN gradient names
+    # no rank under FSDP2), 13 steps lost, no false positive, and the job came back from each
+    # and finished
+    assert (score["scheduled"], score["injected"], score["compound"]) == (5, 5, 1)
     injections = score["injections"]
-    assert sum(1 for i in injections if i["detected"]) == 5
-    assert sum(1 for i in injections if i["attributed"]) == 4
-    assert score["detection_rate"] == pytest.approx(5 / 6, abs=1e-4)  # the journal's 4 digits
-    assert score["attribution_accuracy"] == pytest.approx(4 / 5, abs=1e-4)
+    assert [(i["type"], i["at_step"], i["detected"], i["attributed"]) for i in injections] == [
+        ("grad_nan", 13, True, False), ("collective_error", 19, True, True),
+        ("io_error", 22, False, None), ("rank_kill", 22, True, True), ("gpu_oom", 32, True, True)]
+    assert score["lost_steps"] == 13
+    assert score["detection_rate"] == pytest.approx(4 / 5, abs=1e-4)  # the journal's 4 digits
+    assert score["attribution_accuracy"] == pytest.approx(3 / 4, abs=1e-4)
     assert 0 < score["ettr"] < 1 and score["false_positives"] == 0
     mix = {"rank_kill", "grad_nan", "collective_error", "io_error", "gpu_oom"}
     assert {i["type"] for i in injections} == mix  # every type
@@ -164,7 +170,7 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
     assert sorted(m["fault_id"] for m in marked) == \
         sorted(i["fault_id"] for i in injections)
     assert all(m["t"] > 0 for m in marked)
-    assert section["campaign"]["series"]["steps"][-1][1] == 100  # rank 0 reached the end
+    assert section["campaign"]["series"]["steps"][-1][1] == 40  # rank 0 reached the end
     headline = dict(summary_rows(score))
     md = (folder / "report.md").read_text().split("## campaign_reference: PASS")[1]
     html = (folder / "report.html").read_text().split('id="exp-campaign_reference"')[1]
@@ -181,8 +187,9 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
 def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path,
                                               cli: Cli) -> None:
     """A campaign whose rate leaves no step room (known only once its golden run measured
-    the step time; here campaign_reference's, cached, so nothing launches) fails its entry
-    with the located reason; the suite still writes its report instead of stopping."""
+    the step time; here rank_hang's and campaign_reference's, cached, so nothing launches)
+    fails its entry with the located reason; the suite still writes its report instead of
+    stopping."""
     camp = tmp_path / "too_fast.yaml"
     camp.write_text(TOO_FAST)
     suite = tmp_path / "refused.yaml"

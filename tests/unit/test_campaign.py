@@ -97,6 +97,29 @@ def test_compiles_to_an_experiment_of_time_triggered_faults(tmp_path: Path) -> N
     assert [f.trigger.at_time_s for f in other.faults] != [p.at_s for p in plan]
 
 
+def test_a_schedule_seed_of_its_own_leaves_the_job_and_its_golden_run_alone(
+        tmp_path: Path) -> None:
+    """``campaign.seed`` draws the arrivals; the job keeps the document's seed, so its golden
+    run is that of any experiment of the same job. ``--seed`` replaces both."""
+    from faultlab.engine.golden import golden_key
+
+    path = tmp_path / "camp.yaml"
+    path.write_text(DOC.format(seed=0, mtbf_s=20).replace("  mix:", "  seed: 3\n  mix:"))
+    loaded = load_campaign(path)
+    assert loaded is not None and loaded[0].schedule_seed == 3
+    [(_, exp)] = load_experiments([path])
+    assert exp.seed == 0
+    assert [f.trigger.at_time_s for f in exp.faults] == \
+        [p.at_s for p in campaign_schedule(campaign(3, mtbf_s=20))]
+    assert golden_key(exp) == golden_key(compile_campaign(campaign(0, mtbf_s=20)))
+    assert golden_key(exp) != golden_key(compile_campaign(campaign(3, mtbf_s=20)))
+    [(_, other)] = load_experiments([path], seed=9)
+    assert other.seed == 9 and [f.trigger.at_time_s for f in other.faults] == \
+        [p.at_s for p in campaign_schedule(campaign(9, mtbf_s=20))]
+    assert problems(DOC.format(seed=0, mtbf_s=20).replace("  mix:", "  seed: -1\n  mix:")) \
+        == ["camp.yaml:9 campaign.seed: must be >= 0, got -1"]
+
+
 STEP_DOC = DOC.replace("  mtbf_s: {mtbf_s}\n  duration_s: 200\n  start_after_s: 5\n",
                        "  mtbf_steps: {mtbf}\n  start_after_step: 5\n")
 
