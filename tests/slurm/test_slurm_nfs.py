@@ -72,7 +72,8 @@ def settled_events(journal: dict) -> list[dict]:
     """The job's events as this host sees them once its NFS view has caught up: the host
     listed the events directory before the relays made their files, and a listing, or a
     file's size, may be served from its cache for up to acdirmax, or acregmax, after the job
-    ended (the shorter the job, the likelier: read at once, the 20-step job's read empty).
+    ended: read at once, the job's events read empty, for the 40-step job of 443667f as for
+    the 20-step one (2 of 4 runs of tests/slurm without this wait on 2026-12-02).
     Bounded by those two configured caches, never by this machine's speed."""
     from faultlab.runtime.events import read_events
     from faultlab.storage.nfs_client import NfsOptions
