@@ -239,7 +239,10 @@ def test_disk_full_reaches_the_ranks_on_the_nodes_through_the_shared_directory(
     """The storage faults' passthrough is mounted on the host under the shared directory; the
     cluster binds that directory ``rslave`` into the nodes, so the ranks there write through
     it: ``disk_full`` fails their save with ENOSPC (reported by the reference trainer, which
-    goes on), and after the run no node keeps a mount."""
+    goes on), and after the run no node keeps a mount. The fault ends at the ranks' report
+    (``until: reaction``): held its whole 5 s, it outlived the remaining steps (0.13 s each
+    here), failed the mandatory final save too, and the job restarted, two more rank starts
+    (about 6 CPU-s) that this test does not look at."""
     exp = tmp_path / "full.yaml"
     exp.write_text("""\
 name: slurm_disk_full
@@ -249,6 +252,7 @@ topology: {nodes: 2, launcher: slurm, slurm: {time_limit: "10:00"}}
 run: {steps: 16, checkpoint_every: 5, timeout_s: 240}
 faults:
   - {id: full, type: disk_full, target: all, trigger: {at_step: 7}, duration_s: 5,
+     until: reaction,
      params: {free_bytes: 0}}
 expect: {completes: true}
 """)

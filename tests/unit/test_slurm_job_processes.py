@@ -44,3 +44,15 @@ def test_the_job_is_its_named_processes_and_their_children_topmost_first(
             proc.wait()
         if child is not None:
             os.kill(child, 9)  # orphaned now: init reaps it
+
+
+def test_the_node_command_imports_no_more_than_the_standard_library_needs() -> None:
+    """It runs on every node of every job (each node's task) and for every fault on a node
+    (a step there): importing the slurm package's spec, pydantic and numpy for it cost each
+    such process 0.45 CPU-s."""
+    code = ("import sys, faultlab.targets.slurm.node; "
+            "print(sorted(m for m in ('pydantic', 'numpy', 'torch', 'faultlab.spec') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"

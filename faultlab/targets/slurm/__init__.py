@@ -23,9 +23,35 @@ the job and their undoing), ``target`` (``SlurmTarget``: the ``Target`` contract
 ranks and nodes), ``slurmcli`` (Slurm's commands) and ``node`` (faultlab's node command).
 """
 
-from faultlab.targets.slurm.guard import LAB_LABEL, restore_from_guard
-from faultlab.targets.slurm.job import prepare_job_dir
-from faultlab.targets.slurm.scheduler import SlurmJobResult
-from faultlab.targets.slurm.target import SlurmTarget
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from faultlab.targets.slurm.guard import LAB_LABEL, restore_from_guard
+    from faultlab.targets.slurm.job import prepare_job_dir
+    from faultlab.targets.slurm.scheduler import SlurmJobResult
+    from faultlab.targets.slurm.target import SlurmTarget
+
+_WHERE = {"LAB_LABEL": "faultlab.targets.slurm.guard",
+          "restore_from_guard": "faultlab.targets.slurm.guard",
+          "prepare_job_dir": "faultlab.targets.slurm.job",
+          "SlurmJobResult": "faultlab.targets.slurm.scheduler",
+          "SlurmTarget": "faultlab.targets.slurm.target"}
+"""Imported on first use: the node command (``python -m faultlab.targets.slurm.node``, every
+node's task of a job and every fault's step on a node) runs on the standard library alone,
+and importing this package for it cost each such process 0.45 CPU-s (the spec's pydantic and
+numpy), on every node of every job."""
 
 __all__ = ["LAB_LABEL", "SlurmJobResult", "SlurmTarget", "prepare_job_dir", "restore_from_guard"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'faultlab.targets.slurm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
