@@ -89,6 +89,11 @@ class _ReferenceTrainer:
         "pg_timeout_s",
         "min_step_time_s", "preemption_provider", "preemption_poll_s",
         "straggler_threshold_s", "straggler_steps", "spike_factor"})
+    monitor_settings: frozenset[str] = frozenset({
+        # Of those, the ones that decide what a fault-free run's monitors report: in the key
+        # of a golden run whose alarms a verdict counts (faultlab.engine.golden.golden_key).
+        "watchdog_s", "checkpoint_timeout_s", "straggler_threshold_s", "straggler_steps",
+        "spike_factor"})
 
     def make_config(self, run_dir: Path, **settings: Any) -> TrainConfig:
         return TrainConfig(run_dir=run_dir, **settings)

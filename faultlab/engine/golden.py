@@ -152,9 +152,24 @@ differ in them share a golden run."""
 
 
 def golden_key(exp: Experiment) -> str:
+    """The golden run's cache key: what decides its bits and where they are computed.
+
+    A trainer's ``monitor_settings`` (a watchdog's timeout, a spike factor, a straggler
+    threshold) change no bit, so a golden run whose records nobody counts is shared across
+    them. But they decide what its monitors report, and a campaign's false positives and the
+    ``false_alarms`` of a run scored for detection are read from those reports
+    (``Experiment.counts_golden_alarms``). Such an experiment's key holds its monitor settings
+    and is marked, so it never reads alarms raised under another experiment's settings: its
+    verdict depends on its own stack, not on which experiment filled the cache first."""
     t = exp.target
-    # Settings that change how a run is operated, never one bit of what it computes, stay out.
-    neutral = get_trainer(t.trainer).numerics_neutral if t.trainer else frozenset()
+    # Settings that change how a run is operated, never one bit of what it computes, stay out;
+    # a monitor's stay in where a verdict counts the golden run's alarms (docstring).
+    trainer = get_trainer(t.trainer) if t.trainer else None
+    neutral = trainer.numerics_neutral if trainer is not None else frozenset()
+    monitors: frozenset[str] = getattr(trainer, "monitor_settings", frozenset()) & neutral
+    alarms = bool(monitors) and exp.counts_golden_alarms
+    if alarms:
+        neutral = neutral - monitors
     overrides = {k: v for k, v in (t.overrides or {}).items() if k not in neutral}
     ident = {
         "target": {"trainer": t.trainer, "preset": t.preset, "overrides": overrides,
@@ -174,6 +189,8 @@ def golden_key(exp: Experiment) -> str:
         "site": reference_site(exp),
         "code": code_version(exp),
     }
+    if alarms:
+        ident["alarms"] = True
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 

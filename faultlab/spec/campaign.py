@@ -362,4 +362,4 @@ def compile_campaign(campaign: Campaign) -> Experiment:
     """The ordinary experiment that runs the campaign: one fault per arrival."""
     faults = [campaign.campaign.mix[p.entry].fault_dict(p.victim, p.trigger, p.fault_id)
               for p in campaign_schedule(campaign)]
-    return Experiment.model_validate(campaign._experiment_dict(faults))
+    return Experiment.model_validate(campaign._experiment_dict(faults)).as_campaign()

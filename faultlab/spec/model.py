@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator
 from pydantic_core import InitErrorDetails
 
 from faultlab.fault_api.context import CONTEXT_CAPABILITIES, unmet
@@ -135,6 +135,27 @@ class Experiment(JobSpec):
     """SLAs judged after the run."""
     golden: GoldenSpec = GoldenSpec()
     """The fault-free reference run(s) the bitwise and noise verdicts compare with."""
+    _campaign: bool = PrivateAttr(default=False)
+    """Compiled from a campaign (``as_campaign``): its score counts every alarm, restart and
+    unclean exit of the golden run as a false positive."""
+
+    def as_campaign(self) -> Experiment:
+        """This experiment as a campaign runs it (``faultlab.spec.campaign.compile_campaign``)."""
+        compiled = self.model_copy()
+        compiled._campaign = True
+        return compiled
+
+    @property
+    def counts_golden_alarms(self) -> bool:
+        """A verdict of this experiment counts what its golden run's monitors reported: a
+        campaign's false positives, ``false_alarms``, or a run scored for detection (signals
+        declared, or a fault that slows the job or corrupts silently, which the trainer's own
+        anomalies may catch). The golden run's key then holds the trainer's monitor settings
+        (``faultlab.engine.golden``): they change no bit, but they decide those alarms."""
+        return (self._campaign or self.expect.false_alarms is not None
+                or bool(self.observe.detections)
+                or any(f.fault_class.slows_job or f.fault_class.corrupts_silently
+                       for f in self.faults))
 
     @property
     def golden_runs(self) -> int:

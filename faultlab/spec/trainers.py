@@ -18,6 +18,10 @@ The object is duck-typed; this is the contract (``TrainerPlugin``):
 ``numerics_neutral: frozenset[str]``
     Settings that change how a run is operated but never one bit of what it computes (a
     checkpointing mode, a watchdog): left out of the golden-run cache key.
+``monitor_settings: frozenset[str]`` (optional)
+    Of those, the ones that decide what a fault-free run's monitors report (a watchdog's
+    timeout, a spike factor): kept in the key of a golden run whose alarms a verdict counts
+    (a campaign's false positives, ``false_alarms``; ``faultlab.engine.golden.golden_key``).
 ``make_config(run_dir: Path, **settings) -> config``
     Builds and validates a config from ``settings`` (``preset``, ``steps``,
     ``checkpoint_every``, ``seed``, ``device`` — where the class has such a field — and the

@@ -112,6 +112,7 @@ def test_a_schedule_seed_of_its_own_leaves_the_job_and_its_golden_run_alone(
     assert [f.trigger.at_time_s for f in exp.faults] == \
         [p.at_s for p in campaign_schedule(campaign(3, mtbf_s=20))]
     assert golden_key(exp) == golden_key(compile_campaign(campaign(0, mtbf_s=20)))
+    assert exp.counts_golden_alarms  # its false positives are the golden run's alarms
     assert golden_key(exp) != golden_key(compile_campaign(campaign(3, mtbf_s=20)))
     [(_, other)] = load_experiments([path], seed=9)
     assert other.seed == 9 and [f.trigger.at_time_s for f in other.faults] == \

@@ -247,6 +247,32 @@ def test_golden_key_leaves_out_how_the_job_recovers() -> None:
     assert golden_key(parse_experiment(BASE.replace("nodes: 2,", "nodes: 3,"))) != base
 
 
+def test_a_golden_run_whose_alarms_are_counted_is_keyed_by_the_monitors_too() -> None:
+    """A watchdog's timeout or a spike factor changes no bit, so experiments that read only
+    the bits share a golden run across them; but what its monitors report depends on them,
+    and an experiment that counts those reports (false_alarms, a slowing fault scored for
+    detection, a campaign's false positives) must read a golden run made with its own
+    settings, never one that another experiment's settings filled the cache with."""
+    def exp(overrides: str = "", expect: str = "completes: true", faults: str = "") -> Any:
+        text = BASE.replace("preset: tiny}", f"preset: tiny, overrides: {{{overrides}}}}}")
+        return parse_experiment(text + (f"faults:\n{faults}" if faults else "")
+                                + f"expect:\n  {expect}\n")
+
+    slow = ("  - {type: gpu_slow, target: {rank: 1}, trigger: {at_step: 5}, params: {factor: 3},\n"
+            "     duration_s: 10}\n")
+    bits = golden_key(exp())
+    assert golden_key(exp("watchdog_s: 5, spike_factor: 2")) == bits  # nobody reads alarms
+    alarms = golden_key(exp(expect="false_alarms: 0"))
+    assert alarms != bits  # never the entry a run with other monitor settings made
+    assert golden_key(exp(faults=slow)) == alarms  # scored for detection: the same reads
+    assert golden_key(exp("spike_factor: 2", expect="false_alarms: 0")) != alarms
+    assert golden_key(exp("watchdog_s: 5", faults=slow)) != alarms
+    assert golden_key(exp("async_checkpoint: true", expect="false_alarms: 0")) == alarms
+    # A campaign counts every alarm of its golden run: keyed like any reader of alarms.
+    assert not exp().counts_golden_alarms and exp().as_campaign().counts_golden_alarms
+    assert golden_key(exp().as_campaign()) == alarms
+
+
 def test_golden_key_carries_the_ranks_openmp_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU kernel may split a reduction among its threads: a reference made with another
     ``OMP_NUM_THREADS`` (the launcher passes it on to every rank) is another key."""
