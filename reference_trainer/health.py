@@ -320,13 +320,18 @@ def attribute_slow_links(transfers: list[tuple[int, int, float]], *,
     return None
 
 
-def probe_links(rank: int, world_size: int, device: torch.device,
-                nbytes: int) -> list[tuple[int, int, float]]:
+def probe_links(rank: int, world_size: int, device: torch.device, nbytes: int, *,
+                repeats: int = 3) -> list[tuple[int, int, float]]:
     """Time ``nbytes`` from every rank to its ring successor and (3+ ranks) its predecessor,
     one transfer at a time: concurrent transfers would share queues (a throttled uplink also
     delays the ACKs of what its node receives). Every rank returns every transfer
-    ``(src, dst, seconds)``, timed by the receiver from the barrier before it. Costs
-    ``world_size`` (or twice that) barriers and transfers: a probe for when steps are slow."""
+    ``(src, dst, seconds)``, timed by the receiver from the barrier before it: the least of
+    ``repeats`` transfers, because a slow link is slow every time, while a process the
+    scheduler ran late after the barrier (milliseconds on a loaded host, against a
+    megabyte's 0.3 ms over loopback) is late once (seen: a sender's late start named its
+    uplink slow at 3 ms against 0.3, beside a rank that was the real straggler). Costs
+    ``repeats`` times ``world_size`` (or twice that) barriers and transfers: a probe for when
+    steps are slow."""
     import torch.distributed as dist
 
     shifts = (1, -1) if world_size > 2 else (1,)
@@ -336,13 +341,17 @@ def probe_links(rank: int, world_size: int, device: torch.device,
     for k, shift in enumerate(shifts):
         for src in range(world_size):
             dst = (src + shift) % world_size
-            dist.barrier()
-            t0 = time.monotonic()
-            if rank == src:
-                dist.send(send, dst)
-            elif rank == dst:
-                dist.recv(recv, src)
-                took[k * world_size + src] = time.monotonic() - t0
+            best = float("inf")
+            for _ in range(repeats):
+                dist.barrier()
+                t0 = time.monotonic()
+                if rank == src:
+                    dist.send(send, dst)
+                elif rank == dst:
+                    dist.recv(recv, src)
+                    best = min(best, time.monotonic() - t0)
+            if rank == dst:
+                took[k * world_size + src] = best
     took = took.to(device)
     dist.all_reduce(took)
     seconds = took.cpu().tolist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -150,6 +151,47 @@ def test_the_slow_links_name_their_rank(transfers: list[tuple[int, int, float]],
 ])
 def test_no_single_culprit_names_no_one(transfers: list[tuple[int, int, float]]) -> None:
     assert attribute_slow_links(transfers, factor=3.0) is None
+
+
+PROBE = """
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    from reference_trainer.health import attribute_slow_links, probe_links
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank,
+                            world_size=2)
+    send, late = dist.send, {}
+    def late_once(*args, **kwargs):  # the scheduler ran the sender late after one barrier
+        if late.pop("once", False):
+            time.sleep(0.05)
+        return send(*args, **kwargs)
+    dist.send = late_once
+    found = {}
+    for r in (1, 3):
+        late["once"] = rank == 0
+        transfers = probe_links(rank, 2, torch.device("cpu"), 1 << 20, repeats=r)
+        assert "once" not in late or rank != 0  # the late start happened in this probe
+        found[r] = attribute_slow_links(transfers, factor=3.0)
+    if rank == 0:
+        print(json.dumps({r: f and [f["straggler_rank"], f["link"]] for r, f in found.items()}))
+    dist.destroy_process_group()
+"""
+
+
+def test_a_sender_run_late_once_is_no_slow_link(tmp_path: Path) -> None:
+    """Two real gloo ranks, the probe's 1 MiB transfers: rank 0 starts one send 50 ms late
+    after its barrier, as a loaded host's scheduler may. Timed once, that names rank 0's
+    uplink (what made a 5x compute straggler's first detection name the wrong rank); the
+    least of three transfers sees a link that is fast every other time."""
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(PROBE))
+    store = tmp_path / "store"
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(store)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert json.loads(outs[0][0]) == {"1": [0, "uplink"], "3": None}, outs
 
 
 def test_an_armed_deadline_fires_while_beats_go_on_and_names_what_hung(tmp_path: Path) -> None:
