@@ -281,11 +281,16 @@ class SlowStepTracker:
         return False
 
 
-def attribute_slow_links(transfers: list[tuple[int, int, float]], *,
-                         factor: float) -> dict[str, object] | None:
+def attribute_slow_links(transfers: list[tuple[int, int, float]], *, factor: float,
+                         floor_s: float = 0.0) -> dict[str, object] | None:
     """Which rank's link is slow, from timed point-to-point transfers ``(src, dst, seconds)``.
 
-    A transfer is slow when it took more than ``factor`` times the fastest one. The culprit is
+    A transfer is slow when it took more than ``factor`` times the fastest one and ``floor_s``
+    longer: a megabyte over loopback takes 0.3 ms, so a few milliseconds of a loaded host's
+    scheduling between a barrier and a transfer would be "10x" (seen: 6 ms against 0.3, the
+    least of three, with a 5x compute straggler as the receiver), while a link slow enough to
+    slow a step is slower by as much as a straggler must be (the trainer passes
+    ``--straggler-threshold-s``, 50 ms; a 25 Mbit/s uplink takes 335 ms). The culprit is
     the rank that *sent* every slow transfer and none of its sends was fast (a slow uplink),
     else the rank that *received* all of them likewise (a slow downlink), else the one rank
     every slow transfer touches (a slow link both ways). No single such rank: None — e.g. two
@@ -294,7 +299,8 @@ def attribute_slow_links(transfers: list[tuple[int, int, float]], *,
     if not transfers:
         return None
     fastest = min(t for _s, _d, t in transfers)
-    slow = [(s, d) for s, d, t in transfers if t > factor * max(fastest, 1e-4)]
+    slow = [(s, d) for s, d, t in transfers
+            if t > factor * max(fastest, 1e-4) and t - fastest > floor_s]
     if not slow:
         return None
     detail: dict[str, object] = {"slow_transfers": [list(p) for p in slow],

@@ -606,7 +606,8 @@ def probe_slow_links(run: Run, loop: StepState, s: int) -> None:
     cfg = run.cfg
     t_probe = time.monotonic()
     transfers = probe_links(run.rank, run.world_size, run.device, cfg.link_probe_bytes)
-    found = attribute_slow_links(transfers, factor=cfg.link_probe_slowdown)
+    found = attribute_slow_links(transfers, factor=cfg.link_probe_slowdown,
+                                 floor_s=cfg.straggler_threshold_s)
     run.watchdog.beat()
     if run.rank == 0:
         run.events.emit("link_probe", step=s, bytes=cfg.link_probe_bytes,

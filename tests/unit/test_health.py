@@ -153,6 +153,18 @@ def test_no_single_culprit_names_no_one(transfers: list[tuple[int, int, float]])
     assert attribute_slow_links(transfers, factor=3.0) is None
 
 
+def test_milliseconds_of_scheduling_are_no_slow_link() -> None:
+    """The probe of a 2-rank job whose rank 1 computed 5x slower, on the loaded suite: 20
+    times the fastest, but 6 ms, the least of three transfers. Only a transfer slower by the
+    straggler threshold as well (50 ms) names a link."""
+    seen = [(0, 1, 0.006), (1, 0, 0.0003)]
+    assert attribute_slow_links(seen, factor=3.0) is not None  # the ratio alone: rank 0
+    assert attribute_slow_links(seen, factor=3.0, floor_s=0.05) is None
+    throttled = [(0, 1, 0.0003), (1, 0, 0.335)]  # 1 MiB over a 25 Mbit/s uplink
+    found = attribute_slow_links(throttled, factor=3.0, floor_s=0.05)
+    assert found is not None and (found["straggler_rank"], found["link"]) == (1, "uplink")
+
+
 PROBE = """
     import json, os, sys, time
     import torch, torch.distributed as dist
