@@ -66,8 +66,9 @@ SHIPPED := experiments/spot_preemption_aws.yaml \
 # io_error_eio_on_save 24 s, disk_full_during_save 24 s, the tmpfs test 11 s); the two
 # example disk_full tests add about 37 s + 30 s.
 # campaign_reference.yaml (faultlab run, beside another engineer's jobs): 29 s with its golden
-# run (10 s of it), 19 s from the golden cache; its golden run is rank_hang's (the same job,
-# seed 0 and 40 steps; the schedule's seed is campaign.seed), so the suite computes it once.
+# run (10 s of it), 19 s from the golden cache; its job is rank_hang's (seed 0 and 40 steps;
+# the schedule's seed is campaign.seed) and its golden run that of the straggler experiments,
+# which count its alarms as it does, so the suite computes none for it alone.
 # (It was 73 s and 43-60 s with 100 steps, six arrivals and a golden run of its own.)
 
 # The HTML report is tested in headless Chromium: install Debian's package when it is missing.

@@ -14,9 +14,10 @@ The experiment is rank_hang (SIGSTOP rank 1; the trainer's watchdog must notice)
 is also where the trainer's watchdog is checked against a real job (its records and stack
 dump), and where a shipped experiment's journal is checked through the CLI: one run of this job
 is enough for all three. The campaign's job is rank_hang's (seed 0, 40 steps; its schedule has
-a seed of its own, campaign.seed), so the two share one golden run, which comes from the
-session's golden-run cache (tests/conftest.py) and is the one of 15 more shipped experiments
-of that job.
+a seed of its own, campaign.seed). The golden runs come from the session's golden-run cache
+(tests/conftest.py): rank_hang's is that of 15 more shipped experiments of the job, and the
+campaign's, which counts its alarms, that of the straggler experiments, which count them too
+with the same monitor settings (faultlab.engine.golden.golden_key).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ Cli = Callable[..., tuple[int, str]]
 """The ``cli`` fixture (tests/conftest.py): ``faultlab ARGS`` in this process."""
 
 
-# campaign_reference's job, which is rank_hang's (seed, steps, checkpoint interval, topology),
-# so its golden run is the one the suite computed (cached: nothing launches), with a rate on
+# campaign_reference's job (seed, steps, checkpoint interval, topology), so its golden run is
+# the one the suite computed (cached: nothing launches), with a rate on
 # the wall clock that leaves no step room; `mtbf_s` on line 7
 TOO_FAST = """\
 name: too_fast
@@ -187,7 +188,7 @@ def check_campaign_section(folder: Path, report: dict, camp_run: Path) -> None: 
 def check_a_refused_rate_fails_its_entry_only(tmp_path: Path, golden_cache: Path,
                                               cli: Cli) -> None:
     """A campaign whose rate leaves no step room (known only once its golden run measured
-    the step time; here rank_hang's and campaign_reference's, cached, so nothing launches)
+    the step time; here campaign_reference's, cached, so nothing launches)
     fails its entry with the located reason; the suite still writes its report instead of
     stopping."""
     camp = tmp_path / "too_fast.yaml"
