@@ -41,10 +41,8 @@ __all__ = ["DetectionWatcher", "detection_report", "finished_run_counts", "wants
 
 
 def wants_detection(exp: Experiment) -> bool:
-    """The run is scored for detection: signals are declared, or a fault that slows the job
-    or corrupts silently is injected (the trainer's anomalies may catch it)."""
-    return bool(exp.observe.detections) or any(
-        spec.fault_class.slows_job or spec.fault_class.corrupts_silently for spec in exp.faults)
+    """The run is scored for detection (``Experiment.scored_for_detection``)."""
+    return exp.scored_for_detection
 
 
 FILE_SLACK_S = 5.0

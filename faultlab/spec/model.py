@@ -146,16 +146,20 @@ class Experiment(JobSpec):
         return compiled
 
     @property
+    def scored_for_detection(self) -> bool:
+        """The run is scored for detection: signals are declared, or a fault that slows the
+        job or corrupts silently is injected (the trainer's anomalies may catch it)."""
+        return bool(self.observe.detections) or any(
+            f.fault_class.slows_job or f.fault_class.corrupts_silently for f in self.faults)
+
+    @property
     def counts_golden_alarms(self) -> bool:
         """A verdict of this experiment counts what its golden run's monitors reported: a
-        campaign's false positives, ``false_alarms``, or a run scored for detection (signals
-        declared, or a fault that slows the job or corrupts silently, which the trainer's own
-        anomalies may catch). The golden run's key then holds the trainer's monitor settings
+        campaign's false positives, ``false_alarms``, or a run ``scored_for_detection``. The
+        golden run's key then holds the trainer's monitor settings
         (``faultlab.engine.golden``): they change no bit, but they decide those alarms."""
         return (self._campaign or self.expect.false_alarms is not None
-                or bool(self.observe.detections)
-                or any(f.fault_class.slows_job or f.fault_class.corrupts_silently
-                       for f in self.faults))
+                or self.scored_for_detection)
 
     @property
     def golden_runs(self) -> int:
